@@ -1,0 +1,63 @@
+# fp16audit build. `make demo` and `make test` work on a fresh machine: both
+# install the ONNX Runtime library first (into .ort/, git-ignored).
+
+ORT_VERSION := 1.30.0
+ORT_DIR     := $(CURDIR)/.ort
+ORT_LIB     := $(ORT_DIR)/libonnxruntime.so.1
+ORT_SHA256  := ffb75a925ba05e47b235bb66e3e3911714a80b328a9c9425539feb204aa32a23
+ORT_MEMBER  := package/bin/napi-v6/linux/x64/libonnxruntime.so.1
+
+PROTOC_GEN_GO_VERSION := v1.36.12
+TOOLS := $(CURDIR)/.tools/bin
+
+GO      ?= go
+BIN     := bin/fp16audit
+export ONNXRUNTIME_LIB ?= $(ORT_LIB)
+
+.PHONY: all ort build test demo bench proto fixtures fuzz vet clean
+
+all: build
+
+# ort fetches the official ONNX Runtime linux-x64 build from the npm package
+# onnxruntime-node (npm pack runs no install scripts), keeps only the shared
+# library and checks its sha256. Nothing happens when it is already installed.
+ort: $(ORT_LIB)
+
+$(ORT_LIB):
+	@command -v npm >/dev/null || { echo "make ort: npm is required (apt-get install npm)"; exit 1; }
+	@mkdir -p $(ORT_DIR)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  echo "fetching onnxruntime-node@$(ORT_VERSION) from the npm registry" && \
+	  (cd "$$tmp" && npm pack --silent onnxruntime-node@$(ORT_VERSION) >/dev/null) && \
+	  tar -xzf "$$tmp"/onnxruntime-node-$(ORT_VERSION).tgz -C "$$tmp" $(ORT_MEMBER) && \
+	  echo "$(ORT_SHA256)  $$tmp/$(ORT_MEMBER)" | sha256sum -c --quiet - && \
+	  install -m 0644 "$$tmp"/$(ORT_MEMBER) $(ORT_LIB).tmp && mv $(ORT_LIB).tmp $(ORT_LIB) && \
+	  echo "installed $(ORT_LIB)"
+
+build:
+	$(GO) build -o $(BIN) ./cmd/fp16audit
+
+test: ort
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	$(GO) test -count=1 ./...
+
+demo: ort build
+	./$(BIN) run fixtures/models/demo_cnn.onnx -i fixtures/batches/demo_cnn_raw.npy
+
+bench: ort
+	$(GO) test -run '^$$' -bench . -benchtime 10x ./audit/ ./bench/
+
+proto:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@command -v protoc >/dev/null || { echo "make proto: protoc is required (apt-get install protobuf-compiler)"; exit 1; }
+	PATH=$(TOOLS):$$PATH protoc --go_out=. --go_opt=paths=source_relative onnx/onnxir.proto
+
+fixtures:
+	$(GO) run ./fixtures/gen -out fixtures
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin
