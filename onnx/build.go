@@ -3,6 +3,7 @@ package onnx
 import (
 	"encoding/binary"
 	"math"
+	"strconv"
 )
 
 // Helpers for building graphs in code: the fixture generator, tests and the
@@ -92,4 +93,19 @@ func NewModel(g *GraphProto, opset int64) *ModelProto {
 		OpsetImport:  []*OperatorSetIdProto{{Domain: "", Version: opset}},
 		Graph:        g,
 	}
+}
+
+// ExternalTensor returns a tensor whose elements live in the file location,
+// relative to the model's folder, at offset. A negative length leaves the
+// length key out (the data then runs to what dims imply).
+func ExternalTensor(name string, dataType TensorProto_DataType, dims []int64, location string, offset, length int64) *TensorProto {
+	ext := []*StringStringEntryProto{{Key: "location", Value: location}}
+	if offset != 0 {
+		ext = append(ext, &StringStringEntryProto{Key: "offset", Value: strconv.FormatInt(offset, 10)})
+	}
+	if length >= 0 {
+		ext = append(ext, &StringStringEntryProto{Key: "length", Value: strconv.FormatInt(length, 10)})
+	}
+	return &TensorProto{Name: name, Dims: dims, DataType: int32(dataType),
+		DataLocation: TensorProto_EXTERNAL, ExternalData: ext}
 }

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"fp16audit/audit"
+	"fp16audit/batch"
+	"fp16audit/ops"
+	"fp16audit/report"
+	ort "fp16audit/runtime"
+)
+
+// Exit codes, as documented in README.md.
+const (
+	exitOK       = 0 // nothing at or above --fail-on
+	exitFindings = 1 // findings at or above --fail-on
+	exitUsage    = 2 // usage or input error
+	exitModel    = 3 // the model could not be loaded or run
+)
+
+const usageText = `fp16audit audits an exported ONNX model for fp16 mixed-precision failures.
+
+Usage:
+  fp16audit run MODEL [flags]    run the model on sample batches and report every node
+  fp16audit version              print fp16audit's and ONNX Runtime's versions
+  fp16audit help [COMMAND]       show help
+
+Run 'fp16audit COMMAND --help' for a command's flags and an example.
+`
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(args[1:], stdout, stderr)
+	case "version", "--version":
+		return cmdVersion(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		if len(args) > 1 {
+			return Main([]string{args[1], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usageText)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "fp16audit: unknown command %q\n\n%s", args[0], usageText)
+	return exitUsage
+}
+
+// newFlagSet returns a flag set whose --help prints the usage line, the
+// flags with their defaults, and an example.
+func newFlagSet(name, usage, example string, stdout io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage:\n  %s\n\nFlags:\n%s\nExample:\n%s\n", usage, fs.FlagUsages(), example)
+	}
+	return fs
+}
+
+// parseFlags parses args; it returns done=true with the exit code when the
+// command must stop (help shown or a usage error).
+func parseFlags(fs *pflag.FlagSet, args []string, stderr io.Writer) (done bool, code int) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return true, exitOK
+		}
+		fmt.Fprintf(stderr, "fp16audit %s: %v\nRun 'fp16audit %s --help' for usage.\n", fs.Name(), err, fs.Name())
+		return true, exitUsage
+	}
+	return false, 0
+}
+
+// runOptions are the flags of `fp16audit run`.
+type runOptions struct {
+	inputs  []string
+	shapes  []string
+	seed    int64
+	batches int
+	format  string
+	output  string
+	ortLib  string
+	threads int
+	device  string
+
+	policy      string
+	failOn      string
+	onlyFlagged bool
+	noFixes     bool
+	thresholds  audit.Thresholds
+}
+
+func cmdRun(args []string, stdout, stderr io.Writer) int {
+	var o runOptions
+	fs := newFlagSet("run", "fp16audit run MODEL [flags]",
+		"  fp16audit run model.onnx -i input=batch.npy --format json --output report.json", stdout)
+	fs.StringArrayVarP(&o.inputs, "input", "i", nil, "batch for an input: NAME=PATH or PATH (in input order); PATH is .npy, .npz, .pb or a folder (repeatable)")
+	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
+	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given")
+	fs.IntVar(&o.batches, "synthetic-batches", 1, "number of synthetic batches when no -i is given")
+	fs.StringVar(&o.policy, "policy", ops.DefaultPolicy, "precision policy: "+policyNames())
+	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.StringVar(&o.format, "format", "text", "output format: text or json")
+	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
+	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
+	o.thresholds = audit.DefaultThresholds
+	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
+	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
+	fs.Float64Var(&o.thresholds.ColumnScale, "column-scale", o.thresholds.ColumnScale, "flag tabular columns (FP1004) whose |mean| or std exceeds this")
+	fs.IntVar(&o.thresholds.FixIterations, "fix-iterations", o.thresholds.FixIterations, "most reruns of the keep-fp32 fix search")
+	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
+	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")
+	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
+	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
+	if done, code := parseFlags(fs, args, stderr); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintf(stderr, "fp16audit run: want exactly one MODEL argument, got %d\nRun 'fp16audit run --help' for usage.\n", fs.NArg())
+		return exitUsage
+	}
+	failOn, ok := failOnLevels[o.failOn]
+	if !ok {
+		fmt.Fprintf(stderr, "fp16audit run: --fail-on %q: want error, warning or never\n", o.failOn)
+		return exitUsage
+	}
+	if o.format != "text" && o.format != "json" {
+		fmt.Fprintf(stderr, "fp16audit run: --format %q: want text or json\n", o.format)
+		return exitUsage
+	}
+	shapes := map[string][]int64{}
+	for _, s := range o.shapes {
+		name, dims, err := batch.ParseShape(s)
+		if err != nil {
+			fmt.Fprintf(stderr, "fp16audit run: --shape %q: %v\n", s, err)
+			return exitUsage
+		}
+		shapes[name] = dims
+	}
+	cfg := audit.Config{
+		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
+		ORTLib: o.ortLib, Threads: o.threads, Device: o.device,
+		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,
+	}
+	if isTerminal(stderr) {
+		cfg.Progress = func(pass string, b, n int) {
+			if n > 1 {
+				fmt.Fprintf(stderr, "\r%s pass: batch %d/%d", pass, b, n)
+				if b == n {
+					fmt.Fprintln(stderr)
+				}
+			}
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	r, err := audit.Run(ctx, cfg)
+	if err != nil {
+		return reportError(stderr, err)
+	}
+	if err := writeReport(r, o.format, o.output, report.TextOptions{OnlyFlagged: o.onlyFlagged}, stdout); err != nil {
+		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
+		return exitUsage
+	}
+	if failOn >= 0 && r.MaxSeverity() >= failOn {
+		return exitFindings
+	}
+	return exitOK
+}
+
+// failOnLevels maps --fail-on to the lowest severity that fails; -1 never.
+var failOnLevels = map[string]audit.Severity{"error": audit.SevError, "warning": audit.SevWarning, "never": -1}
+
+func policyNames() string {
+	var names []string
+	for _, p := range ops.Policies() {
+		names = append(names, p.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// reportError prints err for the user and returns its exit code.
+func reportError(stderr io.Writer, err error) int {
+	var libErr *ort.LibraryNotFoundError
+	switch {
+	case audit.IsUsage(err):
+		fmt.Fprintf(stderr, "fp16audit: %v\n", err)
+		return exitUsage
+	case errors.As(err, &libErr):
+		fmt.Fprintf(stderr, "fp16audit: %v\n", err)
+		return exitModel
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintln(stderr, "fp16audit: interrupted")
+		return exitModel
+	}
+	fmt.Fprintf(stderr, "fp16audit: %v\n", err)
+	return exitModel
+}
+
+// writeReport renders r to path (atomically: a temp file in the same folder,
+// renamed into place) or to stdout.
+func writeReport(r *audit.Report, format, path string, topt report.TextOptions, stdout io.Writer) error {
+	render := func(w io.Writer) error {
+		if format == "json" {
+			return report.JSON(w, r)
+		}
+		return report.Text(w, r, topt)
+	}
+	if path == "" {
+		return render(stdout)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if err := render(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write report %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write report %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return nil
+}
+
+func cmdVersion(args []string, stdout, stderr io.Writer) int {
+	var ortLib string
+	fs := newFlagSet("version", "fp16audit version [--ort-lib PATH]", "  fp16audit version", stdout)
+	fs.StringVar(&ortLib, "ort-lib", "", "path to libonnxruntime.so")
+	if done, code := parseFlags(fs, args, stderr); done {
+		return code
+	}
+	fmt.Fprintf(stdout, "fp16audit %s\n", audit.Version)
+	lib, err := ort.FindLibrary(ortLib)
+	if err == nil {
+		err = ort.Init(lib)
+	}
+	if err != nil {
+		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", ort.Version(), lib)
+	return exitOK
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
