@@ -1,64 +1,29 @@
 package audit
 
-import "sort"
+import "fp16audit/checks"
 
-// Check is the identity of one kind of finding: a stable ID (never reused),
-// a short lowercase title, the documentation `fp16audit explain` prints, and
-// the default severity. Findings carry the ID; the doc is written once here.
-type Check struct {
-	ID       string
-	Title    string
-	Severity Severity
-	Doc      string
-}
-
-// Checks lists every check fp16audit can report, by ID.
-var Checks = map[string]*Check{}
-
-func register(c *Check) *Check {
-	if _, dup := Checks[c.ID]; dup {
-		panic("duplicate check " + c.ID)
-	}
-	Checks[c.ID] = c
-	return c
-}
-
-// AllChecks returns the checks sorted by ID.
-func AllChecks() []*Check {
-	out := make([]*Check, 0, len(Checks))
-	for _, c := range Checks {
-		out = append(out, c)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// finding fills a Finding from its check.
-func (c *Check) finding(msg string) Finding {
-	return Finding{Check: c.ID, Severity: c.Severity, Title: c.Title, Message: msg}
-}
-
+// The checks of the dynamic audit. Their IDs are stable; see package checks.
 var (
-	checkPoisonedInput = register(&Check{ID: "FP1001", Title: "input holds nan or inf", Severity: SevError, Doc: `The batch itself contains NaN or ±Inf values. Every pass, fp32 included,
+	checkPoisonedInput = checks.Register(&checks.Check{ID: "FP1001", Title: "input holds nan or inf", Severity: checks.SevError, Doc: `The batch itself contains NaN or ±Inf values. Every pass, fp32 included,
 propagates them, so no precision setting can help: the loss is NaN from the
 first step. Find the source in the data pipeline (division by a zero
 standard deviation, log of zero, missing values read as NaN) and clean or
 impute it before training.`})
-	checkInputRange = register(&Check{ID: "FP1002", Title: "input beyond the fp16 range", Severity: SevError, Doc: `An input holds values with |x| > 65504, the largest fp16 number. Under
+	checkInputRange = checks.Register(&checks.Check{ID: "FP1002", Title: "input beyond the fp16 range", Severity: checks.SevError, Doc: `An input holds values with |x| > 65504, the largest fp16 number. Under
 autocast the first lower-precision op (Conv, MatMul, Linear) casts its input
 to fp16, where such values are Inf. Scale the input, for example with
 fastai's Normalize or by standardizing the column.`})
-	checkRawPixels = register(&Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
+	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
 normalized ones. Activations grow with the input scale; a network trained
 on normalized data overflows fp16 when fed raw pixels. In fastai add
 IntToFloatTensor and Normalize.from_stats(mean, std) (the report prints the
 statistics of the batch), in plain PyTorch transforms.Normalize.`})
-	checkUnscaledColumns = register(&Check{ID: "FP1004", Title: "tabular columns far from standardized", Severity: SevWarning, Doc: `A 2-D (rows × columns) input has columns whose mean or spread is far from
+	checkUnscaledColumns = checks.Register(&checks.Check{ID: "FP1004", Title: "tabular columns far from standardized", Severity: checks.SevWarning, Doc: `A 2-D (rows × columns) input has columns whose mean or spread is far from
 a standardized column (|mean| > 10 or std > 10): typically prices, counts or
 timestamps fed as they are. Large inputs make large activations; fastai's
 Normalize proc for tabular data, or (x − mean)/std per column, fixes it.`})
 
-	checkOverflow = register(&Check{ID: "FP2001", Title: "op overflows in fp16", Severity: SevError, Doc: `In the emulated fp16 pass this node is where NaN/Inf first appear: its
+	checkOverflow = checks.Register(&checks.Check{ID: "FP2001", Title: "op overflows in fp16", Severity: checks.SevError, Doc: `In the emulated fp16 pass this node is where NaN/Inf first appear: its
 output holds non-finite values while all of its inputs are finite. In fp32
 the same output is finite, but its magnitude exceeds 65504 (fp16's max), so
 the fp16 result is Inf and everything downstream becomes NaN. The report
@@ -66,12 +31,12 @@ gives the fp32 max |x| and the fix that a rerun verified: standardized
 inputs, to_bf16(), or keeping the listed modules in fp32 with
 torch.autocast(device_type="cuda", enabled=False). Lowering GradScaler's
 init_scale does not help: the scaler only touches gradients.`})
-	checkFP32Broken = register(&Check{ID: "FP2002", Title: "fp32 pass produces nan or inf", Severity: SevError, Doc: `The model produces NaN/Inf even in full fp32 precision on this batch (the
+	checkFP32Broken = checks.Register(&checks.Check{ID: "FP2002", Title: "fp32 pass produces nan or inf", Severity: checks.SevError, Doc: `The model produces NaN/Inf even in full fp32 precision on this batch (the
 reference pass runs a truly fp32 graph: explicit half casts are promoted).
 This is not a mixed-precision problem: fix the model (log of zero,
 division by zero, exp of a large value, sqrt of a negative) or the data
 first; mixed precision only makes it worse.`})
-	checkLogits = register(&Check{ID: "FP2003", Title: "oversized logits overflow fp16", Severity: SevError, Doc: `The overflow starts in the model's final layer: the last lower-precision op
+	checkLogits = checks.Register(&checks.Check{ID: "FP2003", Title: "oversized logits overflow fp16", Severity: checks.SevError, Doc: `The overflow starts in the model's final layer: the last lower-precision op
 before a graph output, followed at most by shape ops, activations or
 softmax. Its fp32 output exceeds 65504. Logits that large come from an
 unscaled final layer (initialisation, a missing normalization before the
@@ -79,20 +44,20 @@ head) or a target scale the model learned to match; fastai casts the
 predictions to fp32 only after the layer has already overflowed. Scale the
 head's input (LayerNorm/BatchNorm before it), re-initialise it, rescale the
 targets, or keep the head in fp32.`})
-	checkHeadroom = register(&Check{ID: "FP2004", Title: "little fp16 headroom", Severity: SevWarning, Doc: `A value held in fp16 has a fp32 max |x| within a few bits of 65504
+	checkHeadroom = checks.Register(&checks.Check{ID: "FP2004", Title: "little fp16 headroom", Severity: checks.SevWarning, Doc: `A value held in fp16 has a fp32 max |x| within a few bits of 65504
 (headroom = log2(65504 / max|x|) below the threshold, 3 bits by default).
 It does not overflow on these batches, but a batch with larger inputs, or
 weights that grow during training, will. Audit a later checkpoint, or keep
 that module in fp32.`})
-	checkUnderflow = register(&Check{ID: "FP3001", Title: "values flush to zero in fp16", Severity: SevWarning, Doc: `A large fraction of the nonzero fp32 values of this tensor become zero
+	checkUnderflow = checks.Register(&checks.Check{ID: "FP3001", Title: "values flush to zero in fp16", Severity: checks.SevWarning, Doc: `A large fraction of the nonzero fp32 values of this tensor become zero
 when held in fp16 (|x| ≤ 2^-25), beyond the threshold (10% by default).
 Information is lost in the forward pass; training may plateau above the
 fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
-	checkHalfCast = register(&Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
+	checkHalfCast = checks.Register(&checks.Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: checks.SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
 as Cast(to=FLOAT16)), and that cast overflows. Autocast cannot protect an
 explicit cast: it happens under every policy. Remove the cast, cast after
 scaling, or clamp first (x.clamp(-65504, 65504).half()).`})
-	checkUnknownOps = register(&Check{ID: "FP4002", Title: "ops of unknown precision", Severity: SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
+	checkUnknownOps = checks.Register(&checks.Check{ID: "FP4002", Title: "ops of unknown precision", Severity: checks.SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
 fp16audit's autocast tables. They are emulated as following their inputs'
 precision, which may differ from what the real kernel does.`})
 )

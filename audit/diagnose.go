@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"fmt"
+	"fp16audit/checks"
 	"math"
 	"sort"
 	"strings"
@@ -82,17 +83,17 @@ func (a *audit) inputReports() []InputReport {
 		}
 		s := ia.stats
 		if s.NonFinite() > 0 {
-			a.add(checkPoisonedInput.finding(fmt.Sprintf("input %q holds %d NaN, %d +Inf and %d -Inf values (of %d)",
+			a.add(checkPoisonedInput.Finding(fmt.Sprintf("input %q holds %d NaN, %d +Inf and %d -Inf values (of %d)",
 				spec.Name, s.NaN, s.PosInf, s.NegInf, s.Count)), "", spec.Name)
 		}
 		if s.MaxAbs > fp16Max {
 			ia.flagged = true
-			a.add(checkInputRange.finding(fmt.Sprintf("input %q reaches |x| = %.4g, beyond fp16's 65504 (%d values): its fp16 cast is Inf",
+			a.add(checkInputRange.Finding(fmt.Sprintf("input %q reaches |x| = %.4g, beyond fp16's 65504 (%d values): its fp16 cast is Inf",
 				spec.Name, s.MaxAbs, s.AboveFP16Max)), "", spec.Name)
 		}
 		if ia.kind == KindImage && integral && minAll >= 0 && maxAll <= 255 && maxAll > 1 {
 			ia.rawPixels, ir.RawPixels, ia.flagged = true, true, true
-			a.add(checkRawPixels.finding(fmt.Sprintf("input %q looks like raw pixels: integer values in [%g, %g], per-channel mean %s",
+			a.add(checkRawPixels.Finding(fmt.Sprintf("input %q looks like raw pixels: integer values in [%g, %g], per-channel mean %s",
 				spec.Name, minAll, maxAll, formatList(channelMeans(ia.chans), 1))), "", spec.Name)
 		}
 		if ia.kind == KindTabular {
@@ -104,7 +105,7 @@ func (a *audit) inputReports() []InputReport {
 			}
 			if len(cols) > 0 {
 				ia.flagged = true
-				a.add(checkUnscaledColumns.finding(fmt.Sprintf("input %q has %d column(s) far from standardized: %s",
+				a.add(checkUnscaledColumns.Finding(fmt.Sprintf("input %q has %d column(s) far from standardized: %s",
 					spec.Name, len(cols), strings.Join(limitList(cols, 8), ", "))), "", spec.Name)
 			}
 		}
@@ -130,7 +131,7 @@ func formatList(xs []float64, prec int) string {
 }
 
 // add appends a finding for a node (by index, or -1) or a named value.
-func (a *audit) add(f Finding, node string, value string) {
+func (a *audit) add(f checks.Finding, node string, value string) {
 	if node != "" {
 		f.Node = node
 	}
@@ -140,10 +141,10 @@ func (a *audit) add(f Finding, node string, value string) {
 	a.report.Findings = append(a.report.Findings, f)
 }
 
-func (a *audit) nodeFinding(c *Check, ni int, value, pass, msg string) {
+func (a *audit) nodeFinding(c *checks.Check, ni int, value, pass, msg string) {
 	n := a.model.Proto.Graph.Node[ni]
-	f := c.finding(msg)
-	f.Node, f.Module, f.Value, f.Pass = a.model.Index.NodeLabel(ni), ops.ModulePath(n), value, pass
+	f := c.Finding(msg)
+	f.Node, f.Module, f.Value, f.Pass = a.nodeName(ni), ops.ModulePath(n), value, pass
 	a.report.Findings = append(a.report.Findings, f)
 }
 
@@ -154,7 +155,7 @@ func (a *audit) origins(pass string, res *passResult) []Origin {
 	var out []Origin
 	for _, o := range findOrigins(g, a.order, res, idx.Consumers) {
 		n := g.Node[o.node]
-		or := Origin{Pass: pass, Node: idx.NodeLabel(o.node), Index: o.node, OpType: n.OpType,
+		or := Origin{Pass: pass, Node: a.nodeName(o.node), Index: o.node, OpType: n.OpType,
 			Module: ops.ModulePath(n), Precision: a.assign.Node[o.node].String(),
 			ExplicitCast: a.halfCast[o.node], Affected: []string{}, AffectedOutputs: o.outputs}
 		if pass == "fp32" {
@@ -173,7 +174,7 @@ func (a *audit) origins(pass string, res *passResult) []Origin {
 			}
 		}
 		for _, ni := range o.affected {
-			or.Affected = append(or.Affected, idx.NodeLabel(ni))
+			or.Affected = append(or.Affected, a.nodeName(ni))
 		}
 		if or.AffectedOutputs == nil {
 			or.AffectedOutputs = []string{}
@@ -249,9 +250,9 @@ func (a *audit) diagnose(ctx context.Context) error {
 	if len(a.assign.Unknown) > 0 {
 		var labels []string
 		for _, ni := range a.assign.Unknown {
-			labels = append(labels, a.model.Index.NodeLabel(ni))
+			labels = append(labels, a.nodeName(ni))
 		}
-		a.add(checkUnknownOps.finding(fmt.Sprintf("%d node(s) of unknown precision, emulated as following their inputs: %s",
+		a.add(checkUnknownOps.Finding(fmt.Sprintf("%d node(s) of unknown precision, emulated as following their inputs: %s",
 			len(labels), strings.Join(limitList(labels, 10), ", "))), "", "")
 	}
 	poisoned := false
@@ -486,10 +487,10 @@ func (a *audit) fixKeepFP32(ctx context.Context, origins []Origin, before int64)
 	sort.Ints(nodes)
 	mods := map[string]bool{}
 	for _, ni := range nodes {
-		fix.Nodes = append(fix.Nodes, a.model.Index.NodeLabel(ni))
+		fix.Nodes = append(fix.Nodes, a.nodeName(ni))
 		m := ops.ModulePath(g.Node[ni])
 		if m == "" {
-			m = a.model.Index.NodeLabel(ni)
+			m = a.nodeName(ni)
 		}
 		if !mods[m] {
 			mods[m] = true
@@ -505,4 +506,14 @@ func (a *audit) fixKeepFP32(ctx context.Context, origins []Origin, before int64)
 			len(fix.Nodes), fix.Iterations, fix.NonFiniteAfter)
 	}
 	return fix, nil
+}
+
+// nodeName is how reports name node ni: its ONNX name, or op_type#index
+// when the model leaves it unnamed.
+func (a *audit) nodeName(ni int) string {
+	n := a.model.Proto.Graph.Node[ni]
+	if n.Name != "" {
+		return n.Name
+	}
+	return fmt.Sprintf("%s#%d", n.OpType, ni)
 }

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"fp16audit/checks"
 	"math"
 )
 
@@ -23,14 +24,14 @@ type Report struct {
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
 	// explicit-half-cast, unnormalized-input, oversized-logits,
 	// overflowing-op, healthy.
-	Verdict     string        `json:"verdict"`
-	VerdictText string        `json:"verdict_text"`
-	Origins     []Origin      `json:"origins"`
-	Fixes       []Fix         `json:"fixes"`
-	Inputs      []InputReport `json:"inputs"`
-	Nodes       []NodeReport  `json:"nodes"`
-	Findings    []Finding     `json:"findings"`
-	Summary     Summary       `json:"summary"`
+	Verdict     string           `json:"verdict"`
+	VerdictText string           `json:"verdict_text"`
+	Origins     []Origin         `json:"origins"`
+	Fixes       []Fix            `json:"fixes"`
+	Inputs      []InputReport    `json:"inputs"`
+	Nodes       []NodeReport     `json:"nodes"`
+	Findings    []checks.Finding `json:"findings"`
+	Summary     Summary          `json:"summary"`
 }
 
 // Verdict identifiers, in the order the decision tree tests them.
@@ -208,46 +209,6 @@ type StatsReport struct {
 // NonFinite is the number of NaN and infinite elements.
 func (s StatsReport) NonFinite() int64 { return s.NaN + s.PosInf + s.NegInf }
 
-// Severity orders findings; --fail-on compares against it.
-type Severity int
-
-// Severities, lowest first.
-const (
-	SevInfo Severity = iota
-	SevWarning
-	SevError
-)
-
-var severityNames = [...]string{"info", "warning", "error"}
-
-func (s Severity) String() string { return severityNames[s] }
-
-// MarshalText writes the severity's name.
-func (s Severity) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
-
-// UnmarshalText reads a severity name.
-func (s *Severity) UnmarshalText(b []byte) error {
-	for i, n := range severityNames {
-		if n == string(b) {
-			*s = Severity(i)
-			return nil
-		}
-	}
-	return &UsageError{Msg: "unknown severity " + string(b) + " (want info, warning or error)"}
-}
-
-// Finding is one fact a check established about the model or its inputs.
-type Finding struct {
-	Check    string   `json:"check"`
-	Severity Severity `json:"severity"`
-	Title    string   `json:"title"`
-	Message  string   `json:"message"`
-	Node     string   `json:"node,omitempty"`
-	Module   string   `json:"module,omitempty"`
-	Value    string   `json:"value,omitempty"`
-	Pass     string   `json:"pass,omitempty"`
-}
-
 // Summary condenses the per-node statistics.
 type Summary struct {
 	FloatValues   int `json:"float_values"`
@@ -260,8 +221,8 @@ type Summary struct {
 
 // MaxSeverity returns the highest severity among the findings, or -1 when
 // there are none.
-func (r *Report) MaxSeverity() Severity {
-	max := Severity(-1)
+func (r *Report) MaxSeverity() checks.Severity {
+	max := checks.Severity(-1)
 	for _, f := range r.Findings {
 		if f.Severity > max {
 			max = f.Severity

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"fp16audit/checks"
 	"strings"
 	"time"
 
@@ -133,7 +134,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Notes:    []string{},
 		Origins:  []Origin{},
 		Fixes:    []Fix{},
-		Findings: []Finding{},
+		Findings: []checks.Finding{},
 	}
 	for _, n := range notes {
 		if n.Input != "" {
@@ -207,7 +208,7 @@ func (a *audit) prepare() error {
 	if len(a.assign.Unknown) > 0 {
 		var names []string
 		for _, i := range a.assign.Unknown {
-			names = append(names, a.model.Index.NodeLabel(i)+" ("+opName(g.Node[i])+")")
+			names = append(names, a.nodeName(i)+" ("+opName(g.Node[i])+")")
 		}
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("%d node(s) of unknown precision were emulated as following their inputs: %s",
 			len(names), strings.Join(limitList(names, 10), ", ")))

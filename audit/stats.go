@@ -177,18 +177,23 @@ func observeParallel(x []float32, batch, workers, minLen int) Stats {
 	return st
 }
 
-// segmentLen bounds the elements one kernel call sees, so that its uint64
-// sums of uint32 values cannot wrap (see kernel).
+// segmentLen bounds the elements one kernel call sees, so that the count
+// recovered from its uint64 sums (see kernel) cannot wrap: n < 2^32 suffices.
 const segmentLen = 1 << 30
 
 // observe is the statistics kernel: the statistics of x alone.
 func observe(x []float32, batch int) Stats {
-	if len(x) <= segmentLen {
+	return observeSegments(x, batch, segmentLen)
+}
+
+// observeSegments runs the kernel over segments of at most seg elements.
+func observeSegments(x []float32, batch, seg int) Stats {
+	if len(x) <= seg {
 		return kernel(x, batch)
 	}
 	st := NewStats()
-	for lo := 0; lo < len(x); lo += segmentLen {
-		p := kernel(x[lo:min(lo+segmentLen, len(x))], batch)
+	for lo := 0; lo < len(x); lo += seg {
+		p := kernel(x[lo:min(lo+seg, len(x))], batch)
 		if p.ArgMax >= 0 {
 			p.ArgMax += int64(lo)
 		}
@@ -209,11 +214,11 @@ func observe(x []float32, batch int) Stats {
 // instructions per element and threshold, no compare, no branch. The
 // thresholds are 1 (zeros), 2^-25 (flush), 2^-14 (fp16 normal) and 65504.
 //
-// The maximum and minimum updates are branches that are rarely taken once a
-// few elements were seen. Sums run in float64: each block of 8 is summed as
-// a tree and added to the totals only when the block sum is finite; a block
-// holding NaN or Inf (whose sum is NaN or Inf: eight float32 values or their
-// squares cannot overflow float64) is redone element by element.
+// Blocks of 8 elements take a fast path when no element raises the maximum
+// or lowers the nonzero minimum and none is NaN or Inf, which a handful of
+// branch-free instructions per element decide; in typical tensors the other
+// blocks are few (the running extrema settle quickly) and are redone element
+// by element. Sums run in float64, each fast block summed as a tree.
 func kernel(x []float32, batch int) Stats {
 	var (
 		sumA, sumB, sum25, sum14, sumMax uint64 // Σ a, Σ uint32(a-T) for the thresholds

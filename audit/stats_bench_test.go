@@ -16,12 +16,16 @@ const benchLen = 16 << 20
 //	normal: N(0, 3) activations, all in the fp16 normal range but a few;
 //	relu:   half exact zeros, the rest |N(0, 3)| (post-ReLU activations);
 //	mixed:  normal with 1% NaN, ±Inf, fp16 subnormals and flushes, and
-//	        values above 65504, scattered at random.
+//	        values above 65504, scattered at random;
+//	nan:    all NaN (downstream of an overflow), the kernel's slow path;
+//	ramp:   ascending, a new maximum in every block, the other slow path.
 var benchData = sync.OnceValue(func() map[string][]float32 {
 	r := rand.New(rand.NewPCG(1, 2))
 	normal := make([]float32, benchLen)
 	relu := make([]float32, benchLen)
 	mixed := make([]float32, benchLen)
+	nan := make([]float32, benchLen)
+	ramp := make([]float32, benchLen)
 	specials := []float32{
 		float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
 		1e-6, -3e-5, 1e-9, 7e4, -1e5,
@@ -33,11 +37,13 @@ var benchData = sync.OnceValue(func() map[string][]float32 {
 			relu[i] = float32(math.Abs(float64(v)))
 		}
 		mixed[i] = v
+		nan[i] = float32(math.NaN())
+		ramp[i] = float32(i)
 		if r.IntN(100) == 0 {
 			mixed[i] = specials[r.IntN(len(specials))]
 		}
 	}
-	return map[string][]float32{"normal": normal, "relu": relu, "mixed": mixed}
+	return map[string][]float32{"normal": normal, "relu": relu, "mixed": mixed, "nan": nan, "ramp": ramp}
 })
 
 func reportGBs(b *testing.B, n int) {
@@ -49,7 +55,7 @@ func reportGBs(b *testing.B, n int) {
 
 // BenchmarkStatsObserve measures the single-goroutine kernel.
 func BenchmarkStatsObserve(b *testing.B) {
-	for _, name := range []string{"normal", "relu", "mixed"} {
+	for _, name := range []string{"normal", "relu", "mixed", "nan", "ramp"} {
 		b.Run(name, func(b *testing.B) {
 			x := benchData()[name]
 			b.ResetTimer()

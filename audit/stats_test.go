@@ -428,6 +428,17 @@ func TestObserveParallel(t *testing.T) {
 	}
 }
 
+// TestObserveSegments checks the split of huge tensors (over segmentLen
+// elements) on small segments.
+func TestObserveSegments(t *testing.T) {
+	for _, kind := range []string{"mixed", "ties", "zeros+nan", "ascending"} {
+		x := genData(kind, 1001, 3)
+		for _, seg := range []int{1, 7, 8, 64, 1000, 1001} {
+			checkStats(t, observeSegments(x, 6, seg), naiveStats(x, 6), x)
+		}
+	}
+}
+
 func TestDerived(t *testing.T) {
 	tests := []struct {
 		name              string

@@ -15,6 +15,25 @@ import (
 	"fp16audit/audit"
 )
 
+// Options are the rendering choices the command line passes through.
+type Options struct {
+	Text TextOptions
+}
+
+// Formats lists the --format values Render accepts.
+func Formats() []string { return []string{"text", "json"} }
+
+// Render writes r in the named format.
+func Render(w io.Writer, r *audit.Report, format string, opt Options) error {
+	switch format {
+	case "text":
+		return Text(w, r, opt.Text)
+	case "json":
+		return JSON(w, r)
+	}
+	return fmt.Errorf("unknown format %q (want %s)", format, strings.Join(Formats(), ", "))
+}
+
 // JSON writes r as indented JSON in the documented schema.
 func JSON(w io.Writer, r *audit.Report) error {
 	enc := json.NewEncoder(w)

@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
 
 	"fp16audit/audit"
 	"fp16audit/batch"
+	"fp16audit/checks"
 	"fp16audit/ops"
 	"fp16audit/report"
 	ort "fp16audit/runtime"
@@ -113,7 +115,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.batches, "synthetic-batches", 1, "number of synthetic batches when no -i is given")
 	fs.StringVar(&o.policy, "policy", ops.DefaultPolicy, "precision policy: "+policyNames())
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
-	fs.StringVar(&o.format, "format", "text", "output format: text or json")
+	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(report.Formats(), ", "))
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
 	o.thresholds = audit.DefaultThresholds
@@ -137,8 +139,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fp16audit run: --fail-on %q: want error, warning or never\n", o.failOn)
 		return exitUsage
 	}
-	if o.format != "text" && o.format != "json" {
-		fmt.Fprintf(stderr, "fp16audit run: --format %q: want text or json\n", o.format)
+	if !slices.Contains(report.Formats(), o.format) {
+		fmt.Fprintf(stderr, "fp16audit run: --format %q: want one of %s\n", o.format, strings.Join(report.Formats(), ", "))
 		return exitUsage
 	}
 	shapes := map[string][]int64{}
@@ -171,7 +173,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportError(stderr, err)
 	}
-	if err := writeReport(r, o.format, o.output, report.TextOptions{OnlyFlagged: o.onlyFlagged}, stdout); err != nil {
+	if err := writeReport(r, o.format, o.output, report.Options{Text: report.TextOptions{OnlyFlagged: o.onlyFlagged}}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
 		return exitUsage
 	}
@@ -182,7 +184,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 }
 
 // failOnLevels maps --fail-on to the lowest severity that fails; -1 never.
-var failOnLevels = map[string]audit.Severity{"error": audit.SevError, "warning": audit.SevWarning, "never": -1}
+var failOnLevels = map[string]checks.Severity{"error": checks.SevError, "warning": checks.SevWarning, "never": -1}
 
 func policyNames() string {
 	var names []string
@@ -212,13 +214,8 @@ func reportError(stderr io.Writer, err error) int {
 
 // writeReport renders r to path (atomically: a temp file in the same folder,
 // renamed into place) or to stdout.
-func writeReport(r *audit.Report, format, path string, topt report.TextOptions, stdout io.Writer) error {
-	render := func(w io.Writer) error {
-		if format == "json" {
-			return report.JSON(w, r)
-		}
-		return report.Text(w, r, topt)
-	}
+func writeReport(r *audit.Report, format, path string, ropt report.Options, stdout io.Writer) error {
+	render := func(w io.Writer) error { return report.Render(w, r, format, ropt) }
 	if path == "" {
 		return render(stdout)
 	}
