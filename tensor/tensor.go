@@ -1,8 +1,7 @@
 // Package tensor holds the dense tensors that flow between batch files, ONNX
 // Runtime and the statistics: an element type, a shape and the elements as
-// little-endian bytes in row-major (C) order. The readers for .npy, .npz and
-// ONNX TensorProto files live here too, so that every batch format arrives in
-// one canonical layout.
+// little-endian bytes in row-major (C) order. Every batch format (package
+// batch) and every ONNX tensor (package onnx) arrives in this one layout.
 package tensor
 
 import (
