@@ -56,6 +56,20 @@ type SessionOptions struct {
 	// ExternalDataDir is the folder the model's external data locations are
 	// relative to, usually the folder of the .onnx file.
 	ExternalDataDir string
+	// Optimization is ONNX Runtime's graph optimization level: "all" (the
+	// default when empty), "extended", "basic" or "none". Fusions change
+	// rounding (Conv+BatchNorm folding, NCHWc kernels), so two sessions
+	// compare bit for bit only at the same level with the same fusions
+	// possible; "none" makes every node compute as written.
+	Optimization string
+}
+
+var optimizationLevels = map[string]ort.GraphOptimizationLevel{
+	"":         ort.GraphOptimizationLevelEnableAll,
+	"all":      ort.GraphOptimizationLevelEnableAll,
+	"extended": ort.GraphOptimizationLevelEnableExtended,
+	"basic":    ort.GraphOptimizationLevelEnableBasic,
+	"none":     ort.GraphOptimizationLevelDisableAll,
 }
 
 // Session is a model loaded into ONNX Runtime with fixed input and output
@@ -92,6 +106,13 @@ func NewSession(model []byte, inputNames, outputNames []string, opt SessionOptio
 		if err := so.SetIntraOpNumThreads(opt.Threads); err != nil {
 			return nil, &RuntimeError{StageOptions, innermost(err)}
 		}
+	}
+	level, ok := optimizationLevels[opt.Optimization]
+	if !ok {
+		return nil, fmt.Errorf("optimization level %q: want all, extended, basic or none", opt.Optimization)
+	}
+	if err := so.SetGraphOptimizationLevel(level); err != nil {
+		return nil, &RuntimeError{StageOptions, innermost(err)}
 	}
 	if opt.ExternalDataDir != "" {
 		dir, err := filepath.Abs(opt.ExternalDataDir)
