@@ -73,7 +73,7 @@ func runPasses(ctx context.Context, runs []*passRun, batches []batch.Batch, prog
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			outs, err := r.sess.Run(b.Inputs)
+			outs, err := r.sess.RunReused(b.Inputs)
 			if err != nil {
 				return fmt.Errorf("%s pass, batch %s: %w", r.name, b.Source, err)
 			}
