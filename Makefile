@@ -46,7 +46,7 @@ demo: ort build
 	./$(BIN) run fixtures/models/demo_cnn.onnx -i fixtures/batches/demo_cnn_raw.npy
 
 bench: ort
-	$(GO) test -run '^$$' -bench . -benchtime 10x ./audit/ ./bench/
+	$(GO) test -run '^$$' -bench . -benchtime 10x ./audit/
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

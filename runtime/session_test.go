@@ -513,3 +513,33 @@ func TestUntypedFloat16Output(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestRunReused: the second run with inputs of the same shapes writes into
+// the kept buffers (the same memory comes back) with correct values, and a
+// change of shape falls back to a fresh allocation.
+func TestRunReused(t *testing.T) {
+	s := newSession(t, addReluMatMul(t), []string{"x", "y"}, []string{"z", "r"}, SessionOptions{Threads: 1})
+	first, err := s.RunReused([]*tensor.Tensor{f32("x", []int64{1, 3}, 1, 1, 1), f32("y", []int64{1, 3}, 0, 0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFloats(t, first[0], []int64{1, 2}, 9, 12)
+	second, err := s.RunReused([]*tensor.Tensor{f32("x", []int64{1, 3}, 1, -2, 3), f32("y", []int64{1, 3}, 1, 1, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFloats(t, second[0], []int64{1, 2}, 22, 28)
+	third, err := s.RunReused([]*tensor.Tensor{f32("x", []int64{1, 3}, 0, 0, 1), f32("y", []int64{1, 3}, 0, 0, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFloats(t, third[0], []int64{1, 2}, 5, 6)
+	if &second[0].Data[0] != &third[0].Data[0] {
+		t.Error("runs with the same input shapes did not reuse the output buffer")
+	}
+	grown, err := s.RunReused([]*tensor.Tensor{f32("x", []int64{2, 3}, 1, -2, 3, 0.5, 0.25, -8), f32("y", []int64{2, 3}, 1, 1, 1, 0.5, 0.25, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFloats(t, grown[0], []int64{2, 2}, 22, 28, 2.5, 4)
+}
