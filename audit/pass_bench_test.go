@@ -19,7 +19,9 @@ import (
 // a metric. "plain" is what a user's own inference does: ONNX Runtime's
 // default session (all graph optimizations), only the model's outputs.
 
-func benchModels() []*fixtures.Fixture { return []*fixtures.Fixture{fixtures.BigMLP(), fixtures.BigCNN()} }
+func benchModels() []*fixtures.Fixture {
+	return []*fixtures.Fixture{fixtures.BigMLP(), fixtures.BigCNN()}
+}
 
 func outputNames(m *onnx.ModelProto) []string {
 	var out []string
