@@ -36,7 +36,9 @@ func TestExitCodes(t *testing.T) {
 		{"healthy", []string{"run", models + "healthy.onnx", "-i", batches + "healthy.npy"}, 0, ""},
 		{"overflow", []string{"run", models + "overflowing_op.onnx", "-i", batches + "overflowing_op.npy", "--no-fixes"}, 1, ""},
 		{"overflow fail-on never", []string{"run", models + "overflowing_op.onnx", "-i", batches + "overflowing_op.npy", "--no-fixes", "--fail-on", "never"}, 0, ""},
-		{"raw pixels warning fails at warning", []string{"run", models + "demo_cnn.onnx", "-i", batches + "demo_cnn_standardized.npy", "--fail-on", "warning"}, 1, ""},
+		// 5.6 bits of headroom: a warning under --headroom-bits 6.
+		{"headroom warning", []string{"run", models + "demo_cnn.onnx", "-i", batches + "demo_cnn_standardized.npy", "--headroom-bits", "6"}, 0, ""},
+		{"headroom warning fails at warning", []string{"run", models + "demo_cnn.onnx", "-i", batches + "demo_cnn_standardized.npy", "--headroom-bits", "6", "--fail-on", "warning"}, 1, ""},
 		{"no model", []string{"run"}, 2, "want exactly one MODEL"},
 		{"unknown flag", []string{"run", models + "mlp.onnx", "--bogus"}, 2, "unknown flag"},
 		{"bad format", []string{"run", models + "mlp.onnx", "--format", "xml"}, 2, "--format"},
