@@ -56,6 +56,18 @@ proto:
 fixtures:
 	$(GO) run ./fixtures/gen -out fixtures
 
+# fuzz runs every fuzz target for FUZZTIME each (go test fuzzes one target
+# per invocation); `make test` runs their seed corpora as plain tests.
+FUZZTIME ?= 60s
+FUZZ_TARGETS := ./batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
+
 vet:
 	$(GO) vet ./...
 

@@ -299,7 +299,13 @@ func (s *Session) keepBuffers(inputs, res []*tensor.Tensor) {
 			destroyAll(vals)
 			return
 		}
-		buf := make([]float32, tensor.NumElements(t.Shape))
+		// The outputs just returned are Go memory of their own: they become
+		// the buffers, so keeping them costs no allocation.
+		buf := Float32View(t)
+		if buf == nil || len(buf) == 0 {
+			destroyAll(vals)
+			return
+		}
 		v, err := ort.NewTensor(ort.NewShape(t.Shape...), buf)
 		if err != nil {
 			destroyAll(vals)
