@@ -10,6 +10,7 @@ import (
 
 	"fp16audit/audit"
 	"fp16audit/fixtures"
+	"fp16audit/onnx"
 )
 
 const fixtureDir = "../fixtures"
@@ -225,5 +226,78 @@ func TestSynthetic(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(r.Notes, "\n"), "synthetic") {
 		t.Errorf("notes %v do not mention synthetic data", r.Notes)
+	}
+}
+
+// TestTorchModulePaths: module paths come from the TorchScript exporter's
+// scoped node names of a real PyTorch export.
+func TestTorchModulePaths(t *testing.T) {
+	r := runAudit(t, "torch_resnetish.onnx", batchPath("torch_resnetish.npy"))
+	want := map[string]string{
+		"/conv1/Conv":                                   "conv1",
+		"/layer1/layer1.0/conv1/Conv":                   "layer1.0.conv1",
+		"/layer1/layer1.0/relu_1/Relu":                  "layer1.0.relu_1",
+		"/layer2/layer2.0/downsample/downsample.0/Conv": "layer2.0.downsample.0",
+		"/fc/Gemm": "fc",
+		"/Flatten": "",
+	}
+	seen := 0
+	for _, n := range r.Nodes {
+		if m, ok := want[n.Name]; ok {
+			seen++
+			if n.Module != m {
+				t.Errorf("%s: module %q, want %q", n.Name, n.Module, m)
+			}
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("found %d of the %d expected nodes", seen, len(want))
+	}
+}
+
+// TestUnderflowWarning: a layer whose outputs sit below fp16's smallest
+// subnormal flushes to zero in the fp16 pass; the audit stays healthy but
+// warns (FP3001) at that node.
+func TestUnderflowWarning(t *testing.T) {
+	dir := t.TempDir()
+	w := make([]float32, 64*64)
+	for i := range w {
+		w[i] = 1e-9 * float32(i%7-3) // |y| ~ 1e-8 < 2^-25
+	}
+	g := &onnx.GraphProto{
+		Name: "tiny",
+		Node: []*onnx.NodeProto{
+			onnx.Node("MatMul", "/tiny/MatMul", []string{"input", "tiny.weight"}, []string{"y"}),
+			onnx.Node("Mul", "/scale/Mul", []string{"y", "k"}, []string{"output"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("tiny.weight", []int64{64, 64}, w), onnx.FloatTensor("k", nil, []float32{1e6})},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("input", onnx.TensorProto_FLOAT, 4, 64)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("output", onnx.TensorProto_FLOAT, 4, 64)},
+	}
+	path := filepath.Join(dir, "tiny.onnx")
+	if err := onnx.Save(onnx.NewModel(g, 17), path); err != nil {
+		t.Fatal(err)
+	}
+	r := runConfig(t, audit.Config{ModelPath: path})
+	if r.Verdict != audit.VerdictHealthy {
+		t.Fatalf("verdict %s", r.Verdict)
+	}
+	var found bool
+	for _, f := range r.Findings {
+		if f.Check == "FP3001" && f.Node == "/tiny/MatMul" && f.Value == "y" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no FP3001 at /tiny/MatMul: %+v", r.Findings)
+	}
+	var y audit.StatsReport
+	for _, n := range r.Nodes {
+		if n.Name == "/tiny/MatMul" {
+			y = n.Outputs[0].Stats["fp16"]
+		}
+	}
+	if y.FlushedFraction < 0.9 || y.Zeros == 0 {
+		t.Errorf("fp16 flushed fraction %g, zeros %d: want nearly everything flushed", y.FlushedFraction, y.Zeros)
 	}
 }

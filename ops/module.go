@@ -32,9 +32,10 @@ const (
 //
 // The TorchScript exporter names nodes "/layer1/layer1.0/conv1/Conv": the
 // module scopes joined by "/", then the op type. A scope that starts with
-// the path so far plus "." replaces it (Sequential children are named by
-// their full path), any other scope is appended with ".". A name without a
-// leading "/" carries no scope.
+// the previous scope plus "." replaces that scope (a Sequential or
+// ModuleList child is named "parent.index": /layer2/layer2.0/downsample/
+// downsample.0/Conv is layer2.0.downsample.0), any other scope is appended
+// with ".". A name without a leading "/" carries no scope.
 func ModulePath(n *onnx.NodeProto) string {
 	var scopes, classes string
 	for _, e := range n.MetadataProps {
@@ -141,15 +142,17 @@ func pathFromName(name string) string {
 		return ""
 	}
 	parts := strings.Split(name[1:], "/")
-	path := ""
+	var path []string
 	for _, seg := range parts[:len(parts)-1] {
 		switch {
 		case seg == "":
-		case path == "" || strings.HasPrefix(seg, path+"."):
-			path = seg
+		case len(path) > 0 && strings.HasPrefix(seg, path[len(path)-1]+"."):
+			// A container's child ("layer1.0" under "layer1", "downsample.0"
+			// under "downsample") carries its parent's attribute name.
+			path[len(path)-1] = seg
 		default:
-			path += "." + seg
+			path = append(path, seg)
 		}
 	}
-	return path
+	return strings.Join(path, ".")
 }

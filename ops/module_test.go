@@ -23,6 +23,7 @@ func TestModulePath(t *testing.T) {
 		display string
 	}{
 		{"torchscript resnet", withMeta("/layer1/layer1.0/conv1/Conv"), "layer1.0.conv1", "layer1.0.conv1"},
+		{"torchscript nested sequential", withMeta("/layer2/layer2.0/downsample/downsample.0/Conv"), "layer2.0.downsample.0", "layer2.0.downsample.0"},
 		{"torchscript transformer", withMeta("/encoder/layers.0/self_attn/MatMul_1"), "encoder.layers.0.self_attn", "encoder.layers.0.self_attn"},
 		{"torchscript sequential child", withMeta("/features/features.3/Relu"), "features.3", "features.3"},
 		{"torchscript root", withMeta("/Flatten"), "", "/Flatten"},
