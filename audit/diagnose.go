@@ -263,8 +263,8 @@ func (a *audit) diagnose(ctx context.Context) error {
 	}
 	fp32Origins := a.origins("fp32", a.passes["fp32"])
 	for _, o := range fp32Origins {
-		a.nodeFinding(checkFP32Broken, o.Index, o.Value, "fp32", fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32; reached %d node(s) and output(s) %s",
-			o.OpType, o.Node, o.NonFinite, len(o.Affected), strings.Join(o.AffectedOutputs, ", ")))
+		a.nodeFinding(checkFP32Broken, o.Index, o.Value, "fp32", fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s",
+			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs)))
 	}
 	switch {
 	case poisoned:
@@ -498,10 +498,23 @@ func (a *audit) fixKeepFP32(ctx context.Context, origins []Origin, before int64)
 		}
 	}
 	fix.Works = fix.NonFiniteAfter == 0
-	if fix.Works {
+	var casts []string
+	for _, ni := range nodes {
+		if a.halfCast[ni] {
+			casts = append(casts, a.nodeName(ni))
+		}
+	}
+	switch {
+	case fix.Works && len(casts) > 0:
+		fix.Summary = fmt.Sprintf("without the model's own half cast (%s: remove the .half()/.to(torch.float16) in forward, or scale before it) every overflow is gone",
+			strings.Join(casts, ", "))
+		if len(casts) < len(nodes) {
+			fix.Summary += fmt.Sprintf("; also keep %s in fp32", strings.Join(fix.Modules, ", "))
+		}
+	case fix.Works:
 		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
 			strings.Join(fix.Modules, ", "))
-	} else {
+	default:
 		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %d non-finite values remain",
 			len(fix.Nodes), fix.Iterations, fix.NonFiniteAfter)
 	}
@@ -516,4 +529,11 @@ func (a *audit) nodeName(ni int) string {
 		return n.Name
 	}
 	return fmt.Sprintf("%s#%d", n.OpType, ni)
+}
+
+func listOrNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
 }
