@@ -33,6 +33,7 @@ const usageText = `fp16audit audits an exported ONNX model for fp16 mixed-precis
 
 Usage:
   fp16audit run MODEL [flags]    run the model on sample batches and report every node
+  fp16audit scales RUN [flags]   diagnose a training run from its loss and loss-scale log
   fp16audit version              print fp16audit's and ONNX Runtime's versions
   fp16audit help [COMMAND]       show help
 
@@ -48,6 +49,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return cmdRun(args[1:], stdout, stderr)
+	case "scales":
+		return cmdScales(args[1:], stdout, stderr)
 	case "version", "--version":
 		return cmdVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

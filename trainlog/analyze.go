@@ -1,0 +1,729 @@
+package trainlog
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"fp16audit/checks"
+)
+
+// Options are the thresholds of the diagnosis.
+type Options struct {
+	// PlateauTolerance is the relative gap between the run's and the
+	// baseline's final loss above which the run has plateaued.
+	PlateauTolerance float64 `json:"plateau_tolerance"`
+	// EarlySteps bounds an early NaN when the log does not say how long an
+	// epoch is; otherwise the first epoch does.
+	EarlySteps int `json:"early_steps"`
+	// SkipRate is the lowest skip rate that counts as high; the threshold
+	// is never below two skips per growth interval.
+	SkipRate float64 `json:"skip_rate"`
+	// LowScale is the scale at or below which a pinned scale is low.
+	LowScale float64 `json:"low_scale"`
+	// PinnedIntervals is how many growth intervals without growth (and with
+	// as many backoffs) make a pinned scale.
+	PinnedIntervals int `json:"pinned_intervals"`
+	// CollapseBits is how many powers of two the scale must fall in the
+	// window before a NaN for the NaN to follow a collapse.
+	CollapseBits float64 `json:"collapse_bits"`
+	// WarmupSkips is the smallest number of skipped steps at the start
+	// that is reported as wasted warm-up.
+	WarmupSkips int `json:"warmup_skips"`
+}
+
+// DefaultOptions are the thresholds the command line starts from.
+var DefaultOptions = Options{
+	PlateauTolerance: 0.03,
+	EarlySteps:       200,
+	SkipRate:         0.01,
+	LowScale:         64,
+	PinnedIntervals:  3,
+	CollapseBits:     4,
+	WarmupSkips:      5,
+}
+
+// Limits on what a report lists.
+const (
+	// SeriesBuckets is the most buckets Report.Series holds.
+	SeriesBuckets = 120
+	// MaxListedSteps is the most skipped steps ScaleStats.SkippedAt lists.
+	MaxListedSteps = 1000
+	// allSkippedRun is the shortest run of backoffs reaching the end of a
+	// log without losses that is read as a NaN loss: eight halvings are
+	// not a probe of a higher scale.
+	allSkippedRun = 8
+	// finalWindowMax caps the number of steps averaged into a final loss.
+	finalWindowMax = 200
+)
+
+type stepKind uint8
+
+const (
+	stepUnknown stepKind = iota
+	stepClean
+	stepBackoff
+	stepGrowth
+)
+
+// Analyze reconstructs what GradScaler did in run, compares it with the
+// fp32 baseline when one is given (nil otherwise) and classifies the run.
+func Analyze(run, baseline *Log, opt Options) *Report {
+	a := &analysis{run: run, opt: opt, n: run.Len(), nanIdx: -1}
+	a.r = &Report{
+		Schema: SchemaVersion, Run: runInfo(run), Thresholds: opt,
+		Findings: []checks.Finding{}, NotDerived: []string{}, Notes: []string{},
+	}
+	if baseline != nil {
+		bi := runInfo(baseline)
+		a.r.Baseline = &bi
+	}
+	a.losses()
+	a.scales()
+	a.compare(baseline)
+	a.epochs()
+	a.series()
+	a.classify()
+	return a.r
+}
+
+type analysis struct {
+	run *Log
+	opt Options
+	r   *Report
+	n   int
+
+	cfg  ScalerConfig
+	kind []stepKind
+	// nanIdx is the index of the first non-finite loss (or the inferred
+	// one), -1 when none.
+	nanIdx int
+	// warmup is the number of leading skipped steps.
+	warmup int
+
+	highSkip, pinnedLow, collapse bool
+	skipThreshold                 float64
+}
+
+func runInfo(l *Log) RunInfo {
+	ri := RunInfo{Path: l.Path, Steps: l.Len(), FirstStep: l.FirstStep, HasLosses: l.Losses != nil,
+		HasScales: l.Scales != nil, StepsPerEpoch: l.StepsPerEpoch}
+	if len(l.Epochs) > 0 {
+		ri.Epochs = l.Epochs[len(l.Epochs)-1] - l.Epochs[0] + 1
+	}
+	return ri
+}
+
+func (a *analysis) step(i int) int { return a.run.FirstStep + i }
+
+func (a *analysis) note(format string, args ...any) {
+	a.r.Notes = append(a.r.Notes, fmt.Sprintf(format, args...))
+}
+
+func (a *analysis) notDerived(format string, args ...any) {
+	a.r.NotDerived = append(a.r.NotDerived, fmt.Sprintf(format, args...))
+}
+
+func (a *analysis) losses() {
+	ls := a.run.Losses
+	if ls == nil {
+		a.notDerived("loss statistics, the first NaN/Inf loss and the comparison with a baseline: the log has no losses")
+		return
+	}
+	st := &LossStats{}
+	for i, v := range ls {
+		if !isFinite(v) {
+			st.NonFinite++
+			if a.nanIdx < 0 {
+				a.nanIdx = i
+				s := a.step(i)
+				st.FirstNonFiniteStep = &s
+				st.FirstNonFiniteValue = describeFloat(v)
+			}
+		}
+	}
+	end := len(ls)
+	if a.nanIdx >= 0 {
+		end = a.nanIdx
+	}
+	st.FinalWindow = finalWindow(end)
+	if end > 0 {
+		st.FirstLoss = meanFinite(ls[:st.FinalWindow])
+		st.FinalLoss = meanFinite(ls[end-st.FinalWindow : end])
+	}
+	a.r.Losses = st
+}
+
+// finalWindow is how many final steps are averaged into a final loss: a
+// tenth of the steps, at least one and at most finalWindowMax.
+func finalWindow(steps int) int {
+	return min(max(steps/10, 1), finalWindowMax, max(steps, 1))
+}
+
+// resolveScaler settles the configuration: the log's values first, then
+// what the series shows, then PyTorch's defaults.
+func (a *analysis) resolveScaler() ScalerInfo {
+	c := a.run.Scaler
+	info := ScalerInfo{InitScaleFrom: "log", GrowthIntervalFrom: "log"}
+	if c.GrowthFactor == 0 {
+		c.GrowthFactor = DefaultScaler.GrowthFactor
+	}
+	if c.BackoffFactor == 0 {
+		c.BackoffFactor = DefaultScaler.BackoffFactor
+	}
+	sc := a.run.Scales
+	if c.InitScale == 0 {
+		c.InitScale = DefaultScaler.InitScale
+		info.InitScaleFrom = "default"
+		if s0 := sc[0]; s0 != c.InitScale && s0 != c.InitScale*c.BackoffFactor && s0 != c.InitScale*c.GrowthFactor {
+			// A run started at another init_scale: its first scale is
+			// either that value or half of it; read it as unskipped.
+			c.InitScale = s0
+			info.InitScaleFrom = "inferred"
+			a.note("the first scale %s is not PyTorch's default init_scale 65536 or a step from it: init_scale taken as %s and step %d as not skipped; state grad_scaler.init_scale in the log to be exact",
+				fmtScale(s0), fmtScale(s0), a.step(0))
+		}
+	}
+	// Each growth happens exactly growth_interval clean steps after the
+	// last backoff or growth, so every growth shows the interval.
+	inferred := map[int]int{}
+	last := -1
+	prev := c.InitScale
+	for i, s := range sc {
+		switch {
+		case s > prev:
+			inferred[i-last]++
+			last = i
+		case s < prev:
+			last = i
+		}
+		prev = s
+	}
+	if c.GrowthInterval == 0 {
+		info.GrowthIntervalFrom = "default"
+		c.GrowthInterval = DefaultScaler.GrowthInterval
+		if len(inferred) > 0 {
+			best, bestN := 0, 0
+			for k, n := range inferred {
+				if n > bestN || n == bestN && k < best {
+					best, bestN = k, n
+				}
+			}
+			c.GrowthInterval = best
+			info.GrowthIntervalFrom = "inferred"
+			if len(inferred) > 1 {
+				a.note("the scale grew after differing numbers of clean steps; growth_interval taken as %d, the most common", best)
+			}
+		}
+	} else if len(inferred) > 0 {
+		if _, ok := inferred[c.GrowthInterval]; !ok || len(inferred) > 1 {
+			a.note("the log states growth_interval %d but the scale grew after other numbers of clean steps: is the log one entry per optimizer step?", c.GrowthInterval)
+		}
+	}
+	info.ScalerConfig = c
+	return info
+}
+
+func (a *analysis) scales() {
+	sc := a.run.Scales
+	if sc == nil {
+		a.notDerived("skipped steps, skip rate, backoff runs, minimum scale, pinning, warm-up and the scale before the first NaN: the log has no scales")
+		return
+	}
+	info := a.resolveScaler()
+	a.r.GradScaler = &info
+	a.cfg = info.ScalerConfig
+	if info.GrowthIntervalFrom == "default" {
+		a.note("growth_interval taken as PyTorch's default 2000: the scale never grew in the log and the log does not state it")
+	}
+	st := &ScaleStats{SkippedAt: []int{}, MinScale: sc[0], MaxScale: sc[0], FinalScale: sc[len(sc)-1]}
+	a.kind = make([]stepKind, len(sc))
+	prev := a.cfg.InitScale
+	oddRatio := -1
+	for i, s := range sc {
+		switch {
+		case s < prev:
+			a.kind[i] = stepBackoff
+			if oddRatio < 0 && s != 0 && !closeTo(s/prev, a.cfg.BackoffFactor) {
+				oddRatio = i
+			}
+		case s > prev:
+			a.kind[i] = stepGrowth
+			if oddRatio < 0 && !closeTo(s/prev, a.cfg.GrowthFactor) {
+				oddRatio = i
+			}
+		default:
+			a.kind[i] = stepClean
+		}
+		prev = s
+		if s < st.MinScale {
+			st.MinScale, st.MinScaleStep = s, i
+		}
+		st.MaxScale = max(st.MaxScale, s)
+	}
+	st.MinScaleStep = a.step(st.MinScaleStep)
+	if oddRatio >= 0 {
+		a.note("the scale changed by a factor other than backoff %g or growth %g at step %d: is the log one entry per optimizer step?",
+			a.cfg.BackoffFactor, a.cfg.GrowthFactor, a.step(oddRatio))
+	}
+
+	run, runStart := 0, 0
+	for i, k := range a.kind {
+		if k != stepBackoff {
+			run = 0
+			if k == stepGrowth {
+				st.Growths++
+			}
+			continue
+		}
+		st.Skipped++
+		if len(st.SkippedAt) < MaxListedSteps {
+			st.SkippedAt = append(st.SkippedAt, a.step(i))
+		} else {
+			st.SkippedAtTruncated = true
+		}
+		if run == 0 {
+			runStart = i
+		}
+		run++
+		if run > st.LongestBackoffRun {
+			st.LongestBackoffRun, st.LongestBackoffRunStart = run, a.step(runStart)
+		}
+	}
+	st.SkipRate = float64(st.Skipped) / float64(len(sc))
+	for a.warmup < len(sc) && a.kind[a.warmup] == stepBackoff {
+		a.warmup++
+	}
+	st.WarmupSkipped = a.warmup
+	if a.warmup > 0 && a.warmup < len(sc) {
+		st.WarmupScale = sc[a.warmup-1]
+	}
+
+	if a.run.Losses == nil {
+		// Without losses a NaN shows as the scale halving on every step to
+		// the end: NaN gradients overflow whatever the scale.
+		start := len(sc)
+		for start > 0 && a.kind[start-1] == stepBackoff {
+			start--
+		}
+		if len(sc)-start >= allSkippedRun {
+			a.nanIdx = start
+			at := a.step(start)
+			st.InferredNaNStep = &at
+			a.note("the log has no losses; every step from %d to the end was skipped (the scale halved %d times in a row), which is what a NaN loss does: the first NaN is taken to be at step %d",
+				a.step(start), len(sc)-start, a.step(start))
+		}
+	}
+	cut := len(sc)
+	if a.nanIdx >= 0 {
+		cut = a.nanIdx
+		// Steps skipped because the loss was already NaN are no warm-up.
+		a.warmup = min(a.warmup, cut)
+		st.WarmupSkipped, st.WarmupScale = a.warmup, 0
+		if a.warmup > 0 {
+			st.WarmupScale = sc[a.warmup-1]
+		}
+		at := a.cfg.InitScale
+		if a.nanIdx > 0 {
+			at = sc[a.nanIdx-1]
+		}
+		st.ScaleAtFirstNaN = &at
+		a.collapseWindow(st, cut)
+	}
+
+	// The skip rate and pinning are judged between the warm-up and the
+	// first NaN: neither the scale coming down from init_scale nor the
+	// scale halving on every NaN step says anything about the rest.
+	skipped := 0
+	for i := a.warmup; i < cut; i++ {
+		if a.kind[i] == stepBackoff {
+			skipped++
+		}
+	}
+	if cut > a.warmup {
+		st.SkipRateAfterWarmup = float64(skipped) / float64(cut-a.warmup)
+	}
+	a.skipThreshold = max(a.opt.SkipRate, 2/float64(a.cfg.GrowthInterval+1))
+	a.highSkip = cut-a.warmup > 0 && st.SkipRateAfterWarmup > a.skipThreshold
+
+	start, backoffs := a.warmup, 0
+	flush := func(end int) {
+		if end-start > st.LongestNoGrowth {
+			st.LongestNoGrowth, st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs = end-start, a.step(start), backoffs
+			st.Pinned = end-start >= a.opt.PinnedIntervals*a.cfg.GrowthInterval && backoffs >= a.opt.PinnedIntervals
+			st.PinnedScale = 0
+			if st.Pinned {
+				st.PinnedScale = sc[end-1]
+			}
+		}
+	}
+	for i := a.warmup; i < cut; i++ {
+		switch a.kind[i] {
+		case stepGrowth:
+			flush(i)
+			start, backoffs = i+1, 0
+		case stepBackoff:
+			backoffs++
+		}
+	}
+	flush(cut)
+	a.pinnedLow = st.Pinned && st.PinnedScale <= a.opt.LowScale
+	a.r.Scales = st
+}
+
+// collapseWindow measures how far the scale fell before the first NaN: from
+// its highest value in the last two growth intervals (after the warm-up) to
+// the scale in effect at the NaN step.
+func (a *analysis) collapseWindow(st *ScaleStats, cut int) {
+	if cut == 0 {
+		return
+	}
+	sc := a.run.Scales
+	w := max(2*a.cfg.GrowthInterval, 20)
+	from := max(cut-w, a.warmup)
+	if from >= cut {
+		return
+	}
+	top := 0.0
+	for i := from; i < cut; i++ {
+		top = max(top, sc[i])
+		if a.kind[i] == stepBackoff {
+			st.BackoffsBeforeNaN++
+		}
+	}
+	at := *st.ScaleAtFirstNaN
+	bits := 0.0
+	switch {
+	case at > 0:
+		bits = math.Log2(top / at)
+	case top > 0:
+		// Halved to zero: float32's smallest subnormal is 2^-149.
+		bits = math.Log2(top) + 150
+	}
+	st.CollapseBits = &bits
+	st.CollapseWindow = cut - from
+	a.collapse = bits >= a.opt.CollapseBits
+}
+
+func (a *analysis) compare(baseline *Log) {
+	if baseline == nil {
+		a.notDerived("the gap to the fp32 baseline (plateau or noise): no --baseline given")
+		return
+	}
+	switch {
+	case baseline.Losses == nil:
+		a.notDerived("the gap to the fp32 baseline: the baseline log %s has no losses", baseline.Path)
+		return
+	case a.run.Losses == nil:
+		a.notDerived("the gap to the fp32 baseline: the run has no losses")
+		return
+	case a.nanIdx >= 0:
+		a.notDerived("the gap to the fp32 baseline: the run's loss became NaN")
+		return
+	}
+	m := min(len(a.run.Losses), len(baseline.Losses))
+	if len(a.run.Losses) != len(baseline.Losses) {
+		a.note("the run has %d steps and the baseline %d: their final losses are compared over the first %d steps of both", len(a.run.Losses), len(baseline.Losses), m)
+	}
+	w := finalWindow(m)
+	rl, bl := meanFinite(a.run.Losses[m-w:m]), meanFinite(baseline.Losses[m-w:m])
+	if rl == nil || bl == nil {
+		a.notDerived("the gap to the fp32 baseline: no finite losses in the final %d steps", w)
+		return
+	}
+	c := &Comparison{Steps: m, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
+	if math.Abs(*bl) < 1e-12 {
+		c.Gap = *rl - *bl
+		a.note("the baseline's final loss is zero: the gap is absolute, not relative")
+	} else {
+		c.Gap = (*rl - *bl) / math.Abs(*bl)
+	}
+	a.r.Comparison = c
+}
+
+func (a *analysis) epochs() {
+	ep := a.run.Epochs
+	if ep == nil {
+		a.notDerived("skip rate per epoch: the log states no steps_per_epoch (JSON) or epoch column (CSV)")
+		return
+	}
+	if a.kind == nil {
+		return
+	}
+	for i, e := range ep {
+		if n := len(a.r.Epochs); n == 0 || a.r.Epochs[n-1].Epoch != e {
+			a.r.Epochs = append(a.r.Epochs, EpochStats{Epoch: e})
+		}
+		es := &a.r.Epochs[len(a.r.Epochs)-1]
+		es.Steps++
+		if a.kind[i] == stepBackoff {
+			es.Skipped++
+		}
+	}
+	for i := range a.r.Epochs {
+		a.r.Epochs[i].SkipRate = float64(a.r.Epochs[i].Skipped) / float64(a.r.Epochs[i].Steps)
+	}
+}
+
+func (a *analysis) series() {
+	a.r.Series = []Bucket{}
+	size := (a.n + SeriesBuckets - 1) / SeriesBuckets
+	for from := 0; from < a.n; from += size {
+		to := min(from+size, a.n)
+		b := Bucket{From: a.step(from), To: a.step(to - 1)}
+		if ls := a.run.Losses; ls != nil {
+			b.Loss = meanFinite(ls[from:to])
+			for _, v := range ls[from:to] {
+				if !isFinite(v) {
+					b.NonFinite++
+				}
+			}
+		}
+		if sc := a.run.Scales; sc != nil {
+			lo, hi := math.Inf(1), math.Inf(-1)
+			for i := from; i < to; i++ {
+				l := math.Log2(max(sc[i], math.SmallestNonzeroFloat32))
+				lo, hi = min(lo, l), max(hi, l)
+				if a.kind[i] == stepBackoff {
+					b.Skipped++
+				}
+			}
+			b.Log2ScaleMin, b.Log2ScaleMax = &lo, &hi
+		}
+		a.r.Series = append(a.r.Series, b)
+	}
+}
+
+// earlyLimit is the number of steps in which a NaN counts as early: the
+// first epoch when known, else EarlySteps.
+func (a *analysis) earlyLimit() (int, string) {
+	if ep := a.run.Epochs; len(ep) > 0 {
+		n := 0
+		for n < len(ep) && ep[n] == ep[0] {
+			n++
+		}
+		if n < len(ep) {
+			return n, fmt.Sprintf("the first epoch (%d steps)", n)
+		}
+	}
+	return a.opt.EarlySteps, fmt.Sprintf("the first %d steps", a.opt.EarlySteps)
+}
+
+func (a *analysis) add(c *checks.Check, format string, args ...any) {
+	a.r.Findings = append(a.r.Findings, c.Finding(fmt.Sprintf(format, args...)))
+}
+
+func (a *analysis) classify() {
+	r, st := a.r, a.r.Scales
+	limit, limitText := a.earlyLimit()
+	var cmp = r.Comparison
+	gapOver := cmp != nil && cmp.Gap > cmp.Tolerance
+	signs := a.highSkip || a.pinnedLow
+
+	nanStep := a.step(a.nanIdx)
+	nanWhat := "the loss became NaN/Inf"
+	if r.Losses != nil && r.Losses.FirstNonFiniteValue != "" {
+		nanWhat = "the loss became " + r.Losses.FirstNonFiniteValue
+	} else if a.nanIdx >= 0 {
+		nanWhat = "every step's gradients became non-finite (inferred NaN loss)"
+	}
+	scaleAtNaN := func() string {
+		if st == nil || st.ScaleAtFirstNaN == nil {
+			return ""
+		}
+		s := fmt.Sprintf("; the scale was %s", fmtScale(*st.ScaleAtFirstNaN))
+		if st.CollapseBits != nil {
+			s += fmt.Sprintf(", %.1f bits below its peak in the %d steps before, with %d skipped steps in them",
+				*st.CollapseBits, st.CollapseWindow, st.BackoffsBeforeNaN)
+		}
+		return s
+	}
+
+	switch {
+	case a.nanIdx >= 0 && a.nanIdx < limit:
+		r.Verdict = VerdictEarlyNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d, within %s: a forward overflow or poisoned data, not the loss scaler", nanWhat, nanStep, limitText)
+		r.Fix = "export the model and a batch and run 'fp16audit run model.onnx -i batch.npy' to find the overflowing op and a verified fix (normalize inputs, to_bf16(), keep that module in fp32); lowering init_scale does not fix it"
+		a.add(checkEarlyNaN, "%s at step %d, within %s%s. The loss scaler cannot cause this; audit the exported model with 'fp16audit run model.onnx -i batch.npy'",
+			nanWhat, nanStep, limitText, scaleAtNaN())
+	case a.nanIdx >= 0 && st == nil:
+		r.Verdict = VerdictLateNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d, after %s; without scales the cause cannot be told", nanWhat, nanStep, limitText)
+		r.Fix = "record the loss scale with examples/fastai_scales_callback.py and diagnose again"
+		a.add(checkLateNaN, "%s at step %d, after %s; the log has no scales to tell a gradient overflow from a forward overflow", nanWhat, nanStep, limitText)
+	case a.nanIdx >= 0 && a.collapse:
+		r.Verdict = VerdictGradientOverflowNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d after the loss scale collapsed to %s: chronic gradient overflow", nanWhat, nanStep, fmtScale(*st.ScaleAtFirstNaN))
+		r.Fix = "lower the learning rate, clip gradients (fastai GradientClip; PyTorch scaler.unscale_ then clip_grad_norm_), or train with learn.to_bf16() (Ampere or newer) or in fp32"
+		a.add(checkGradOverflowNaN, "%s at step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
+			nanWhat, nanStep, scaleAtNaN())
+	case a.nanIdx >= 0:
+		r.Verdict = VerdictForwardOverflowNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d with a healthy loss scale (%s): the forward pass began to overflow", nanWhat, nanStep, fmtScale(*st.ScaleAtFirstNaN))
+		r.Fix = fmt.Sprintf("save a checkpoint from just before step %d, export it with that step's batch and audit it with 'fp16audit run model.onnx -i batch.npy'", nanStep)
+		a.add(checkForwardOverflowNaN, "%s at step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
+			nanWhat, nanStep, scaleAtNaN(), nanStep)
+	case gapOver && signs:
+		r.Verdict = VerdictPlateauUnderflow
+		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, with %s", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, a.signsText())
+		r.Fix = "train with learn.to_bf16() (Ampere or newer): no loss scaling, no skipped steps; otherwise find and clip the gradients that overflow"
+		a.add(checkPlateauUnderflow, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g (tolerance %.1f%%), with %s. Prefer to_bf16()",
+			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance, a.signsText())
+	case gapOver:
+		r.Verdict = VerdictPlateauUnexplained
+		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, but %s", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, a.cleanText())
+		r.Fix = "check that both runs used the same data, seed and schedule; compare a learn.to_bf16() run; audit the model for underflow with 'fp16audit run'"
+		a.add(checkPlateauUnexplained, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g (tolerance %.1f%%), but %s",
+			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance, a.cleanText())
+	case st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n:
+		r.Verdict = VerdictWastedWarmup
+		r.VerdictText = fmt.Sprintf("the first %d steps were all skipped while the scale came down from %s to %s", a.warmup, fmtScale(a.cfg.InitScale), fmtScale(st.WarmupScale))
+		r.Fix = fmt.Sprintf("learn.to_fp16(init_scale=%s) (GradScaler(init_scale=%s) in PyTorch) saves them; the last knob, not a fix for NaN", pyScale(st.WarmupScale), pyScale(st.WarmupScale))
+	case cmp != nil && cmp.Gap > 0:
+		r.Verdict = VerdictFP16Noise
+		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance)
+	default:
+		r.Verdict = VerdictHealthy
+		r.VerdictText = a.healthyText()
+	}
+
+	if st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n {
+		a.add(checkWastedWarmup, "the first %d steps were all skipped while the scale halved from %s to %s, the first scale that worked. learn.to_fp16(init_scale=%s) saves them; this is the last knob, not a fix for NaN",
+			a.warmup, fmtScale(a.cfg.InitScale), fmtScale(st.WarmupScale), pyScale(st.WarmupScale))
+	}
+	if cmp != nil && cmp.Gap > 0 && !gapOver && a.nanIdx < 0 {
+		a.add(checkNoise, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise",
+			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance)
+	}
+	if a.highSkip {
+		a.add(checkSkipRate, "%d of the %d steps after the warm-up%s were skipped (%.2f%%, threshold %.2f%%): each one an optimizer step thrown away",
+			a.skippedAfterWarmup(), a.judgedSteps(), beforeNaN(a.nanIdx >= 0), 100*st.SkipRateAfterWarmup, 100*a.skipThreshold)
+	}
+	if a.pinnedLow {
+		a.add(checkPinnedLow, "the scale did not grow for %d steps (%.1f growth intervals of %d) from step %d, with %d backoffs, and ended that stretch at %s (threshold %s)",
+			st.LongestNoGrowth, float64(st.LongestNoGrowth)/float64(a.cfg.GrowthInterval), a.cfg.GrowthInterval,
+			st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs, fmtScale(st.PinnedScale), fmtScale(a.opt.LowScale))
+	}
+	sort.SliceStable(r.Findings, func(i, j int) bool {
+		if r.Findings[i].Severity != r.Findings[j].Severity {
+			return r.Findings[i].Severity > r.Findings[j].Severity
+		}
+		return r.Findings[i].Check < r.Findings[j].Check
+	})
+}
+
+func beforeNaN(nan bool) string {
+	if nan {
+		return " and before the first NaN"
+	}
+	return ""
+}
+
+func (a *analysis) judgedSteps() int {
+	cut := a.n
+	if a.nanIdx >= 0 {
+		cut = a.nanIdx
+	}
+	return cut - a.warmup
+}
+
+func (a *analysis) skippedAfterWarmup() int {
+	n := 0
+	for i := a.warmup; i < a.warmup+a.judgedSteps(); i++ {
+		if a.kind[i] == stepBackoff {
+			n++
+		}
+	}
+	return n
+}
+
+func (a *analysis) signsText() string {
+	st := a.r.Scales
+	var parts []string
+	if a.highSkip {
+		parts = append(parts, fmt.Sprintf("%.1f%% of the steps after the warm-up skipped (%d)", 100*st.SkipRateAfterWarmup, a.skippedAfterWarmup()))
+	}
+	if a.pinnedLow {
+		parts = append(parts, fmt.Sprintf("the scale pinned at %s for %d steps without growth", fmtScale(st.PinnedScale), st.LongestNoGrowth))
+	}
+	return strings.Join(parts, " and ")
+}
+
+func (a *analysis) cleanText() string {
+	st := a.r.Scales
+	if st == nil {
+		return "the log has no scales to explain it"
+	}
+	return fmt.Sprintf("the loss scale is healthy (%.2f%% of the steps after the warm-up skipped, final scale %s)", 100*st.SkipRateAfterWarmup, fmtScale(st.FinalScale))
+}
+
+func (a *analysis) healthyText() string {
+	var parts []string
+	if st := a.r.Scales; st != nil {
+		parts = append(parts, fmt.Sprintf("%d of %d steps skipped, final scale %s", st.Skipped, a.n, fmtScale(st.FinalScale)))
+	}
+	if a.run.Losses != nil {
+		parts = append(parts, "no NaN/Inf loss")
+	}
+	if cmp := a.r.Comparison; cmp != nil {
+		parts = append(parts, fmt.Sprintf("final loss %.4g at or below the fp32 baseline's %.4g", cmp.RunLoss, cmp.BaselineLoss))
+	}
+	if a.highSkip || a.pinnedLow {
+		parts = append(parts, "but see the warnings: pass --baseline to tell whether they cost accuracy")
+	}
+	return strings.Join(parts, "; ")
+}
+
+func isFinite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+func meanFinite(xs []float64) *float64 {
+	sum, n := 0.0, 0
+	for _, v := range xs {
+		if isFinite(v) {
+			sum += v
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	m := sum / float64(n)
+	return &m
+}
+
+func closeTo(x, want float64) bool { return math.Abs(x-want) <= 1e-6*want }
+
+func describeFloat(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "NaN"
+	case math.IsInf(v, 1):
+		return "+Inf"
+	case math.IsInf(v, -1):
+		return "-Inf"
+	}
+	return fmt.Sprint(v)
+}
+
+// fmtScale prints a scale, as a power of two when it is one.
+func fmtScale(s float64) string {
+	if s <= 0 {
+		return fmt.Sprint(s)
+	}
+	if frac, exp := math.Frexp(s); frac == 0.5 {
+		if s < 1 {
+			return fmt.Sprintf("2^%d (%.3g)", exp-1, s)
+		}
+		return fmt.Sprintf("2^%d (%g)", exp-1, s)
+	}
+	return fmt.Sprintf("%.4g", s)
+}
+
+// pyScale writes a scale as Python source: 2**k for powers of two.
+func pyScale(s float64) string {
+	if frac, exp := math.Frexp(s); s > 0 && frac == 0.5 {
+		return fmt.Sprintf("2**%d", exp-1)
+	}
+	return fmt.Sprintf("%g", s)
+}
