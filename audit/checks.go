@@ -1,6 +1,9 @@
 package audit
 
-import "fp16audit/checks"
+import (
+	"fp16audit/checks"
+	"fp16audit/lint"
+)
 
 // The checks of the dynamic audit. Their IDs are stable; see package checks.
 var (
@@ -57,7 +60,8 @@ fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
 as Cast(to=FLOAT16)), and that cast overflows. Autocast cannot protect an
 explicit cast: it happens under every policy. Remove the cast, cast after
 scaling, or clamp first (x.clamp(-65504, 65504).half()).`})
-	checkUnknownOps = checks.Register(&checks.Check{ID: "FP4002", Title: "ops of unknown precision", Severity: checks.SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
-fp16audit's autocast tables. They are emulated as following their inputs'
-precision, which may differ from what the real kernel does.`})
 )
+
+// checkUnknownOps is declared by the static lint, which reports the same
+// fact without running the model.
+var checkUnknownOps = lint.UnknownOps

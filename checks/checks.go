@@ -8,7 +8,9 @@ package checks
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 )
 
 // Severity orders findings; --fail-on compares against it.
@@ -58,6 +60,16 @@ type Check struct {
 	Title    string
 	Severity Severity
 	Doc      string
+	// Policies names the precision policies (ops.Policy names) under which
+	// the check can find anything; empty means every policy. A check about
+	// values flushing to zero in fp16, for example, has nothing to say
+	// under autocast-bf16.
+	Policies []string
+}
+
+// AppliesTo reports whether the check runs under the named policy.
+func (c *Check) AppliesTo(policy string) bool {
+	return len(c.Policies) == 0 || slices.Contains(c.Policies, policy)
 }
 
 var registry = map[string]*Check{}
@@ -91,4 +103,119 @@ func All() []*Check {
 // Finding returns a finding of this check with the given message.
 func (c *Check) Finding(msg string) Finding {
 	return Finding{Check: c.ID, Severity: c.Severity, Title: c.Title, Message: msg}
+}
+
+// Selection is the set of checks a --checks value enables. The zero value
+// enables every check.
+type Selection struct {
+	spec  string
+	rules []selectRule
+	none  bool // the first rule adds checks: start from nothing
+}
+
+type selectRule struct {
+	pattern string // an ID, a prefix ending in *, or "all"
+	enable  bool
+}
+
+// ParseSelection reads a --checks value: a comma-separated list of entries,
+// each "all", a check ID ("FP4001"), or an ID prefix ending in "*"
+// ("FP3*"), optionally preceded by "-" to disable instead of enable. Later
+// entries win over earlier ones. A list whose first entry enables starts
+// from no checks ("FP4*" selects only the FP4xxx checks); a list whose first
+// entry disables starts from all of them ("-FP3*" is "all,-FP3*"). An
+// exact ID must be registered; a prefix may match nothing yet.
+func ParseSelection(spec string) (Selection, error) {
+	sel := Selection{spec: spec}
+	for i, e := range strings.Split(spec, ",") {
+		e = strings.TrimSpace(e)
+		enable := !strings.HasPrefix(e, "-")
+		p := strings.TrimPrefix(e, "-")
+		switch {
+		case p == "":
+			return Selection{}, fmt.Errorf("checks %q: empty entry; want a comma-separated list such as all,-FP3*,FP3001", spec)
+		case p == "all", strings.HasSuffix(p, "*") && validPrefix(strings.TrimSuffix(p, "*")):
+		case validID(p):
+			if _, ok := registry[p]; !ok {
+				return Selection{}, fmt.Errorf("checks %q: no check %s; run 'fp16audit checks' for the list", spec, p)
+			}
+		default:
+			return Selection{}, fmt.Errorf("checks %q: entry %q is not all, a check ID such as FP4001 or a prefix such as FP3*", spec, e)
+		}
+		if i == 0 {
+			sel.none = enable
+		}
+		sel.rules = append(sel.rules, selectRule{pattern: p, enable: enable})
+	}
+	return sel, nil
+}
+
+// Enabled reports whether the check with the given ID is selected.
+func (s Selection) Enabled(id string) bool {
+	on := !s.none
+	for _, r := range s.rules {
+		if r.matches(id) {
+			on = r.enable
+		}
+	}
+	return on
+}
+
+// String returns the --checks value the selection was parsed from, or
+// "all" for the zero value.
+func (s Selection) String() string {
+	if s.spec == "" {
+		return "all"
+	}
+	return s.spec
+}
+
+func (r selectRule) matches(id string) bool {
+	switch {
+	case r.pattern == "all":
+		return true
+	case strings.HasSuffix(r.pattern, "*"):
+		return strings.HasPrefix(id, strings.TrimSuffix(r.pattern, "*"))
+	}
+	return r.pattern == id
+}
+
+// validID reports whether id has the form of a check ID: FP and four
+// digits, the first 1 to 5.
+func validID(id string) bool {
+	if len(id) != 6 || !strings.HasPrefix(id, "FP") || id[2] < '1' || id[2] > '5' {
+		return false
+	}
+	for _, c := range id[3:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// validPrefix reports whether p can start a check ID ("", "F", "FP",
+// "FP4", "FP40").
+func validPrefix(p string) bool {
+	if len(p) > 5 {
+		return false
+	}
+	return validID(p + "FP1000"[len(p):])
+}
+
+// Validate checks a declaration against the registry's conventions: an ID
+// of the form FP1xxx to FP5xxx, a short lowercase title without a trailing
+// period, and a doc text. The registry test runs it over every check.
+func Validate(c *Check) error {
+	switch {
+	case !validID(c.ID):
+		return fmt.Errorf("check %q: want an ID FP1000 to FP5999", c.ID)
+	case c.Title == "" || c.Title != strings.ToLower(c.Title) || strings.HasSuffix(c.Title, "."):
+		return fmt.Errorf("check %s: title %q: want a lowercase phrase without a trailing period", c.ID, c.Title)
+	case strings.TrimSpace(c.Doc) == "":
+		return fmt.Errorf("check %s: no doc text", c.ID)
+	case c.Severity < SevInfo || c.Severity > SevError:
+		return fmt.Errorf("check %s: severity %d out of range", c.ID, c.Severity)
+	}
+	return nil
 }

@@ -33,6 +33,10 @@ const usageText = `fp16audit audits an exported ONNX model for fp16 mixed-precis
 
 Usage:
   fp16audit run MODEL [flags]    run the model on sample batches and report every node
+  fp16audit lint MODEL...        find fp16 hazards without running the model (pre-commit, CI)
+  fp16audit checks               list the checks with their IDs, severities and policies
+  fp16audit explain ID           print what a check detects and how to fix it
+  fp16audit render REPORT.json   re-render a saved JSON report as html, markdown or text
   fp16audit scales RUN [flags]   diagnose a training run from its loss and loss-scale log
   fp16audit version              print fp16audit's and ONNX Runtime's versions
   fp16audit help [COMMAND]       show help
@@ -49,6 +53,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return cmdRun(args[1:], stdout, stderr)
+	case "lint":
+		return cmdLint(args[1:], stdout, stderr)
+	case "checks":
+		return cmdChecks(args[1:], stdout, stderr)
+	case "explain":
+		return cmdExplain(args[1:], stdout, stderr)
+	case "render":
+		return cmdRender(args[1:], stdout, stderr)
 	case "scales":
 		return cmdScales(args[1:], stdout, stderr)
 	case "version", "--version":
@@ -102,8 +114,10 @@ type runOptions struct {
 	device  string
 
 	policy      string
+	checks      string
 	failOn      string
 	onlyFlagged bool
+	noColor     bool
 	noFixes     bool
 	thresholds  audit.Thresholds
 }
@@ -117,9 +131,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given")
 	fs.IntVar(&o.batches, "synthetic-batches", 1, "number of synthetic batches when no -i is given")
 	fs.StringVar(&o.policy, "policy", ops.DefaultPolicy, "precision policy: "+policyNames())
+	fs.StringVar(&o.checks, "checks", "all", "report only these checks: comma-separated IDs, prefixes such as FP3* and all, each optionally negated with -; later entries win")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(report.Formats(), ", "))
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
+	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
 	o.thresholds = audit.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
@@ -131,6 +147,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
 	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
 	if done, code := parseFlags(fs, args, stderr); done {
+		return code
+	}
+	if code := applyRunConfig(fs, &o, stderr); code >= 0 {
 		return code
 	}
 	if fs.NArg() != 1 {
@@ -160,23 +179,24 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		ORTLib: o.ortLib, Threads: o.threads, Device: o.device,
 		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,
 	}
+	var bar *progressBar
 	if isTerminal(stderr) {
-		cfg.Progress = func(pass string, b, n int) {
-			if n > 1 {
-				fmt.Fprintf(stderr, "\r%s pass: batch %d/%d", pass, b, n)
-				if b == n {
-					fmt.Fprintln(stderr)
-				}
-			}
-		}
+		bar = newProgressBar(stderr, terminalWidth(stderr))
+		cfg.Progress = bar.update
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)
+	bar.done()
 	if err != nil {
 		return reportError(stderr, err)
 	}
-	if err := writeReport(r, o.format, o.output, report.Options{Text: report.TextOptions{OnlyFlagged: o.onlyFlagged}}, stdout); err != nil {
+	r.Findings = selectFindings(r.Findings, o.checks, o.policy)
+	topt := report.TextOptions{OnlyFlagged: o.onlyFlagged}
+	if o.output == "" {
+		topt.Color, topt.Width = terminalStyle(stdout, o.noColor)
+	}
+	if err := writeReport(r, o.format, o.output, report.Options{Text: topt}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
 		return exitUsage
 	}
@@ -232,6 +252,10 @@ func writeReport(r *audit.Report, format, path string, ropt report.Options, stdo
 		return fmt.Errorf("write report %s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
+		return fmt.Errorf("write report %s: %w", path, err)
+	}
+	// CreateTemp makes the file private; a report is an ordinary file.
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
 		return fmt.Errorf("write report %s: %w", path, err)
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
