@@ -235,31 +235,36 @@ func reportError(stderr io.Writer, err error) int {
 	return exitModel
 }
 
-// writeReport renders r to path (atomically: a temp file in the same folder,
-// renamed into place) or to stdout.
+// writeReport renders r to path, or to stdout when path is "".
 func writeReport(r *audit.Report, format, path string, ropt report.Options, stdout io.Writer) error {
-	render := func(w io.Writer) error { return report.Render(w, r, format, ropt) }
+	return writeOutput(path, stdout, func(w io.Writer) error { return report.Render(w, r, format, ropt) })
+}
+
+// writeOutput renders to path (atomically: a temporary file in the same
+// folder, renamed into place, so an interrupted run never leaves half a
+// report) or, when path is "", to stdout.
+func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) error {
 	if path == "" {
 		return render(stdout)
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("write report: %w", err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(f.Name())
-	if err := render(f); err != nil {
-		f.Close()
-		return fmt.Errorf("write report %s: %w", path, err)
+	err = render(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
+	if err == nil {
+		// CreateTemp makes the file private; a report is an ordinary file.
+		err = os.Chmod(f.Name(), 0o644)
 	}
-	// CreateTemp makes the file private; a report is an ordinary file.
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
+	if err == nil {
+		err = os.Rename(f.Name(), path)
 	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("write report: %w", err)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

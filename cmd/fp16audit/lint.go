@@ -216,26 +216,3 @@ func (l *lintWriter) printf(format string, a ...any) {
 	}
 }
 
-// writeOutput renders to path (atomically: a temporary file in the same
-// folder, renamed into place) or, when path is "", to stdout.
-func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) error {
-	if path == "" {
-		return render(stdout)
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(f.Name())
-	err = render(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}

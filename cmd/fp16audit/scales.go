@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"fp16audit/trainlog"
 )
@@ -87,7 +86,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		}
 		return trainlog.WriteText(w, r)
 	}
-	if err := writeScalesReport(o.output, render, stdout); err != nil {
+	if err := writeOutput(o.output, stdout, render); err != nil {
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
 		return exitUsage
 	}
@@ -112,26 +111,3 @@ func logError(stderr io.Writer, err error) int {
 	return exitUsage
 }
 
-// writeScalesReport renders to path atomically (a temp file in the same
-// folder, renamed into place) or to stdout.
-func writeScalesReport(path string, render func(io.Writer) error, stdout io.Writer) error {
-	if path == "" {
-		return render(stdout)
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if err := render(f); err != nil {
-		f.Close()
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	return nil
-}
