@@ -215,4 +215,3 @@ func (l *lintWriter) printf(format string, a ...any) {
 		_, l.err = fmt.Fprintf(l.w, format, a...)
 	}
 }
-

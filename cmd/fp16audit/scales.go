@@ -110,4 +110,3 @@ func logError(stderr io.Writer, err error) int {
 	}
 	return exitUsage
 }
-
