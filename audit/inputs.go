@@ -92,6 +92,19 @@ func channelAxis(kind string) int {
 	return -1
 }
 
+// channelOf maps a flat row-major index of a tensor of the given shape to
+// its position along axis (0 for every element when axis is -1).
+func channelOf(shape []int64, axis, nch int) func(int) int {
+	if axis < 0 {
+		return func(int) int { return 0 }
+	}
+	inner := 1
+	for _, d := range shape[axis+1:] {
+		inner *= int(d)
+	}
+	return func(j int) int { return (j / inner) % nch }
+}
+
 // analyzeInput computes the per-channel statistics of input i over all
 // batches. Data that was converted from an integer dtype counts as integral.
 func analyzeInput(batches []batch.Batch, i int) (kind string, chans []channelAcc) {
@@ -114,18 +127,9 @@ func analyzeInput(batches []batch.Batch, i int) (kind string, chans []channelAcc
 		if err != nil || (axis >= 0 && (len(t.Shape) <= axis || int(t.Shape[axis]) != nch)) {
 			continue
 		}
-		inner := 1
-		if axis >= 0 {
-			for _, d := range t.Shape[axis+1:] {
-				inner *= int(d)
-			}
-		}
+		channel := channelOf(t.Shape, axis, nch)
 		for j, v := range vals {
-			c := 0
-			if axis >= 0 {
-				c = (j / inner) % nch
-			}
-			chans[c].add(v)
+			chans[channel(j)].add(v)
 		}
 	}
 	return kind, chans
@@ -140,32 +144,23 @@ func standardize(batches []batch.Batch, i int, kind string, chans []channelAcc) 
 	for bi, b := range batches {
 		nb := batch.Batch{Source: b.Source + " (standardized)", Inputs: append([]*tensor.Tensor(nil), b.Inputs...)}
 		t := b.Inputs[i]
+		if t.DType != tensor.Float32 {
+			return nil, fmt.Errorf("input %q: standardizing %s data is not supported", t.Name, t.DType)
+		}
 		vals, err := t.Float32s()
 		if err != nil {
 			return nil, err
 		}
-		inner := 1
-		if axis >= 0 {
-			for _, d := range t.Shape[axis+1:] {
-				inner *= int(d)
-			}
-		}
+		channel := channelOf(t.Shape, axis, len(chans))
 		for j, v := range vals {
-			c := 0
-			if axis >= 0 {
-				c = (j / inner) % len(chans)
-			}
+			c := channel(j)
 			s := chans[c].std()
 			if s == 0 {
 				s = 1
 			}
 			vals[j] = float32((float64(v) - chans[c].mean()) / s)
 		}
-		nt := tensor.FromFloat32s(t.Name, t.Shape, vals)
-		if t.DType != tensor.Float32 {
-			return nil, fmt.Errorf("input %q: standardizing %s data is not supported", t.Name, t.DType)
-		}
-		nb.Inputs[i] = nt
+		nb.Inputs[i] = tensor.FromFloat32s(t.Name, t.Shape, vals)
 		out[bi] = nb
 	}
 	return out, nil
