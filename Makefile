@@ -14,7 +14,7 @@ GO      ?= go
 BIN     := bin/fp16audit
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test demo bench proto fixtures fuzz vet clean
+.PHONY: all ort build test demo bench proto fixtures fuzz conformance vet clean
 
 all: build
 
@@ -45,8 +45,12 @@ test: ort
 demo: ort build
 	./$(BIN) run fixtures/models/demo_cnn.onnx -i fixtures/batches/demo_cnn_raw.npy
 
+# bench: the statistics and comparison kernels (GB/s), then the full audit
+# and its memory against plain ONNX Runtime inference of the same models in
+# the same run (see docs/performance.md; the transformer takes minutes).
 bench: ort
-	$(GO) test -run '^$$' -bench . -benchtime 10x ./audit/
+	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./audit/
+	$(GO) test -run '^$$' -bench 'FullAudit|Memory' -benchtime 1x -timeout 60m ./audit/
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
@@ -59,7 +63,8 @@ fixtures:
 # fuzz runs every fuzz target for FUZZTIME each (go test fuzzes one target
 # per invocation); `make test` runs their seed corpora as plain tests.
 FUZZTIME ?= 60s
-FUZZ_TARGETS := ./batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve
+FUZZ_TARGETS := ./batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve \
+	./onnx:FuzzLoadBytes ./onnx:FuzzNewIndex ./ops:FuzzAssign ./audit:FuzzEmulate
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -67,6 +72,13 @@ fuzz:
 	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
 	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) || exit 1; \
 	done
+
+# conformance re-runs the sweep over the ONNX backend test models
+# (apt-get install libonnx-testdata) and rewrites docs/conformance.md and
+# conformance/testdata/baseline.json. `make test` runs the same sweep and
+# fails when an outcome gets worse than the baseline.
+conformance: ort
+	$(GO) test ./conformance -run TestSweep -count=1 -update
 
 vet:
 	$(GO) vet ./...

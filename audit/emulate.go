@@ -31,18 +31,25 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *ops.Assignment) *onn
 			onnx.Node("Cast", dst+"::back"+internalSuffix, []string{mid}, []string{dst}, onnx.AttrInt("to", int64(elemFloat))))
 	}
 	isHalfPrec := func(p ops.Precision) bool { return p == ops.FP16 || p == ops.BF16 }
+	// Autocast leaves float64 tensors alone (only float32 is eligible for
+	// its casts), and rounding one through a Cast back to FLOAT would change
+	// its type; so values the graph holds in DOUBLE are never rounded.
+	isDouble := func(string) bool { return false }
+	if ix, err := onnx.NewIndex(up.Graph); err == nil {
+		isDouble = func(name string) bool { return ix.ElemType(name) == elemDouble }
+	}
 
 	// Sources held in half precision (graph inputs and parameters under
 	// half, half initializers of the model) are rounded once; every use
 	// reads the rounded copy.
 	sourceCopy := map[string]string{}
 	for _, vi := range orig.Input {
-		if p := a.Value[vi.Name]; isHalfPrec(p) {
+		if p := a.Value[vi.Name]; isHalfPrec(p) && !isDouble(vi.Name) {
 			sourceCopy[vi.Name] = ""
 		}
 	}
 	for _, t := range orig.Initializer {
-		if p := a.Value[t.Name]; isHalfPrec(p) {
+		if p := a.Value[t.Name]; isHalfPrec(p) && !isDouble(t.Name) {
 			sourceCopy[t.Name] = ""
 		}
 	}
@@ -86,12 +93,12 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *ops.Assignment) *onn
 				edit().Input[j] = r
 			}
 			if i < len(a.CastInputs) && j < len(a.CastInputs[i]) && a.CastInputs[i][j] &&
-				isHalfPrec(np) && a.Value[in] != np {
+				isHalfPrec(np) && a.Value[in] != np && !isDouble(in) {
 				edit().Input[j] = castOf(cur, np)
 			}
 		}
 		for k, o := range on.Output {
-			if o == "" || !isHalfPrec(a.Value[o]) {
+			if o == "" || !isHalfPrec(a.Value[o]) || isDouble(o) {
 				continue
 			}
 			raw := o + "::raw" + internalSuffix

@@ -2,11 +2,15 @@ package audit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
+	"unsafe"
 
 	"fp16audit/batch"
+	"fp16audit/onnx"
 	ort "fp16audit/runtime"
 	"fp16audit/tensor"
 )
@@ -23,18 +27,18 @@ type passResult struct {
 // Progress is told about every finished pass of every batch; nil discards.
 type Progress func(pass string, batch, batches int)
 
-// passRun is one pass in flight: a session over an instrumented graph, the
-// values it returns, and where its results go. A run with a ref is compared
-// element by element with that run's outputs for the same batch.
+// passRun is one pass: its instrumented graph and where its results go. A
+// run with a ref is compared element by element with that run's outputs
+// for the same batch.
 type passRun struct {
-	name string
-	sess *ort.Session
-	obs  []observed
-	res  *passResult
-	ref  *passRun
+	name  string
+	graph *passGraph
+	res   *passResult
+	ref   *passRun
 }
 
-func newPassRun(name string, sess *ort.Session, obs []observed, ref *passRun) *passRun {
+func newPassRun(name string, graph *passGraph, ref *passRun) *passRun {
+	obs := graph.obs
 	res := &passResult{Stats: make(map[string]*Stats, len(obs)), Shapes: make(map[string][]int64, len(obs))}
 	for _, o := range obs {
 		s := NewStats()
@@ -46,87 +50,480 @@ func newPassRun(name string, sess *ort.Session, obs []observed, ref *passRun) *p
 			res.Diffs[o.Name] = &Diff{}
 		}
 	}
-	return &passRun{name: name, sess: sess, obs: obs, res: res, ref: ref}
+	return &passRun{name: name, graph: graph, res: res, ref: ref}
+}
+
+// execution is how runPasses runs: the segment plan, the shapes that size
+// the output buffers, the session options and where buffers come from.
+type execution struct {
+	inputs []string // the graph inputs, in batch order
+	opts   ort.SessionOptions
+	plan   *segPlan
+	// shapes[pass][batch] holds the value shapes known before running.
+	shapes   [][]map[string][]int64
+	pool     *bufferPool
+	progress Progress
+	// workers is the number of goroutines that compute statistics;
+	// overlap says whether they run while ONNX Runtime computes the next
+	// run (on cores ONNX Runtime leaves free) or after each run.
+	workers int
+	overlap bool
+}
+
+// held is an output of one run: its tensor and whether its buffer came
+// from the pool (and goes back there when the tensor dies).
+type held struct {
+	t      *tensor.Tensor
+	pooled bool
+}
+
+func (e *execution) release(hs []held) {
+	for _, h := range hs {
+		if h.pooled {
+			e.pool.put(ort.Float32View(h.t))
+		}
+	}
+}
+
+// observer computes statistics on its own goroutine, in the order the
+// runs finish, while ONNX Runtime computes the next run: a run's outputs
+// stay alive until its job is done.
+type observer struct {
+	jobs chan func()
+	done chan struct{}
+}
+
+func newObserver() *observer {
+	o := &observer{jobs: make(chan func()), done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		for f := range o.jobs {
+			f()
+		}
+	}()
+	return o
+}
+
+// wait returns once every job handed over so far is done.
+func (o *observer) wait() {
+	ch := make(chan struct{})
+	o.jobs <- func() { close(ch) }
+	<-ch
+}
+
+func (o *observer) close() {
+	close(o.jobs)
+	<-o.done
 }
 
 // runPasses runs every batch through every pass, in the order given (a
-// reference before the passes compared with it). Statistics of a run's
-// outputs are computed on all cores while they are alive; a batch's outputs
-// are dropped once no later pass needs them.
-func runPasses(ctx context.Context, runs []*passRun, batches []batch.Batch, progress Progress) error {
-	isRef := map[*passRun]bool{}
-	refIndex := map[*passRun]map[string]int{}
-	for _, r := range runs {
-		if r.ref != nil && !isRef[r.ref] {
-			isRef[r.ref] = true
-			m := make(map[string]int, len(r.ref.obs))
-			for i, o := range r.ref.obs {
-				m[o.Name] = i
-			}
-			refIndex[r.ref] = m
+// reference before the passes compared with it), segment by segment. Each
+// segment opens one session per pass, runs all batches through it and
+// closes it; the values that cross into later segments are kept per pass
+// and batch and dropped after their last reader. Statistics of a run's
+// outputs are computed on all cores while the next run computes.
+func runPasses(ctx context.Context, runs []*passRun, batches []batch.Batch, e *execution) (err error) {
+	plan := e.plan
+	store := make([][]map[string]held, len(runs))
+	for pi := range runs {
+		store[pi] = make([]map[string]held, len(batches))
+		for bi := range batches {
+			store[pi][bi] = map[string]held{}
 		}
 	}
-	workers := runtime.GOMAXPROCS(0)
-	for bi, b := range batches {
-		kept := map[*passRun][]*tensor.Tensor{}
-		for _, r := range runs {
+	obs := newObserver()
+	defer func() {
+		obs.close()
+		for pi := range store {
+			for bi := range store[pi] {
+				for _, h := range store[pi][bi] {
+					e.release([]held{h})
+				}
+			}
+		}
+	}()
+	refOf := map[*passRun]int{}
+	for pi, r := range runs {
+		refOf[r] = pi
+	}
+	segs := plan.segments()
+	for s := range segs {
+		sgs := make([]*segGraph, len(runs))
+		sessions := make([]*ort.Session, len(runs))
+		closeAll := func() {
+			for _, sess := range sessions {
+				if sess != nil {
+					sess.Close()
+				}
+			}
+		}
+		for pi, r := range runs {
 			if err := ctx.Err(); err != nil {
+				closeAll()
 				return err
 			}
-			outs, err := r.sess.RunReused(b.Inputs)
+			sg := r.graph.segment(s, plan.segOf, plan.boundary[pi], plan.rank0)
+			if len(sg.outputs) == 0 && segs == 1 {
+				// Nothing to observe (a model without float values): the
+				// pass still runs the model's own outputs, so that a model
+				// ONNX Runtime cannot run is reported rather than passed.
+				for _, vi := range r.graph.model.Graph.Output {
+					sg.outputs = append(sg.outputs, vi.GetName())
+					sg.model.Graph.Output = append(sg.model.Graph.Output, vi)
+				}
+			}
+			if len(sg.outputs) == 0 {
+				continue
+			}
+			if len(sg.inputs) == 0 {
+				// ONNX Runtime wants an input; the first graph input will do.
+				sg.inputs = []string{e.inputs[0]}
+				sg.model.Graph.Input = append(sg.model.Graph.Input, declarations(r.graph.model.Graph)[e.inputs[0]])
+			}
+			data, err := onnx.Marshal(sg.model)
 			if err != nil {
-				return fmt.Errorf("%s pass, batch %s: %w", r.name, b.Source, err)
+				closeAll()
+				return err
 			}
-			var refOuts []*tensor.Tensor
-			if r.ref != nil {
-				refOuts = kept[r.ref]
+			sess, err := ort.NewSession(data, sg.inputs, sg.outputs, e.opts)
+			if err != nil {
+				closeAll()
+				if segs > 1 {
+					return fmt.Errorf("%s pass, segment %d of %d: %w", r.name, s+1, segs, err)
+				}
+				return fmt.Errorf("%s pass: %w", r.name, err)
 			}
-			r.observe(outs, refOuts, refIndex[r.ref], bi, workers)
-			if isRef[r] {
-				kept[r] = outs
+			sgs[pi], sessions[pi] = sg, sess
+		}
+		if e.opts.LowMemory {
+			// The marshalled segments are garbage now, as large as the
+			// segment's weights; return them to the system before the
+			// segment's values take the room.
+			debug.FreeOSMemory()
+		}
+		for bi, b := range batches {
+			refOuts := make([]map[string]*tensor.Tensor, len(runs))
+			var deferred [][]held
+			for pi, r := range runs {
+				sg := sgs[pi]
+				if sg == nil {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					obs.wait()
+					closeAll()
+					return err
+				}
+				outs, hs, err := e.runSegment(sessions[pi], sg, b, store[pi][bi], e.shapes[pi][bi])
+				if err != nil {
+					obs.wait()
+					closeAll()
+					if segs > 1 {
+						return fmt.Errorf("%s pass, segment %d of %d, batch %s: %w", r.name, s+1, segs, b.Source, err)
+					}
+					return fmt.Errorf("%s pass, batch %s: %w", r.name, b.Source, err)
+				}
+				// Boundary values stay in the store; the rest die after
+				// observation (a reference's after the passes compared
+				// with it).
+				var dying []held
+				for i, name := range sg.outputs {
+					if last, ok := plan.boundary[pi][name]; ok && last > s {
+						store[pi][bi][name] = hs[i]
+					} else {
+						dying = append(dying, hs[i])
+					}
+				}
+				var ref map[string]*tensor.Tensor
+				if r.ref != nil {
+					ref = refOuts[refOf[r.ref]]
+				}
+				if isRefOf(runs, r) {
+					m := make(map[string]*tensor.Tensor, len(sg.obs))
+					for i, o := range sg.obs {
+						m[o.Name] = outs[i]
+					}
+					refOuts[pi] = m
+					deferred = append(deferred, dying)
+					dying = nil
+				}
+				obsOuts := outs[:len(sg.obs)]
+				r, bi, sg, dying := r, bi, sg, dying
+				job := func() {
+					r.observe(sg.obs, obsOuts, ref, bi, e.workers)
+					e.release(dying)
+				}
+				if e.overlap {
+					obs.jobs <- job
+				} else {
+					job()
+				}
 			}
-			if progress != nil {
-				progress(r.name, bi+1, len(batches))
+			if e.progress != nil && s == segs-1 {
+				for _, r := range runs {
+					e.progress(r.name, bi+1, len(batches))
+				}
+			}
+			if len(deferred) > 0 {
+				obs.jobs <- func() {
+					for _, d := range deferred {
+						e.release(d)
+					}
+				}
+			}
+		}
+		obs.wait()
+		closeAll()
+		for pi := range runs {
+			for bi := range batches {
+				for name, h := range store[pi][bi] {
+					if plan.boundary[pi][name] <= s {
+						e.release([]held{h})
+						delete(store[pi][bi], name)
+					}
+				}
 			}
 		}
 	}
 	return nil
 }
 
-// observe folds one batch's outputs, one per observed value in obs order,
-// into the statistics, and compares them with the reference outputs.
-func (r *passRun) observe(outs, refOuts []*tensor.Tensor, refIndex map[string]int, batchIndex, workers int) {
-	for i, o := range r.obs {
+func isRefOf(runs []*passRun, r *passRun) bool {
+	for _, x := range runs {
+		if x.ref == r {
+			return true
+		}
+	}
+	return false
+}
+
+// runSegment runs one batch through one segment session. Outputs whose
+// shape is known beforehand are written into pool buffers.
+func (e *execution) runSegment(sess *ort.Session, sg *segGraph, b batch.Batch, store map[string]held, shapes map[string][]int64) ([]*tensor.Tensor, []held, error) {
+	inputs := make([]*tensor.Tensor, len(sg.inputs))
+	for i, name := range sg.inputs {
+		if h, ok := store[name]; ok {
+			inputs[i] = h.t
+			continue
+		}
+		for k, in := range e.inputs {
+			if in == name {
+				inputs[i] = b.Inputs[k]
+			}
+		}
+		if inputs[i] == nil {
+			return nil, nil, fmt.Errorf("segment input %q is neither a graph input nor a value of an earlier segment", name)
+		}
+	}
+	into := make([]*tensor.Tensor, len(sg.outputs))
+	for i, name := range sg.outputs {
+		shape, ok := shapes[name]
+		if !ok || len(shape) == 0 || (i >= len(sg.obs) && sg.outputType(name) != elemFloat) {
+			continue
+		}
+		n := tensor.NumElements(shape)
+		if n == 0 {
+			continue
+		}
+		buf := e.pool.get(int(n))
+		into[i] = &tensor.Tensor{Name: name, DType: tensor.Float32, Shape: shape,
+			Data: unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 4*len(buf))}
+	}
+	outs, err := sess.RunWith(inputs, into)
+	if err != nil {
+		for _, t := range into {
+			if t != nil {
+				e.pool.put(ort.Float32View(t))
+			}
+		}
+		return nil, nil, err
+	}
+	hs := make([]held, len(outs))
+	for i, t := range outs {
+		hs[i] = held{t: t}
+		if into[i] == nil {
+			continue
+		}
+		if t == into[i] {
+			hs[i].pooled = true
+		} else {
+			e.pool.put(ort.Float32View(into[i])) // refused: a shape the inference got wrong
+		}
+	}
+	return outs, hs, nil
+}
+
+// outputType is the declared element type of a segment output.
+func (sg *segGraph) outputType(name string) int32 {
+	for _, o := range sg.model.Graph.Output {
+		if o.Name == name {
+			return o.GetType().GetTensorType().GetElemType()
+		}
+	}
+	return 0
+}
+
+// observe folds one batch's outputs of one segment, one per observed value
+// in obs order, into the statistics, and compares them with the reference
+// outputs (by value name) when ref is not nil.
+func (r *passRun) observe(obs []observed, outs []*tensor.Tensor, ref map[string]*tensor.Tensor, batchIndex, workers int) {
+	for i, o := range obs {
 		if _, ok := r.res.Shapes[o.Name]; !ok {
 			r.res.Shapes[o.Name] = outs[i].Shape
 		}
 	}
-	jobs := make(chan int)
+	// Large values are split into chunks so that every core has work even
+	// when one value dominates; the chunks of a value merge in index order.
+	type chunk struct {
+		value, part, lo, hi int
+	}
+	const chunkElems = 1 << 20
+	var chunks []chunk
+	parts := make([][]Stats, len(obs))
+	diffs := make([][]Diff, len(obs))
+	for i, t := range outs {
+		if t.DType != tensor.Float32 {
+			continue
+		}
+		n := int(t.Elements())
+		k := max(1, (n+chunkElems-1)/chunkElems)
+		parts[i] = make([]Stats, k)
+		diffs[i] = make([]Diff, k)
+		for c := range k {
+			chunks = append(chunks, chunk{i, c, c * n / k, (c + 1) * n / k})
+		}
+	}
+	next := make(chan chunk, len(chunks))
+	for _, c := range chunks {
+		next <- c
+	}
+	close(next)
 	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range jobs {
-				t := outs[i]
-				if t.DType != tensor.Float32 {
+	for range max(1, min(workers, len(chunks))) {
+		wg.Go(func() {
+			for c := range next {
+				y := ort.Float32View(outs[c.value])
+				parts[c.value][c.part] = observeChunk(y[c.lo:c.hi], int64(c.lo), batchIndex)
+				if ref == nil {
 					continue
 				}
-				y := ort.Float32View(t)
-				name := r.obs[i].Name
-				r.res.Stats[name].Observe(y, batchIndex)
-				if refOuts == nil {
-					continue
-				}
-				if j, ok := refIndex[name]; ok && refOuts[j].DType == tensor.Float32 {
-					r.res.Diffs[name].Observe(y, ort.Float32View(refOuts[j]))
+				if rt, ok := ref[obs[c.value].Name]; ok && rt.DType == tensor.Float32 {
+					x := ort.Float32View(rt)
+					lo, hi := min(c.lo, len(x)), min(c.hi, len(x))
+					diffs[c.value][c.part].Observe(y[lo:hi], x[lo:hi])
 				}
 			}
-		}()
+		})
 	}
-	for i := range r.obs {
-		jobs <- i
-	}
-	close(jobs)
 	wg.Wait()
+	for i, o := range obs {
+		if parts[i] == nil {
+			continue
+		}
+		st := NewStats()
+		for _, p := range parts[i] {
+			st.Merge(p)
+		}
+		r.res.Stats[o.Name].Merge(st)
+		if ref != nil {
+			if _, ok := ref[o.Name]; ok {
+				d := r.res.Diffs[o.Name]
+				for _, p := range diffs[i] {
+					d.add(p)
+				}
+			}
+		}
+	}
+}
+
+// observeChunk summarises elements [off, off+len(x)) of one tensor.
+func observeChunk(x []float32, off int64, batchIndex int) Stats {
+	s := observe(x, batchIndex)
+	if s.ArgMax >= 0 {
+		s.ArgMax += off
+	}
+	return s
+}
+
+// isCreateError reports whether err is ONNX Runtime refusing a graph.
+func isCreateError(err error) bool {
+	var re *ort.RuntimeError
+	return errors.As(err, &re) && re.Stage == ort.StageCreate
+}
+
+// overlap decides whether statistics are computed while ONNX Runtime
+// runs, and on how many goroutines. ONNX Runtime's default uses every
+// core, and then overlapping only makes the two fight over the cores (and
+// holds more outputs alive), which measured slower; with --threads below
+// the number of cores the statistics take the cores left over.
+func (a *audit) overlap() (bool, int) {
+	cores := runtime.GOMAXPROCS(0)
+	if t := a.sess.opts.Threads; t > 0 && t < cores {
+		return true, cores - t
+	}
+	return false, cores
+}
+
+// passModel is a pass to run: its name, its graph before instrumentation,
+// and the name of the pass it is compared with ("" for none, which must
+// come earlier).
+type passModel struct {
+	name  string
+	model *onnx.ModelProto
+	ref   string
+}
+
+// execute runs passes over batches, segmented when the memory budget asks
+// for it, and returns the runs with their results. main says whether these
+// are the main passes, whose memory plan the report notes. Values whose
+// type the graph does not declare are observed as FLOAT; when ONNX Runtime
+// refuses that, they are dropped and the passes start again.
+func (a *audit) execute(ctx context.Context, passes []passModel, batches []batch.Batch, main bool) ([]*passRun, error) {
+	for attempt := 0; ; attempt++ {
+		runs, err := a.executeOnce(ctx, passes, batches, main)
+		if err == nil || attempt > 0 || !isCreateError(err) || !a.dropUntyped() {
+			return runs, err
+		}
+	}
+}
+
+func (a *audit) executeOnce(ctx context.Context, passes []passModel, batches []batch.Batch, main bool) ([]*passRun, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	nCore := len(a.model.Proto.Graph.Node)
+	graphs := make([]*passGraph, len(passes))
+	for i, p := range passes {
+		inst, obs := Instrument(p.model, a.names, a.upIdx.ElemType)
+		pg, err := newPassGraph(p.name, inst, obs, a.order, nCore)
+		if err != nil {
+			return nil, err
+		}
+		graphs[i] = pg
+	}
+	mp, err := a.memoryPlan(ctx, graphs, batches)
+	if err != nil {
+		return nil, err
+	}
+	if main {
+		a.report.Notes = append(a.report.Notes, mp.note())
+	}
+	opts := a.sess.opts
+	opts.LowMemory = mp.plan.segments() > 1
+	overlap, workers := a.overlap()
+	opts.NoSpinning = overlap
+	pool := newBufferPool(mp.poolLimit())
+	defer pool.close()
+	runs := make([]*passRun, len(passes))
+	byName := map[string]*passRun{}
+	for i, p := range passes {
+		runs[i] = newPassRun(p.name, graphs[i], byName[p.ref])
+		byName[p.name] = runs[i]
+	}
+	e := &execution{inputs: a.sess.inputs, opts: opts, plan: mp.plan, shapes: mp.shapes, pool: pool,
+		progress: a.cfg.Progress, workers: workers, overlap: overlap}
+	if err := runPasses(ctx, runs, batches, e); err != nil {
+		return nil, err
+	}
+	return runs, nil
 }

@@ -2,8 +2,14 @@ package audit
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,12 +21,27 @@ import (
 )
 
 // The benchmarks below time fp16audit against plain ONNX Runtime inference
-// of the same model and batch in the same process, and report the ratio as
-// a metric. "plain" is what a user's own inference does: ONNX Runtime's
-// default session (all graph optimizations), only the model's outputs.
+// of the same model and batch, and report the ratios as metrics. "plain" is
+// what a user's own inference does: ONNX Runtime's default session (all
+// graph optimizations), only the model's outputs. docs/performance.md holds
+// a table measured with
+//
+//	go test -run '^$' -bench . -benchtime 1x ./audit/
 
+var (
+	benchOnce     sync.Once
+	benchFixtures []*fixtures.Fixture
+)
+
+// benchModels are BigMLP and BigCNN (small enough for quick comparisons)
+// and the sizes of real models: a 12-layer transformer encoder (d=768,
+// sequence 256, batch 4) and ResNet-18 at 224x224 (batch 4).
 func benchModels() []*fixtures.Fixture {
-	return []*fixtures.Fixture{fixtures.BigMLP(), fixtures.BigCNN()}
+	benchOnce.Do(func() {
+		benchFixtures = []*fixtures.Fixture{fixtures.BigMLP(), fixtures.BigCNN(),
+			fixtures.BigTransformer(12, 768, 256, 4), fixtures.BigResNet(224, 4)}
+	})
+	return benchFixtures
 }
 
 func outputNames(m *onnx.ModelProto) []string {
@@ -31,24 +52,7 @@ func outputNames(m *onnx.ModelProto) []string {
 	return out
 }
 
-func mustSession(b *testing.B, m *onnx.ModelProto, in, out []string, opt ort.SessionOptions) *ort.Session {
-	b.Helper()
-	data, err := onnx.Marshal(m)
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := ort.NewSession(data, in, out, opt)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return s
-}
-
-// BenchmarkFP32Pass: one batch through the fp32 reference pass (every float
-// intermediate returned and summarised) against one plain run. Sessions are
-// created before timing. Metrics: ms per plain run, ms per pass batch, and
-// their ratio (target ≤ 1.3).
-func BenchmarkFP32Pass(b *testing.B) {
+func initRuntime(b *testing.B) {
 	lib, err := ort.FindLibrary("")
 	if err != nil {
 		b.Fatal(err)
@@ -56,98 +60,62 @@ func BenchmarkFP32Pass(b *testing.B) {
 	if err := ort.Init(lib); err != nil {
 		b.Fatal(err)
 	}
-	for _, f := range benchModels() {
-		b.Run(f.Name, func(b *testing.B) {
-			m := f.Model
-			idx, err := onnx.NewIndex(m.Graph)
-			if err != nil {
-				b.Fatal(err)
-			}
-			specs := inputSpecs(m.Graph, idx)
-			inputs := f.Batches[0].Inputs
-			plain := mustSession(b, m, inputNames(specs), outputNames(m), ort.SessionOptions{})
-			defer plain.Close()
-			var names []string
-			for _, ni := range idx.Order() {
-				for _, o := range m.Graph.Node[ni].Output {
-					if isFloat(idx.ElemType(o)) {
-						names = append(names, o)
-					}
-				}
-			}
-			inst, obs := Instrument(m, names, idx.ElemType)
-			outNames := make([]string, len(obs))
-			for i, o := range obs {
-				outNames[i] = o.Output
-			}
-			sess := mustSession(b, inst, inputNames(specs), outNames, ort.SessionOptions{Optimization: Optimization})
-			run := newPassRun("fp32", sess, obs, nil)
-			defer sess.Close()
-			batches := []batch.Batch{{Source: "bench", Inputs: inputs}}
-			var tPlain, tPass time.Duration
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				t0 := time.Now()
-				if _, err := plain.Run(inputs); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if err := runPasses(context.Background(), []*passRun{run}, batches, nil); err != nil {
-					b.Fatal(err)
-				}
-				tPass += time.Since(t1)
-				tPlain += t1.Sub(t0)
-			}
-			b.ReportMetric(float64(tPlain.Milliseconds())/float64(b.N), "ms/plain")
-			b.ReportMetric(float64(tPass.Milliseconds())/float64(b.N), "ms/pass")
-			b.ReportMetric(float64(tPass)/float64(tPlain), "pass/plain")
-		})
+}
+
+// writeFixture saves f's model and first batch under dir.
+func writeFixture(b testing.TB, f *fixtures.Fixture, dir string) (model, batchFile string) {
+	model = filepath.Join(dir, f.Name+".onnx")
+	if err := onnx.Save(f.Model, model); err != nil {
+		b.Fatal(err)
 	}
+	npy, err := batch.EncodeNPY(f.Batches[0].Inputs[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	batchFile = filepath.Join(dir, f.Name+".npy")
+	if err := os.WriteFile(batchFile, npy, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return model, batchFile
+}
+
+// plainRun times one plain inference: session creation and one run.
+func plainRun(b *testing.B, data []byte, in *tensor.Tensor, outs []string) (create, run time.Duration) {
+	t0 := time.Now()
+	s, err := ort.NewSession(data, []string{in.Name}, outs, ort.SessionOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	t1 := time.Now()
+	if _, err := s.Run([]*tensor.Tensor{in}); err != nil {
+		b.Fatal(err)
+	}
+	return t1.Sub(t0), time.Since(t1)
 }
 
 // BenchmarkFullAudit: audit.Run end to end (load, fp32, fp16 and bf16
 // passes, statistics, diagnosis; no fix reruns) against three plain
-// inferences, each with its session creation (target ≤ 1.25).
+// inferences, each with its session creation (target ≤ 1.25). ms/plain is
+// the run alone, without session creation.
 func BenchmarkFullAudit(b *testing.B) {
-	lib, err := ort.FindLibrary("")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ort.Init(lib); err != nil {
-		b.Fatal(err)
-	}
+	initRuntime(b)
 	for _, f := range benchModels() {
 		b.Run(f.Name, func(b *testing.B) {
-			dir := b.TempDir()
-			modelPath := filepath.Join(dir, "model.onnx")
-			if err := onnx.Save(f.Model, modelPath); err != nil {
-				b.Fatal(err)
-			}
-			in := f.Batches[0].Inputs[0]
-			npy, err := batch.EncodeNPY(in)
+			modelPath, batchPath := writeFixture(b, f, b.TempDir())
+			data, err := onnx.Marshal(f.Model)
 			if err != nil {
 				b.Fatal(err)
 			}
-			batchPath := filepath.Join(dir, "batch.npy")
-			if err := os.WriteFile(batchPath, npy, 0o644); err != nil {
-				b.Fatal(err)
-			}
-			data, _ := onnx.Marshal(f.Model)
-			inNames := []string{in.Name}
+			in := f.Batches[0].Inputs[0]
 			outs := outputNames(f.Model)
-			var tPlain, tAudit time.Duration
+			var tPlain, tRun, tAudit time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				for k := 0; k < 3; k++ {
-					s, err := ort.NewSession(data, inNames, outs, ort.SessionOptions{})
-					if err != nil {
-						b.Fatal(err)
-					}
-					if _, err := s.Run([]*tensor.Tensor{in}); err != nil {
-						b.Fatal(err)
-					}
-					s.Close()
+				for range 3 {
+					_, run := plainRun(b, data, in, outs)
+					tRun += run
 				}
 				t1 := time.Now()
 				if _, err := Run(context.Background(), Config{ModelPath: modelPath, Inputs: []string{batchPath}, NoFixes: true}); err != nil {
@@ -156,9 +124,142 @@ func BenchmarkFullAudit(b *testing.B) {
 				tAudit += time.Since(t1)
 				tPlain += t1.Sub(t0)
 			}
+			b.ReportMetric(float64(tRun.Milliseconds())/float64(3*b.N), "ms/plain")
 			b.ReportMetric(float64(tPlain.Milliseconds())/float64(b.N), "ms/3plain")
 			b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms/audit")
 			b.ReportMetric(float64(tAudit)/float64(tPlain), "audit/3plain")
 		})
+	}
+}
+
+// childEnv names the variables that make TestAuditChild audit a model in a
+// child process, so that the parent can read the child's peak RSS.
+const (
+	childModel  = "FP16AUDIT_CHILD_MODEL"
+	childBatch  = "FP16AUDIT_CHILD_BATCH"
+	childMemory = "FP16AUDIT_CHILD_MAX_MEMORY"
+)
+
+// TestAuditChild is not a test: BenchmarkMemory runs the test binary with
+// it selected to audit one model in a process of its own.
+func TestAuditChild(t *testing.T) {
+	model := os.Getenv(childModel)
+	if model == "" {
+		t.Skip("runs only as BenchmarkMemory's child process")
+	}
+	maxMem, _ := strconv.ParseInt(os.Getenv(childMemory), 10, 64)
+	start := time.Now()
+	r, err := Run(context.Background(), Config{ModelPath: model, Inputs: []string{os.Getenv(childBatch)}, NoFixes: true, MaxMemory: maxMem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("elapsed_ms %d\n", time.Since(start).Milliseconds())
+	// The parent cannot use its wait4 rusage: Linux counts the parent's
+	// memory at exec into the child's ru_maxrss.
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmHWM:" {
+			fmt.Printf("hwm_kb %s\n", f[1])
+		}
+	}
+	for _, n := range r.Notes {
+		fmt.Printf("note %s\n", n)
+	}
+}
+
+// childAudit audits model in a child process and returns the time of
+// audit.Run there and the child's peak RSS (VmHWM).
+func childAudit(b *testing.B, model, batchFile string, maxMem int64) (time.Duration, int64, string) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAuditChild$", "-test.v")
+	cmd.Env = append(os.Environ(), childModel+"="+model, childBatch+"="+batchFile, childMemory+"="+strconv.FormatInt(maxMem, 10))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("child audit: %v\n%s", err, out)
+	}
+	var hwm, ms int64
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "hwm_kb "); ok {
+			hwm, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "elapsed_ms "); ok {
+			ms, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	elapsed := time.Duration(ms) * time.Millisecond
+	if hwm == 0 {
+		b.Fatalf("child audit printed no peak RSS:\n%s", out)
+	}
+	return elapsed, hwm << 10, string(out)
+}
+
+// BenchmarkMemory audits each model in a child process twice: unsegmented
+// (a budget above any need) and with --max-memory at a quarter of the
+// first run's peak RSS, and once more with the default budget. Metrics: peak RSS
+// of both, the budget, the model's weights, and the time ratio (targets:
+// RSS within budget + weights + 10%, time ≤ 1.5× unsegmented).
+func BenchmarkMemory(b *testing.B) {
+	initRuntime(b)
+	for _, f := range benchModels() {
+		b.Run(f.Name, func(b *testing.B) {
+			modelPath, batchPath := writeFixture(b, f, b.TempDir())
+			var weights int64
+			for _, t := range f.Model.Graph.Initializer {
+				weights += tensorBytes(t)
+			}
+			var tWhole, tSeg, tDefault time.Duration
+			var rssWhole, rssSeg, rssDefault, budget int64
+			for i := 0; i < b.N; i++ {
+				t, rss, _ := childAudit(b, modelPath, batchPath, 1<<50)
+				tWhole += t
+				rssWhole = max(rssWhole, rss)
+				budget = rss / 4
+				t, rss, out := childAudit(b, modelPath, batchPath, budget)
+				tSeg += t
+				rssSeg = max(rssSeg, rss)
+				if i == 0 {
+					b.Log(out)
+				}
+				t, rss, _ = childAudit(b, modelPath, batchPath, 0)
+				tDefault += t
+				rssDefault = max(rssDefault, rss)
+			}
+			mb := func(n int64) float64 { return float64(n) / (1 << 20) }
+			b.ReportMetric(mb(weights), "MB-weights")
+			b.ReportMetric(mb(rssWhole), "MB-rss")
+			b.ReportMetric(mb(budget), "MB-budget")
+			b.ReportMetric(mb(rssSeg), "MB-rss-seg")
+			b.ReportMetric(float64(rssSeg)/float64(budget+weights), "rss-seg/(budget+weights)")
+			b.ReportMetric(float64(tWhole.Milliseconds())/float64(b.N), "ms-whole")
+			b.ReportMetric(float64(tSeg.Milliseconds())/float64(b.N), "ms-seg")
+			b.ReportMetric(float64(tSeg)/float64(tWhole), "seg/whole")
+			b.ReportMetric(mb(rssDefault), "MB-rss-default")
+			b.ReportMetric(float64(tDefault.Milliseconds())/float64(b.N), "ms-default")
+		})
+	}
+}
+
+// BenchmarkDiff measures the comparison kernel on a Relu-like value (half
+// zeros) against a copy with fp16's 10 mantissa bits.
+func BenchmarkDiff(b *testing.B) {
+	const n = 1 << 22
+	y, ref := make([]float32, n), make([]float32, n)
+	x := uint32(1)
+	for i := range ref {
+		x = x*1664525 + 1013904223
+		v := float32(int32(x)) / (1 << 31)
+		if v < 0 {
+			v = 0
+		}
+		ref[i] = v
+		y[i] = math.Float32frombits(math.Float32bits(v) &^ 0x1fff)
+	}
+	b.SetBytes(8 * n)
+	b.ResetTimer()
+	for range b.N {
+		var d Diff
+		d.Observe(y, ref)
 	}
 }

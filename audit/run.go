@@ -63,6 +63,11 @@ type Config struct {
 	ORTLib  string
 	Threads int
 	Device  string
+	// MaxMemory bounds the memory the passes plan for, in bytes
+	// (--max-memory): above it, the model runs in segments. 0 plans for
+	// DefaultMemoryCap or DefaultMemoryFraction of the available memory,
+	// whichever is less.
+	MaxMemory int64
 
 	Progress Progress
 }
@@ -165,7 +170,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := a.prepare(); err != nil {
 		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
 	}
+	if cfg.MaxMemory < 0 {
+		return nil, &UsageError{Err: fmt.Errorf("max memory: want a positive size, got %d", cfg.MaxMemory)}
+	}
 	if err := a.runMainPasses(ctx); err != nil {
+		if IsUsage(err) {
+			return nil, err
+		}
 		return nil, modelOrContext(cfg.ModelPath, err)
 	}
 	a.report.Inputs = a.inputReports()
@@ -244,75 +255,46 @@ func limitList(s []string, n int) []string {
 }
 
 // runMainPasses runs the fp32 reference, the policy's emulated pass and,
-// when that is fp16, the bf16 pass (the to_bf16() fix), batch by batch.
+// when that is fp16, the bf16 pass (the to_bf16() fix), batch by batch and,
+// when the memory budget asks for it, segment by segment.
 func (a *audit) runMainPasses(ctx context.Context) error {
-	fp32, err := a.openRun(ctx, "fp32", a.up, nil)
+	passes := []passModel{{name: "fp32", model: a.up}}
+	if a.mainRun == "bf16" && !castsToBF16(a.up) {
+		return fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.up))
+	}
+	if a.mainRun != "" {
+		passes = append(passes, passModel{name: a.mainRun, model: Emulate(a.up, a.model.Proto.Graph, a.assign), ref: "fp32"})
+		if a.mainRun == "fp16" && !castsToBF16(a.up) {
+			a.report.Notes = append(a.report.Notes, fmt.Sprintf("no bf16 pass: the model imports ONNX opset %d, and Cast to bfloat16 needs opset 13", defaultOpset(a.up)))
+		} else if a.mainRun == "fp16" {
+			bp, _ := ops.PolicyByName("autocast-bf16")
+			ba := ops.Assign(bp, a.model.Proto.Graph, a.order, a.model.Index.ElemType)
+			passes = append(passes, passModel{name: "bf16", model: Emulate(a.up, a.model.Proto.Graph, ba), ref: "fp32"})
+		}
+	}
+	runs, err := a.execute(ctx, passes, a.batches, true)
 	if err != nil {
 		return err
 	}
-	runs := []*passRun{fp32}
-	a.report.Passes = []string{"fp32"}
-	if a.mainRun != "" {
-		r, err := a.openRun(ctx, a.mainRun, Emulate(a.up, a.model.Proto.Graph, a.assign), fp32)
-		if err != nil {
-			return err
-		}
-		runs = append(runs, r)
-		a.report.Passes = append(a.report.Passes, a.mainRun)
-		if a.mainRun == "fp16" {
-			bp, _ := ops.PolicyByName("autocast-bf16")
-			ba := ops.Assign(bp, a.model.Proto.Graph, a.order, a.model.Index.ElemType)
-			r, err := a.openRun(ctx, "bf16", Emulate(a.up, a.model.Proto.Graph, ba), fp32)
-			if err != nil {
-				return err
-			}
-			runs = append(runs, r)
-			a.report.Passes = append(a.report.Passes, "bf16")
-		}
-	}
-	defer func() {
-		for _, r := range runs {
-			r.sess.Close()
-		}
-	}()
-	if err := runPasses(ctx, runs, a.batches, a.cfg.Progress); err != nil {
-		return err
-	}
 	for _, r := range runs {
+		a.report.Passes = append(a.report.Passes, r.name)
 		a.passes[r.name] = r.res
 	}
 	return nil
 }
 
-// openRun instruments model to return every observed value and opens its
-// session. Values whose type the graph does not declare are observed as
-// FLOAT; when ONNX Runtime refuses that, they are dropped and the session
-// is opened again.
-func (a *audit) openRun(ctx context.Context, name string, model *onnx.ModelProto, ref *passRun) (*passRun, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
+// defaultOpset returns the version of the default ONNX domain m imports.
+func defaultOpset(m *onnx.ModelProto) int64 {
+	for _, o := range m.OpsetImport {
+		if o.Domain == "" || o.Domain == "ai.onnx" {
+			return o.Version
+		}
 	}
-	names := a.names
-	for attempt := 0; ; attempt++ {
-		inst, obs := Instrument(model, names, a.upIdx.ElemType)
-		data, err := onnx.Marshal(inst)
-		if err != nil {
-			return nil, err
-		}
-		outNames := make([]string, len(obs))
-		for i, o := range obs {
-			outNames[i] = o.Output
-		}
-		sess, err := ort.NewSession(data, a.sess.inputs, outNames, a.sess.opts)
-		if err == nil {
-			return newPassRun(name, sess, obs, ref), nil
-		}
-		if attempt > 0 || !a.dropUntyped() {
-			return nil, fmt.Errorf("%s pass: %w", name, err)
-		}
-		names = a.names
-	}
+	return 0
 }
+
+// castsToBF16 reports whether m's opset has Cast to bfloat16 (opset 13).
+func castsToBF16(m *onnx.ModelProto) bool { return defaultOpset(m) >= 13 }
 
 // dropUntyped removes the values without a known element type from the
 // observed list; it reports whether there were any.
@@ -334,15 +316,11 @@ func (a *audit) dropUntyped() bool {
 // rerun runs one extra emulated pass over batches (a fix being verified)
 // and returns its results.
 func (a *audit) rerun(ctx context.Context, name string, model *onnx.ModelProto, batches []batch.Batch) (*passResult, error) {
-	r, err := a.openRun(ctx, name, model, nil)
+	runs, err := a.execute(ctx, []passModel{{name: name, model: model}}, batches, false)
 	if err != nil {
 		return nil, err
 	}
-	defer r.sess.Close()
-	if err := runPasses(ctx, []*passRun{r}, batches, a.cfg.Progress); err != nil {
-		return nil, err
-	}
-	return r.res, nil
+	return runs[0].res, nil
 }
 
 // sessionSpec holds what every pass's session shares.

@@ -109,6 +109,9 @@ func LoadBytes(data []byte, path string) (*Model, error) {
 	if err != nil {
 		return nil, &LoadError{path, err}
 	}
+	if err := checkDefined(mp.GetGraph(), ix); err != nil {
+		return nil, &LoadError{path, err}
+	}
 	ix.BaseDir = m.Dir
 	m.Proto, m.Index = mp, ix
 	return m, nil

@@ -191,11 +191,37 @@ func Init(libPath string) error {
 	ort.SetSharedLibraryPath(abs)
 	// Warnings (unassigned nodes, removed initializers) would interleave with
 	// the report on stderr; errors reach the caller as values anyway.
-	if err := ort.InitializeEnvironment(ort.WithLogLevelError()); err != nil {
+	err = withPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelError()) })
+	if err != nil {
 		return fmt.Errorf("load ONNX Runtime library %s: %v (is it an ONNX Runtime 1.x shared library for this platform?)", abs, innermost(err))
 	}
+	// Telemetry stays off: fp16audit runs on private models, offline.
+	ort.DisableTelemetry()
 	env.path = abs
 	return nil
+}
+
+// withPrivateTempDir runs fn with TMPDIR pointing at a new folder that is
+// removed afterwards. The official builds of ONNX Runtime write a session
+// file (.ses) and an empty mat-debug-PID.log into the temporary folder when
+// the environment is created, and never remove them; fp16audit leaves
+// nothing behind.
+func withPrivateTempDir(fn func() error) error {
+	dir, err := os.MkdirTemp("", "fp16audit-ort-")
+	if err != nil {
+		return fn()
+	}
+	defer os.RemoveAll(dir)
+	old, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", dir)
+	defer func() {
+		if had {
+			os.Setenv("TMPDIR", old)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+	}()
+	return fn()
 }
 
 // pathErr drops the operation and path of a *fs.PathError, which the

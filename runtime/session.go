@@ -63,6 +63,17 @@ type SessionOptions struct {
 	// compare bit for bit only at the same level with the same fusions
 	// possible; "none" makes every node compute as written.
 	Optimization string
+	// LowMemory turns off ONNX Runtime's CPU memory arena and memory
+	// pattern planning. An arena keeps the largest amount of memory a
+	// session ever used until the session closes, and every session has
+	// its own; with LowMemory, memory goes back to the C allocator as soon
+	// as a value dies, at a small cost in speed.
+	LowMemory bool
+	// NoSpinning stops ONNX Runtime's intra-op threads from spinning while
+	// they wait for work: spinning keeps every core busy between and
+	// after kernels, which starves whatever else the process computes at
+	// the same time.
+	NoSpinning bool
 }
 
 var optimizationLevels = map[string]ort.GraphOptimizationLevel{
@@ -89,6 +100,13 @@ type Session struct {
 	reuseShapes [][]int64
 	reuseVals   []ort.Value
 	reuseOut    []*tensor.Tensor
+
+	// scalars holds the element type of outputs a run found to be rank 0
+	// although the graph declares no shape for them: onnxruntime_go cannot
+	// read such outputs when ONNX Runtime allocates them, so later runs
+	// preallocate them as scalars.
+	scalarMu sync.Mutex
+	scalars  map[int]tensor.DType
 }
 
 // NewSession creates a session from the bytes of an ONNX model. Run takes
@@ -112,6 +130,19 @@ func NewSession(model []byte, inputNames, outputNames []string, opt SessionOptio
 	defer so.Destroy()
 	if opt.Threads > 0 {
 		if err := so.SetIntraOpNumThreads(opt.Threads); err != nil {
+			return nil, &RuntimeError{StageOptions, innermost(err)}
+		}
+	}
+	if opt.LowMemory {
+		if err := so.SetCpuMemArena(false); err != nil {
+			return nil, &RuntimeError{StageOptions, innermost(err)}
+		}
+		if err := so.SetMemPattern(false); err != nil {
+			return nil, &RuntimeError{StageOptions, innermost(err)}
+		}
+	}
+	if opt.NoSpinning {
+		if err := so.AddSessionConfigEntry("session.intra_op.allow_spinning", "0"); err != nil {
 			return nil, &RuntimeError{StageOptions, innermost(err)}
 		}
 	}
@@ -142,7 +173,14 @@ func NewSession(model []byte, inputNames, outputNames []string, opt SessionOptio
 	}
 	ds, err := ort.NewDynamicAdvancedSessionWithONNXData(model, inputNames, outputNames, so)
 	if err != nil {
-		return nil, &RuntimeError{StageCreate, innermost(err)}
+		inner := innermost(err)
+		if strings.Contains(inner.Error(), "protobuf parsing failed") {
+			// The model parsed in Go; ONNX Runtime's C++ protobuf parser
+			// stops at 100 levels of message nesting.
+			inner = fmt.Errorf("%v (ONNX Runtime's protobuf parser refuses messages nested over 100 levels deep, "+
+				"which If/Loop/Scan subgraphs nested about 30 deep reach; flatten the control flow)", inner)
+		}
+		return nil, &RuntimeError{StageCreate, inner}
 	}
 	s := &Session{
 		s:           ds,
@@ -228,17 +266,27 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 		in[i] = v
 	}
 	out := make([]ort.Value, len(s.outputNames))
-	defer destroyAll(out)
+	defer func() { destroyAll(out) }()
 	params := bindParams(s.inputTypes, inputs)
-	for i, vt := range s.outputTypes {
-		v, err := preallocate(vt, params)
-		if err != nil {
-			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
+	var err error
+	// Each failed attempt finds one more undeclared rank-0 output.
+	for attempt := 0; attempt <= len(out); attempt++ {
+		destroyAll(out)
+		clear(out)
+		for i, vt := range s.outputTypes {
+			v, err := s.preallocate(i, vt, params)
+			if err != nil {
+				return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
+			}
+			out[i] = v
 		}
-		out[i] = v
+		allocated := slices.Clone(out)
+		err = s.s.Run(in, out)
+		goruntime.KeepAlive(inputs)
+		if err == nil || !errors.Is(err, ort.ZeroShapeLengthError) || !s.learnScalar(allocated, out) {
+			break
+		}
 	}
-	err := s.s.Run(in, out)
-	goruntime.KeepAlive(inputs)
 	if err != nil {
 		inner := innermost(err)
 		if strings.HasPrefix(err.Error(), "Error creating tensor from ort") {
@@ -262,8 +310,6 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	return res, nil
 }
 
-// destroyAll releases the ONNX Runtime side of every value. A failed output
-// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 // RunReused is Run for a caller that reads each run's outputs before the
 // next: once a run with inputs of the same shapes has shown every output to
 // be float32, ONNX Runtime writes the outputs straight into buffers the
@@ -357,12 +403,156 @@ func (s *Session) runInto(inputs []*tensor.Tensor, out []ort.Value) error {
 	return nil
 }
 
+// RunWith is Run with outputs the caller provides: where into[i] is a
+// Float32 tensor of the shape output i will have, ONNX Runtime writes that
+// output straight into into[i].Data (no allocation, no copy) and the result
+// holds into[i] itself; where into[i] is nil, the output is allocated as by
+// Run. into[i].Data must stay valid and unread until RunWith returns. When
+// ONNX Runtime refuses a provided buffer (a wrong shape), RunWith runs again
+// as Run does, so the result never aliases a refused buffer.
+func (s *Session) RunWith(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
+	if len(into) != len(s.outputNames) {
+		return nil, fmt.Errorf("run: want %d output buffers (nil for none), got %d", len(s.outputNames), len(into))
+	}
+	seeded := false
+	for _, t := range into {
+		if t != nil {
+			seeded = true
+			break
+		}
+	}
+	if !seeded {
+		return s.Run(inputs)
+	}
+	res, err := s.runSeeded(inputs, into)
+	if err == nil {
+		return res, nil
+	}
+	var re *RuntimeError
+	if errors.As(err, &re) && re.Stage == StageRun {
+		return s.Run(inputs)
+	}
+	return nil, err
+}
+
+func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.s == nil {
+		return nil, errors.New("run: session is closed")
+	}
+	if len(inputs) != len(s.inputNames) {
+		return nil, fmt.Errorf("run: want %d inputs (%s), got %d", len(s.inputNames), strings.Join(s.inputNames, ", "), len(inputs))
+	}
+	in := make([]ort.Value, len(inputs))
+	defer destroyAll(in)
+	for i, t := range inputs {
+		v, err := toValue(t)
+		if err != nil {
+			return nil, fmt.Errorf("input %q: %w", s.inputNames[i], err)
+		}
+		in[i] = v
+	}
+	out := make([]ort.Value, len(s.outputNames))
+	defer destroyAll(out)
+	params := bindParams(s.inputTypes, inputs)
+	for i, vt := range s.outputTypes {
+		var v ort.Value
+		var err error
+		if t := into[i]; t != nil {
+			buf := Float32View(t)
+			if buf == nil || len(buf) == 0 || &buf[0] != (*float32)(unsafe.Pointer(&t.Data[0])) {
+				return nil, fmt.Errorf("output %q: a provided buffer must be non-empty aligned float32 data of shape %s", s.outputNames[i], tensor.ShapeString(t.Shape))
+			}
+			v, err = ort.NewTensor(ort.NewShape(t.Shape...), buf)
+		} else {
+			v, err = s.preallocate(i, vt, params)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
+		}
+		out[i] = v
+	}
+	err := s.s.Run(in, out)
+	goruntime.KeepAlive(inputs)
+	goruntime.KeepAlive(into)
+	if err != nil {
+		return nil, &RuntimeError{StageRun, innermost(err)}
+	}
+	res := make([]*tensor.Tensor, len(out))
+	for i, v := range out {
+		if into[i] != nil {
+			res[i] = into[i]
+			continue
+		}
+		t, err := fromValue(v)
+		if err != nil {
+			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
+		}
+		t.Name = s.outputNames[i]
+		res[i] = t
+	}
+	return res, nil
+}
+
+// destroyAll releases the ONNX Runtime side of every value. A failed output
+// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 func destroyAll(vs []ort.Value) {
 	for _, v := range vs {
 		if v != nil && !reflect.ValueOf(v).IsNil() {
 			v.Destroy()
 		}
 	}
+}
+
+// preallocate is the package's preallocate, with the rank-0 outputs earlier
+// runs found preallocated as scalars.
+func (s *Session) preallocate(i int, vt valueType, params map[string]int64) (ort.Value, error) {
+	s.scalarMu.Lock()
+	d, ok := s.scalars[i]
+	s.scalarMu.Unlock()
+	if ok {
+		return newScalar(d, nil)
+	}
+	return preallocate(vt, params)
+}
+
+// learnScalar records the output whose conversion failed after a run: the
+// first one ONNX Runtime allocated (nil in allocated) that onnxruntime_go
+// left as a typed nil. It reports whether there was one.
+func (s *Session) learnScalar(allocated, out []ort.Value) bool {
+	for i, v := range out {
+		if allocated[i] != nil || v == nil || !reflect.ValueOf(v).IsNil() {
+			continue
+		}
+		d, ok := scalarTypes[reflect.TypeOf(v)]
+		if !ok {
+			return false
+		}
+		s.scalarMu.Lock()
+		if s.scalars == nil {
+			s.scalars = map[int]tensor.DType{}
+		}
+		s.scalars[i] = d
+		s.scalarMu.Unlock()
+		return true
+	}
+	return false
+}
+
+// scalarTypes maps the Go types of onnxruntime_go's tensors to element types.
+var scalarTypes = map[reflect.Type]tensor.DType{
+	reflect.TypeFor[*ort.Tensor[float32]](): tensor.Float32,
+	reflect.TypeFor[*ort.Tensor[float64]](): tensor.Float64,
+	reflect.TypeFor[*ort.Tensor[int64]]():   tensor.Int64,
+	reflect.TypeFor[*ort.Tensor[int32]]():   tensor.Int32,
+	reflect.TypeFor[*ort.Tensor[int16]]():   tensor.Int16,
+	reflect.TypeFor[*ort.Tensor[int8]]():    tensor.Int8,
+	reflect.TypeFor[*ort.Tensor[uint64]]():  tensor.Uint64,
+	reflect.TypeFor[*ort.Tensor[uint32]]():  tensor.Uint32,
+	reflect.TypeFor[*ort.Tensor[uint16]]():  tensor.Uint16,
+	reflect.TypeFor[*ort.Tensor[uint8]]():   tensor.Uint8,
+	reflect.TypeFor[*ort.Tensor[bool]]():    tensor.Bool,
 }
 
 // preallocate returns an output buffer for the outputs onnxruntime_go cannot

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -44,8 +45,18 @@ Usage:
 Run 'fp16audit COMMAND --help' for a command's flags and an example.
 `
 
-// Main runs the command line and returns the process exit code.
-func Main(args []string, stdout, stderr io.Writer) int {
+// Main runs the command line and returns the process exit code. A panic
+// below it is an internal error: the user gets a short message asking for
+// a bug report and exit code 3, not a stack trace.
+func Main(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		if p := recover(); p != nil {
+			code = internalError(stderr, args, p)
+		}
+	}()
+	if panicHook != nil {
+		panicHook(args)
+	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usageText)
 		return exitUsage
@@ -74,6 +85,29 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "fp16audit: unknown command %q\n\n%s", args[0], usageText)
 	return exitUsage
+}
+
+// panicHook, when set (by tests only), runs at the start of Main.
+var panicHook func(args []string)
+
+// internalError reports a recovered panic p and returns its exit code. The
+// stack goes to stderr only when FP16AUDIT_DEBUG is set, for the report.
+func internalError(stderr io.Writer, args []string, p any) int {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`*?[]{}()<>|&;#~") {
+			quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	fmt.Fprintf(stderr, "fp16audit: internal error: %v\n"+
+		"This is a bug in fp16audit. Please report it with this command line (and, if you can, the model):\n"+
+		"  fp16audit %s\n"+
+		"Rerun with FP16AUDIT_DEBUG=1 to print the stack trace for the report.\n", p, strings.Join(quoted, " "))
+	if os.Getenv("FP16AUDIT_DEBUG") != "" {
+		stderr.Write(debug.Stack())
+	}
+	return exitModel
 }
 
 // newFlagSet returns a flag set whose --help prints the usage line, the
@@ -112,6 +146,7 @@ type runOptions struct {
 	ortLib  string
 	threads int
 	device  string
+	maxMem  string
 
 	policy      string
 	checks      string
@@ -146,6 +181,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
 	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
+	fs.StringVar(&o.maxMem, "max-memory", "", fmt.Sprintf("memory to plan the passes for, e.g. 512M or 4G; above it the model runs in segments (default %s or %.0f%% of available memory, whichever is less)", audit.FormatSize(audit.DefaultMemoryCap), 100*audit.DefaultMemoryFraction))
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
 	}
@@ -174,9 +210,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 		shapes[name] = dims
 	}
+	var maxMem int64
+	if o.maxMem != "" {
+		var err error
+		if maxMem, err = audit.ParseSize(o.maxMem); err != nil {
+			fmt.Fprintf(stderr, "fp16audit run: --max-memory: %v\n", err)
+			return exitUsage
+		}
+	}
 	cfg := audit.Config{
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
-		ORTLib: o.ortLib, Threads: o.threads, Device: o.device,
+		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, MaxMemory: maxMem,
 		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,
 	}
 	var bar *progressBar
@@ -228,7 +272,7 @@ func reportError(stderr io.Writer, err error) int {
 		fmt.Fprintf(stderr, "fp16audit: %v\n", err)
 		return exitModel
 	case errors.Is(err, context.Canceled):
-		fmt.Fprintln(stderr, "fp16audit: interrupted")
+		fmt.Fprintln(stderr, "fp16audit: interrupted; no report written")
 		return exitModel
 	}
 	fmt.Fprintf(stderr, "fp16audit: %v\n", err)
@@ -246,6 +290,22 @@ func writeReport(r *audit.Report, format, path string, ropt report.Options, stdo
 func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) error {
 	if path == "" {
 		return render(stdout)
+	}
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		// A device or a pipe (/dev/null, /dev/stdout, a FIFO) is written in
+		// place: renaming a file over it would replace the device itself.
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		err = render(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		return nil
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {

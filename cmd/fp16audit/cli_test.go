@@ -148,3 +148,16 @@ func TestTextLeadsWithVerdict(t *testing.T) {
 		t.Errorf("--only-flagged lists unflagged nodes or misses fc2:\n%s", flagged)
 	}
 }
+
+// TestOutputToDevice: --output naming a device writes into it; the atomic
+// rename used for regular files must never replace the device.
+func TestOutputToDevice(t *testing.T) {
+	code, _, stderr := run(t, "run", models+"mlp.onnx", "-i", batches+"mlp.npy", "--format", "json", "--output", os.DevNull)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	fi, err := os.Stat(os.DevNull)
+	if err != nil || fi.Mode()&os.ModeDevice == 0 {
+		t.Fatalf("%s is no longer a device: %v %v", os.DevNull, fi.Mode(), err)
+	}
+}

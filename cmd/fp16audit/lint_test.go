@@ -254,8 +254,12 @@ func TestGitHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	repo := t.TempDir()
+	noConfig := filepath.Join(t.TempDir(), "gitconfig")
+	if err := os.WriteFile(noConfig, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL="+noConfig, "GIT_CONFIG_NOSYSTEM=1",
 		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
 	git := func(args ...string) (string, error) {
 		cmd := exec.Command("git", args...)
