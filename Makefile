@@ -24,7 +24,11 @@ all: build
 ort: $(ORT_LIB)
 
 $(ORT_LIB):
-	@command -v npm >/dev/null || { echo "make ort: npm is required (apt-get install npm)"; exit 1; }
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make ort: installing npm with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; \
+	  else echo "make ort: npm is required (apt-get install npm)"; exit 1; fi; }
 	@mkdir -p $(ORT_DIR)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  echo "fetching onnxruntime-node@$(ORT_VERSION) from the npm registry" && \
