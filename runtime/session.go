@@ -94,13 +94,6 @@ type Session struct {
 	inputTypes  []valueType // declared, in inputNames order
 	outputTypes []valueType // declared, in outputNames order
 
-	// The buffers of RunReused: float32 outputs ONNX Runtime writes into
-	// directly, for inputs of the shapes in reuseShapes.
-	reuseMu     sync.Mutex
-	reuseShapes [][]int64
-	reuseVals   []ort.Value
-	reuseOut    []*tensor.Tensor
-
 	// scalars holds the element type of outputs a run found to be rank 0
 	// although the graph declares no shape for them: onnxruntime_go cannot
 	// read such outputs when ONNX Runtime allocates them, so later runs
@@ -234,10 +227,6 @@ func (s *Session) Close() error {
 	if s.s == nil {
 		return nil
 	}
-	s.reuseMu.Lock()
-	destroyAll(s.reuseVals)
-	s.reuseVals, s.reuseOut, s.reuseShapes = nil, nil, nil
-	s.reuseMu.Unlock()
 	err := s.s.Destroy()
 	s.s = nil
 	return err
@@ -250,25 +239,14 @@ func (s *Session) Close() error {
 func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.s == nil {
-		return nil, errors.New("run: session is closed")
+	in, err := s.inputValues(inputs)
+	if err != nil {
+		return nil, err
 	}
-	if len(inputs) != len(s.inputNames) {
-		return nil, fmt.Errorf("run: want %d inputs (%s), got %d", len(s.inputNames), strings.Join(s.inputNames, ", "), len(inputs))
-	}
-	in := make([]ort.Value, len(inputs))
 	defer destroyAll(in)
-	for i, t := range inputs {
-		v, err := toValue(t)
-		if err != nil {
-			return nil, fmt.Errorf("input %q: %w", s.inputNames[i], err)
-		}
-		in[i] = v
-	}
 	out := make([]ort.Value, len(s.outputNames))
 	defer func() { destroyAll(out) }()
 	params := bindParams(s.inputTypes, inputs)
-	var err error
 	// Each failed attempt finds one more undeclared rank-0 output.
 	for attempt := 0; attempt <= len(out); attempt++ {
 		destroyAll(out)
@@ -310,99 +288,6 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	return res, nil
 }
 
-// RunReused is Run for a caller that reads each run's outputs before the
-// next: once a run with inputs of the same shapes has shown every output to
-// be float32, ONNX Runtime writes the outputs straight into buffers the
-// session keeps, with no allocation and no copy. The returned tensors alias
-// those buffers and are overwritten by the next RunReused; calls on one
-// session must not overlap. Outputs whose shapes depend on input values
-// fall back to Run when the kept shapes no longer fit.
-func (s *Session) RunReused(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
-	s.reuseMu.Lock()
-	defer s.reuseMu.Unlock()
-	if s.reuseOut != nil && sameShapes(s.reuseShapes, inputs) {
-		if err := s.runInto(inputs, s.reuseVals); err == nil {
-			return s.reuseOut, nil
-		}
-		destroyAll(s.reuseVals)
-		s.reuseVals, s.reuseOut, s.reuseShapes = nil, nil, nil
-	}
-	res, err := s.Run(inputs)
-	if err != nil {
-		return nil, err
-	}
-	s.keepBuffers(inputs, res)
-	return res, nil
-}
-
-// keepBuffers allocates RunReused's output buffers in the shapes of res
-// when every output is float32.
-func (s *Session) keepBuffers(inputs, res []*tensor.Tensor) {
-	vals := make([]ort.Value, 0, len(res))
-	outs := make([]*tensor.Tensor, 0, len(res))
-	for _, t := range res {
-		if t.DType != tensor.Float32 || len(t.Shape) == 0 {
-			destroyAll(vals)
-			return
-		}
-		// The outputs just returned are Go memory of their own: they become
-		// the buffers, so keeping them costs no allocation.
-		buf := Float32View(t)
-		if buf == nil || len(buf) == 0 {
-			destroyAll(vals)
-			return
-		}
-		v, err := ort.NewTensor(ort.NewShape(t.Shape...), buf)
-		if err != nil {
-			destroyAll(vals)
-			return
-		}
-		vals = append(vals, v)
-		outs = append(outs, &tensor.Tensor{Name: t.Name, DType: tensor.Float32, Shape: t.Shape, Data: asBytes(buf)})
-	}
-	s.reuseShapes = make([][]int64, len(inputs))
-	for i, t := range inputs {
-		s.reuseShapes[i] = append([]int64(nil), t.Shape...)
-	}
-	s.reuseVals, s.reuseOut = vals, outs
-}
-
-func sameShapes(shapes [][]int64, inputs []*tensor.Tensor) bool {
-	if len(shapes) != len(inputs) {
-		return false
-	}
-	for i, t := range inputs {
-		if !slices.Equal(shapes[i], t.Shape) {
-			return false
-		}
-	}
-	return true
-}
-
-// runInto runs with caller-owned output values.
-func (s *Session) runInto(inputs []*tensor.Tensor, out []ort.Value) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.s == nil {
-		return errors.New("run: session is closed")
-	}
-	in := make([]ort.Value, len(inputs))
-	defer destroyAll(in)
-	for i, t := range inputs {
-		v, err := toValue(t)
-		if err != nil {
-			return fmt.Errorf("input %q: %w", s.inputNames[i], err)
-		}
-		in[i] = v
-	}
-	err := s.s.Run(in, out)
-	goruntime.KeepAlive(inputs)
-	if err != nil {
-		return &RuntimeError{StageRun, innermost(err)}
-	}
-	return nil
-}
-
 // RunWith is Run with outputs the caller provides: where into[i] is a
 // Float32 tensor of the shape output i will have, ONNX Runtime writes that
 // output straight into into[i].Data (no allocation, no copy) and the result
@@ -438,21 +323,11 @@ func (s *Session) RunWith(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, erro
 func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.s == nil {
-		return nil, errors.New("run: session is closed")
+	in, err := s.inputValues(inputs)
+	if err != nil {
+		return nil, err
 	}
-	if len(inputs) != len(s.inputNames) {
-		return nil, fmt.Errorf("run: want %d inputs (%s), got %d", len(s.inputNames), strings.Join(s.inputNames, ", "), len(inputs))
-	}
-	in := make([]ort.Value, len(inputs))
 	defer destroyAll(in)
-	for i, t := range inputs {
-		v, err := toValue(t)
-		if err != nil {
-			return nil, fmt.Errorf("input %q: %w", s.inputNames[i], err)
-		}
-		in[i] = v
-	}
 	out := make([]ort.Value, len(s.outputNames))
 	defer destroyAll(out)
 	params := bindParams(s.inputTypes, inputs)
@@ -473,7 +348,7 @@ func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, er
 		}
 		out[i] = v
 	}
-	err := s.s.Run(in, out)
+	err = s.s.Run(in, out)
 	goruntime.KeepAlive(inputs)
 	goruntime.KeepAlive(into)
 	if err != nil {
@@ -497,6 +372,28 @@ func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, er
 
 // destroyAll releases the ONNX Runtime side of every value. A failed output
 // conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
+// inputValues wraps inputs (in inputNames order) as ONNX Runtime values
+// over their own memory; the caller destroys them. It must be called with
+// s.mu held.
+func (s *Session) inputValues(inputs []*tensor.Tensor) ([]ort.Value, error) {
+	if s.s == nil {
+		return nil, errors.New("run: session is closed")
+	}
+	if len(inputs) != len(s.inputNames) {
+		return nil, fmt.Errorf("run: want %d inputs (%s), got %d", len(s.inputNames), strings.Join(s.inputNames, ", "), len(inputs))
+	}
+	in := make([]ort.Value, len(inputs))
+	for i, t := range inputs {
+		v, err := toValue(t)
+		if err != nil {
+			destroyAll(in)
+			return nil, fmt.Errorf("input %q: %w", s.inputNames[i], err)
+		}
+		in[i] = v
+	}
+	return in, nil
+}
+
 func destroyAll(vs []ort.Value) {
 	for _, v := range vs {
 		if v != nil && !reflect.ValueOf(v).IsNil() {
