@@ -189,9 +189,10 @@ func Init(libPath string) error {
 		return fmt.Errorf("ONNX Runtime library %s: %w; %s", abs, pathErr(err), installHint)
 	}
 	ort.SetSharedLibraryPath(abs)
-	// Warnings (unassigned nodes, removed initializers) would interleave with
-	// the report on stderr; errors reach the caller as values anyway.
-	err = withPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelError()) })
+	// ONNX Runtime's own log lines would interleave with the report on
+	// stderr; every error reaches the caller as a value anyway, and some are
+	// expected (a buffer of the wrong shape that RunWith retries without).
+	err = withPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
 	if err != nil {
 		return fmt.Errorf("load ONNX Runtime library %s: %v (is it an ONNX Runtime 1.x shared library for this platform?)", abs, innermost(err))
 	}
