@@ -10,16 +10,7 @@ var controlFlow = map[string]bool{"If": true, "Loop": true, "Scan": true, "Seque
 // graph input nor an initializer. ONNX Runtime refuses such a graph with a
 // message that names neither the node nor the value.
 func checkDefined(g *GraphProto, ix *Index) error {
-	defined := map[string]bool{"": true}
-	for _, vi := range g.GetInput() {
-		defined[vi.GetName()] = true
-	}
-	for _, t := range g.GetInitializer() {
-		defined[t.GetName()] = true
-	}
-	for _, s := range g.GetSparseInitializer() {
-		defined[s.GetValues().GetName()] = true
-	}
+	defined := sourceNames(g)
 	for i, n := range g.GetNode() {
 		uses := n.GetInput()
 		if controlFlow[n.GetOpType()] && (n.GetDomain() == "" || n.GetDomain() == "ai.onnx") {

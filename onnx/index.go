@@ -343,16 +343,7 @@ func implicitInputs(n *NodeProto) []string {
 // freeNames returns the names g uses, directly or in nested subgraphs, that
 // it does not define itself: its references to enclosing scopes.
 func freeNames(g *GraphProto) []string {
-	defined := map[string]bool{"": true}
-	for _, vi := range g.GetInput() {
-		defined[vi.GetName()] = true
-	}
-	for _, t := range g.GetInitializer() {
-		defined[t.GetName()] = true
-	}
-	for _, s := range g.GetSparseInitializer() {
-		defined[s.GetValues().GetName()] = true
-	}
+	defined := sourceNames(g)
 	for _, n := range g.GetNode() {
 		for _, o := range n.GetOutput() {
 			defined[o] = true
@@ -688,4 +679,20 @@ func (ix *Index) densify(name string, s *SparseTensorProto) (*tensor.Tensor, err
 		copy(out.Data[pos*size:(pos+1)*size], vals.Data[j*size:(j+1)*size])
 	}
 	return out, nil
+}
+
+// sourceNames is the set of names g defines without a node: its inputs, its
+// initializers (dense and sparse) and "", the absent optional input.
+func sourceNames(g *GraphProto) map[string]bool {
+	defined := map[string]bool{"": true}
+	for _, vi := range g.GetInput() {
+		defined[vi.GetName()] = true
+	}
+	for _, t := range g.GetInitializer() {
+		defined[t.GetName()] = true
+	}
+	for _, s := range g.GetSparseInitializer() {
+		defined[s.GetValues().GetName()] = true
+	}
+	return defined
 }
