@@ -58,7 +58,7 @@ demo: ort build
 # the same run (see docs/performance.md; the transformer takes minutes).
 bench: ort
 	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./audit/
-	$(GO) test -run '^$$' -bench 'FullAudit|Memory' -benchtime 1x -timeout 60m ./audit/
+	$(GO) test -run '^$$' -bench 'ReferencePass|FullAudit|Memory' -benchtime 1x -timeout 60m ./audit/
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

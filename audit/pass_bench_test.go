@@ -16,6 +16,7 @@ import (
 	"fp16audit/batch"
 	"fp16audit/fixtures"
 	"fp16audit/onnx"
+	"fp16audit/ops"
 	ort "fp16audit/runtime"
 	"fp16audit/tensor"
 )
@@ -99,8 +100,22 @@ func plainRun(b *testing.B, data []byte, in *tensor.Tensor, outs []string) (crea
 // inferences, each with its session creation (target ≤ 1.25). ms/plain is
 // the run alone, without session creation.
 func BenchmarkFullAudit(b *testing.B) {
+	benchAudit(b, benchModels(), ops.DefaultPolicy, 3)
+}
+
+// BenchmarkReferencePass: the fp32 reference pass alone (audit.Run under
+// --policy fp32: load, instrumented run, statistics of every value) against
+// one plain inference with its session creation (target ≤ 1.3), on the MLP
+// and CNN sized so that plain inference takes ≥ 50 ms on 2 cores.
+func BenchmarkReferencePass(b *testing.B) {
+	benchAudit(b, benchModels()[:2], "fp32", 1)
+}
+
+// benchAudit times audit.Run under policy against plain inferences, each
+// with its session creation, on every model.
+func benchAudit(b *testing.B, models []*fixtures.Fixture, policy string, plain int) {
 	initRuntime(b)
-	for _, f := range benchModels() {
+	for _, f := range models {
 		b.Run(f.Name, func(b *testing.B) {
 			modelPath, batchPath := writeFixture(b, f, b.TempDir())
 			data, err := onnx.Marshal(f.Model)
@@ -113,21 +128,23 @@ func BenchmarkFullAudit(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				for range 3 {
+				for range plain {
 					_, run := plainRun(b, data, in, outs)
 					tRun += run
 				}
 				t1 := time.Now()
-				if _, err := Run(context.Background(), Config{ModelPath: modelPath, Inputs: []string{batchPath}, NoFixes: true}); err != nil {
+				cfg := Config{ModelPath: modelPath, Inputs: []string{batchPath}, NoFixes: true, Policy: policy}
+				if _, err := Run(context.Background(), cfg); err != nil {
 					b.Fatal(err)
 				}
 				tAudit += time.Since(t1)
 				tPlain += t1.Sub(t0)
 			}
-			b.ReportMetric(float64(tRun.Milliseconds())/float64(3*b.N), "ms/plain")
-			b.ReportMetric(float64(tPlain.Milliseconds())/float64(b.N), "ms/3plain")
+			unit := fmt.Sprintf("%dplain", plain)
+			b.ReportMetric(float64(tRun.Milliseconds())/float64(plain*b.N), "ms/plain")
+			b.ReportMetric(float64(tPlain.Milliseconds())/float64(b.N), "ms/"+unit)
 			b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms/audit")
-			b.ReportMetric(float64(tAudit)/float64(tPlain), "audit/3plain")
+			b.ReportMetric(float64(tAudit)/float64(tPlain), "audit/"+unit)
 		})
 	}
 }
