@@ -134,13 +134,22 @@ func policiesOf(c *checks.Check) []string {
 // check's doc text.
 func checksMarkdown(list []*checks.Check) string {
 	var b strings.Builder
-	b.WriteString("| ID | default severity | reported by | policies | title |\n|---|---|---|---|---|\n")
-	for _, c := range list {
-		fmt.Fprintf(&b, "| [%s](#%s) | %s | `fp16audit %s` | %s | %s |\n", c.ID, strings.ToLower(c.ID), c.Severity,
-			strings.ReplaceAll(commandOf(c.ID), ", ", "`, `fp16audit "), strings.Join(policiesOf(c), ", "), c.Title)
-	}
+	b.WriteString(checksTable(list, ""))
 	for _, c := range list {
 		fmt.Fprintf(&b, "\n### %s\n\n**%s** (default severity %s)\n\n%s\n", c.ID, c.Title, c.Severity, strings.TrimSpace(c.Doc))
+	}
+	return b.String()
+}
+
+// checksTable is the Markdown table of list: ID (linked to its section in
+// the document at docs, "" for the same document), severity, command,
+// policies and title.
+func checksTable(list []*checks.Check, docs string) string {
+	var b strings.Builder
+	b.WriteString("| ID | default severity | reported by | policies | title |\n|---|---|---|---|---|\n")
+	for _, c := range list {
+		fmt.Fprintf(&b, "| [%s](%s#%s) | %s | `fp16audit %s` | %s | %s |\n", c.ID, docs, strings.ToLower(c.ID), c.Severity,
+			strings.ReplaceAll(commandOf(c.ID), ", ", "`, `fp16audit "), strings.Join(policiesOf(c), ", "), c.Title)
 	}
 	return b.String()
 }

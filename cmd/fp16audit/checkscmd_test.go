@@ -19,20 +19,37 @@ func init() {
 	}
 }
 
-// TestDocsCheckReference keeps the check reference in docs/lint.md equal
-// to what the registry generates.
+// TestDocsCheckReference keeps the check reference in docs/lint.md and
+// the check table in README.md equal to what the registry generates.
 func TestDocsCheckReference(t *testing.T) {
-	const path = "../../docs/lint.md"
+	all := checks.All()
+	syncBlock(t, "../../docs/lint.md", "checks", checksMarkdown(all))
+	syncBlock(t, "../../README.md", "check table", checksTable(all, "docs/lint.md"))
+	doc, err := os.ReadFile("../../docs/lint.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all {
+		if !strings.Contains(string(doc), "### "+c.ID+"\n") {
+			t.Errorf("docs/lint.md does not document %s", c.ID)
+		}
+	}
+}
+
+// syncBlock checks that the block between <!-- BEGIN name --> and
+// <!-- END name --> in path holds gen; with -update it writes gen there.
+func syncBlock(t *testing.T, path, name, gen string) {
+	t.Helper()
 	doc, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`(?s)(<!-- BEGIN checks -->\n).*?(<!-- END checks -->)`)
+	begin, end := "<!-- BEGIN "+name+" -->\n", "<!-- END "+name+" -->"
+	re := regexp.MustCompile(`(?s)` + regexp.QuoteMeta(begin) + `.*?` + regexp.QuoteMeta(end))
 	if !re.Match(doc) {
-		t.Fatalf("%s has no <!-- BEGIN checks --> ... <!-- END checks --> block", path)
+		t.Fatalf("%s has no %q ... %q block", path, strings.TrimSpace(begin), end)
 	}
-	gen := checksMarkdown(checks.All())
-	want := re.ReplaceAllLiteral(doc, []byte("<!-- BEGIN checks -->\n"+gen+"<!-- END checks -->"))
+	want := re.ReplaceAllLiteral(doc, []byte(begin+gen+end))
 	if f := flag.Lookup("update"); f != nil && f.Value.String() == "true" {
 		if err := os.WriteFile(path, want, 0o644); err != nil {
 			t.Fatal(err)
@@ -40,12 +57,7 @@ func TestDocsCheckReference(t *testing.T) {
 		return
 	}
 	if string(doc) != string(want) {
-		t.Errorf("%s: the check reference is out of date; run go test ./cmd/fp16audit -update", path)
-	}
-	for _, c := range checks.All() {
-		if !strings.Contains(string(doc), "### "+c.ID+"\n") {
-			t.Errorf("%s does not document %s", path, c.ID)
-		}
+		t.Errorf("%s: the generated %s is out of date; run go test ./cmd/fp16audit -run TestDocsCheckReference -update", path, name)
 	}
 }
 
