@@ -23,6 +23,20 @@ const (
 	batches = "../../fixtures/batches/"
 )
 
+// readJSON decodes the JSON document a command wrote to path.
+func readJSON(t *testing.T, path string) map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return doc
+}
+
 func TestExitCodes(t *testing.T) {
 	tmp := t.TempDir()
 	garbage := filepath.Join(tmp, "garbage.onnx")
@@ -88,14 +102,7 @@ func TestJSONSchema(t *testing.T) {
 	if code != 1 || stdout != "" {
 		t.Fatalf("exit %d (want 1), stdout %q, stderr %s", code, stdout, stderr)
 	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc map[string]any
-	if err := json.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := readJSON(t, out)
 	for _, k := range []string{"schema", "tool", "model", "policy", "passes", "batches", "notes", "verdict", "verdict_text",
 		"origins", "fixes", "inputs", "nodes", "findings", "summary"} {
 		if _, ok := doc[k]; !ok {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,9 +12,7 @@ const scalesData = "../../trainlog/testdata/"
 
 func runScales(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code = Main(append([]string{"scales"}, args...), &out, &errb)
-	return code, out.String(), errb.String()
+	return run(t, append([]string{"scales"}, args...)...)
 }
 
 func TestScalesExitCodes(t *testing.T) {
@@ -80,14 +77,7 @@ func TestScalesJSONShape(t *testing.T) {
 	if code != exitFindings || stdout != "" {
 		t.Fatalf("exit %d, stdout %q, stderr %s", code, stdout, stderr)
 	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc map[string]any
-	if err := json.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
+	doc := readJSON(t, out)
 	for _, key := range []string{"schema", "run", "grad_scaler", "thresholds", "verdict", "verdict_text", "fix", "scales", "losses", "epochs", "series", "findings", "not_derived", "notes"} {
 		if _, ok := doc[key]; !ok {
 			t.Errorf("JSON report lacks %q", key)
