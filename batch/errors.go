@@ -3,6 +3,7 @@ package batch
 import (
 	"errors"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 )
@@ -30,6 +31,21 @@ func pathError(path string, err error) error {
 		return &LoadError{Path: path, Err: pe.Err}
 	}
 	return &LoadError{Path: path, Err: err}
+}
+
+// openSized opens path for reading and returns its size; errors are
+// *LoadError values naming path.
+func openSized(path string) (*os.File, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, pathError(path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, &LoadError{Path: path, Err: err}
+	}
+	return f, st.Size(), nil
 }
 
 // stem returns the file name of path without its extension.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -31,16 +30,12 @@ const readChunk = 64 << 20
 // ReadNPY reads a .npy file. The tensor is named after the file without its
 // extension. Errors start with path.
 func ReadNPY(path string) (*tensor.Tensor, error) {
-	f, err := os.Open(path)
+	f, size, err := openSized(path)
 	if err != nil {
-		return nil, pathError(path, err)
+		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, &LoadError{Path: path, Err: err}
-	}
-	t, err := DecodeNPY(bufio.NewReaderSize(f, 1<<16), st.Size())
+	t, err := DecodeNPY(bufio.NewReaderSize(f, 1<<16), size)
 	if err != nil {
 		return nil, &LoadError{Path: path, Err: err}
 	}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"fp16audit/tensor"
@@ -19,16 +18,12 @@ const maxDeflateRatio = 1032
 // np.savez_compressed write them). The tensors come in archive order, each
 // named after its member without ".npy". Errors start with path.
 func ReadNPZ(path string) ([]*tensor.Tensor, error) {
-	f, err := os.Open(path)
+	f, size, err := openSized(path)
 	if err != nil {
-		return nil, pathError(path, err)
+		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, &LoadError{Path: path, Err: err}
-	}
-	ts, err := DecodeNPZ(f, st.Size())
+	ts, err := DecodeNPZ(f, size)
 	if err != nil {
 		return nil, &LoadError{Path: path, Err: err}
 	}
