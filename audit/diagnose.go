@@ -30,15 +30,7 @@ func (a *audit) analyzeInputs() []inputAnalysis {
 	for i := range a.specs {
 		ia := &out[i]
 		ia.stats = NewStats()
-		ia.kind, ia.chans = analyzeInput(a.batches, i)
-		if ia.kind == KindInteger {
-			continue
-		}
-		for bi, b := range a.batches {
-			if vals, err := b.Inputs[i].Float32s(); err == nil {
-				ia.stats.Observe(vals, bi)
-			}
-		}
+		ia.kind, ia.chans = analyzeInput(a.batches, i, &ia.stats)
 	}
 	return out
 }

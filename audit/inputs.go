@@ -106,8 +106,9 @@ func channelOf(shape []int64, axis, nch int) func(int) int {
 }
 
 // analyzeInput computes the per-channel statistics of input i over all
-// batches. Data that was converted from an integer dtype counts as integral.
-func analyzeInput(batches []batch.Batch, i int) (kind string, chans []channelAcc) {
+// batches, and folds its values into stats in the same pass over the data.
+// Data that was converted from an integer dtype counts as integral.
+func analyzeInput(batches []batch.Batch, i int, stats *Stats) (kind string, chans []channelAcc) {
 	if len(batches) == 0 {
 		return KindOther, nil
 	}
@@ -121,10 +122,14 @@ func analyzeInput(batches []batch.Batch, i int) (kind string, chans []channelAcc
 		nch = int(batches[0].Inputs[i].Shape[axis])
 	}
 	chans = make([]channelAcc, nch)
-	for _, b := range batches {
+	for bi, b := range batches {
 		t := b.Inputs[i]
 		vals, err := t.Float32s()
-		if err != nil || (axis >= 0 && (len(t.Shape) <= axis || int(t.Shape[axis]) != nch)) {
+		if err != nil {
+			continue
+		}
+		stats.Observe(vals, bi)
+		if axis >= 0 && (len(t.Shape) <= axis || int(t.Shape[axis]) != nch) {
 			continue
 		}
 		channel := channelOf(t.Shape, axis, nch)
