@@ -63,7 +63,7 @@ bench: ort
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	@command -v protoc >/dev/null || { echo "make proto: protoc is required (apt-get install protobuf-compiler)"; exit 1; }
-	PATH=$(TOOLS):$$PATH protoc --go_out=. --go_opt=paths=source_relative onnx/onnxir.proto
+	PATH=$(TOOLS):$$PATH protoc --go_out=. --go_opt=paths=source_relative internal/onnx/onnxir.proto
 
 fixtures:
 	$(GO) run ./fixtures/gen -out fixtures
@@ -71,8 +71,8 @@ fixtures:
 # fuzz runs every fuzz target for FUZZTIME each (go test fuzzes one target
 # per invocation); `make test` runs their seed corpora as plain tests.
 FUZZTIME ?= 60s
-FUZZ_TARGETS := ./batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve \
-	./onnx:FuzzLoadBytes ./onnx:FuzzNewIndex ./ops:FuzzAssign ./audit:FuzzEmulate
+FUZZ_TARGETS := ./internal/batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve \
+	./internal/onnx:FuzzLoadBytes ./onnx:FuzzNewIndex ./internal/precision:FuzzAssign ./audit:FuzzEmulate
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -86,7 +86,7 @@ fuzz:
 # conformance/testdata/baseline.json. `make test` runs the same sweep and
 # fails when an outcome gets worse than the baseline.
 conformance: ort
-	$(GO) test ./conformance -run TestSweep -count=1 -update
+	$(GO) test ./internal/conformance -run TestSweep -count=1 -update
 
 vet:
 	$(GO) vet ./...

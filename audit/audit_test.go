@@ -10,7 +10,7 @@ import (
 
 	"fp16audit/audit"
 	"fp16audit/fixtures"
-	"fp16audit/onnx"
+	"fp16audit/internal/onnx"
 )
 
 const fixtureDir = "../fixtures"

@@ -2,7 +2,7 @@ package audit
 
 import (
 	"fp16audit/checks"
-	"fp16audit/lint"
+	"fp16audit/internal/lint"
 )
 
 // The checks of the dynamic audit. Their IDs are stable; see package checks.

@@ -8,8 +8,8 @@ import (
 	"sort"
 	"strings"
 
-	"fp16audit/ops"
-	"fp16audit/tensor"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/tensor"
 )
 
 const fp16Max = 65504
@@ -136,7 +136,7 @@ func (a *audit) add(f checks.Finding, node string, value string) {
 func (a *audit) nodeFinding(c *checks.Check, ni int, value, pass, msg string) {
 	n := a.model.Proto.Graph.Node[ni]
 	f := c.Finding(msg)
-	f.Node, f.Module, f.Value, f.Pass = a.nodeName(ni), ops.ModulePath(n), value, pass
+	f.Node, f.Module, f.Value, f.Pass = a.nodeName(ni), precision.ModulePath(n), value, pass
 	a.report.Findings = append(a.report.Findings, f)
 }
 
@@ -148,7 +148,7 @@ func (a *audit) origins(pass string, res *passResult) []Origin {
 	for _, o := range findOrigins(g, a.order, res, idx.Consumers) {
 		n := g.Node[o.node]
 		or := Origin{Pass: pass, Node: a.nodeName(o.node), Index: o.node, OpType: n.OpType,
-			Module: ops.ModulePath(n), Precision: a.assign.Node[o.node].String(),
+			Module: precision.ModulePath(n), Precision: a.assign.Node[o.node].String(),
 			ExplicitCast: a.halfCast[o.node], Affected: []string{}, AffectedOutputs: o.outputs}
 		if pass == "fp32" {
 			or.Precision = "fp32"
@@ -191,7 +191,7 @@ var tailOps = map[string]bool{
 func (a *audit) isFinalLayer(ni int) bool {
 	g := a.model.Proto.Graph
 	n := g.Node[ni]
-	if cat, _ := a.policy.Category(n.Domain, n.OpType); cat != ops.LowerPrecision {
+	if cat, _ := a.policy.Category(n.Domain, n.OpType); cat != precision.LowerPrecision {
 		return false
 	}
 	isOut := map[string]bool{}
@@ -378,14 +378,14 @@ func (a *audit) healthyWarnings(main *passResult) {
 	for _, ni := range a.order {
 		for _, v := range g.Node[ni].Output {
 			p := a.assign.Value[v]
-			if p != ops.FP16 && p != ops.BF16 {
+			if p != precision.FP16 && p != precision.BF16 {
 				continue
 			}
 			ref, ok := a.passes["fp32"].Stats[v]
 			if !ok {
 				continue
 			}
-			if h := ref.HeadroomBits(); p == ops.FP16 && h < th.HeadroomBits {
+			if h := ref.HeadroomBits(); p == precision.FP16 && h < th.HeadroomBits {
 				low = append(low, warn{ni, v, h})
 			}
 			if d := main.Diffs[v]; d != nil && d.NonzeroRef >= 16 && d.FlushedFraction() > th.UnderflowFraction {
@@ -460,7 +460,7 @@ func (a *audit) fixKeepFP32(ctx context.Context, origins []Origin, before int64)
 		for _, o := range cur {
 			keep[o.Index] = true
 		}
-		asg := ops.AssignKeepFP32(a.policy, g, a.order, a.model.Index.ElemType, keep)
+		asg := precision.AssignKeepFP32(a.policy, g, a.order, a.model.Index.ElemType, keep)
 		res, err := a.rerun(ctx, fmt.Sprintf("%s+keep-fp32#%d", a.mainRun, it), Emulate(a.up, g, asg), a.batches)
 		if err != nil {
 			return nil, err
@@ -480,7 +480,7 @@ func (a *audit) fixKeepFP32(ctx context.Context, origins []Origin, before int64)
 	mods := map[string]bool{}
 	for _, ni := range nodes {
 		fix.Nodes = append(fix.Nodes, a.nodeName(ni))
-		m := ops.ModulePath(g.Node[ni])
+		m := precision.ModulePath(g.Node[ni])
 		if m == "" {
 			m = a.nodeName(ni)
 		}

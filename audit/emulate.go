@@ -1,8 +1,8 @@
 package audit
 
 import (
-	"fp16audit/onnx"
-	"fp16audit/ops"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
 )
 
 // Emulate rewrites the upcast graph up so that ONNX Runtime's fp32 kernels
@@ -19,18 +19,18 @@ import (
 // rounded result, so consumers, graph outputs and the statistics all see
 // what the next op would see; the op's unrounded result gets an internal
 // name.
-func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *ops.Assignment) *onnx.ModelProto {
+func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment) *onnx.ModelProto {
 	out := shallowModel(up)
 	g := out.Graph
 	var extra []*onnx.NodeProto
 
-	round := func(src, dst string, p ops.Precision) {
+	round := func(src, dst string, p precision.Precision) {
 		mid := dst + "::" + p.String() + internalSuffix
 		extra = append(extra,
 			onnx.Node("Cast", mid, []string{src}, []string{mid}, onnx.AttrInt("to", int64(p.ElemType()))),
 			onnx.Node("Cast", dst+"::back"+internalSuffix, []string{mid}, []string{dst}, onnx.AttrInt("to", int64(elemFloat))))
 	}
-	isHalfPrec := func(p ops.Precision) bool { return p == ops.FP16 || p == ops.BF16 }
+	isHalfPrec := func(p precision.Precision) bool { return p == precision.FP16 || p == precision.BF16 }
 	// Autocast leaves float64 tensors alone (only float32 is eligible for
 	// its casts), and rounding one through a Cast back to FLOAT would change
 	// its type; so values the graph holds in DOUBLE are never rounded.
@@ -62,7 +62,7 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *ops.Assignment) *onn
 	// Inputs cast to an op's lower precision: one rounded copy per value and
 	// precision, shared by all ops that cast it.
 	castCopy := map[string]string{}
-	castOf := func(name string, p ops.Precision) string {
+	castOf := func(name string, p precision.Precision) string {
 		key := name + "|" + p.String()
 		if r, ok := castCopy[key]; ok {
 			return r

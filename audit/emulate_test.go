@@ -5,33 +5,33 @@ import (
 	"path/filepath"
 	"testing"
 
-	"fp16audit/batch"
-	"fp16audit/onnx"
-	"fp16audit/ops"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 const optimization = "none"
 
 func initORT(t *testing.T) {
 	t.Helper()
-	lib, err := ort.FindLibrary("")
+	lib, err := onnxrt.FindLibrary("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ort.Init(lib); err != nil {
+	if err := onnxrt.Init(lib); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func runModel(t *testing.T, m *onnx.ModelProto, opt ort.SessionOptions, inputs []*tensor.Tensor, inNames, outNames []string) []*tensor.Tensor {
+func runModel(t *testing.T, m *onnx.ModelProto, opt onnxrt.SessionOptions, inputs []*tensor.Tensor, inNames, outNames []string) []*tensor.Tensor {
 	t.Helper()
 	data, err := onnx.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := ort.NewSession(data, inNames, outNames, opt)
+	s, err := onnxrt.NewSession(data, inNames, outNames, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,12 +67,12 @@ func TestEmulatedMatMulOverflow(t *testing.T) {
 		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 6, 1)},
 	}
 	m := onnx.NewModel(g, 17)
-	p, _ := ops.PolicyByName("autocast-fp16")
-	asg := ops.Assign(p, g, nil, nil)
+	p, _ := precision.PolicyByName("autocast-fp16")
+	asg := precision.Assign(p, g, nil, nil)
 	em := Emulate(m, g, asg)
 	x := tensor.FromFloat32s("x", []int64{6, 2}, a)
-	ref := ort.Float32View(runModel(t, m, ort.SessionOptions{}, []*tensor.Tensor{x}, []string{"x"}, []string{"y"})[0])
-	got := ort.Float32View(runModel(t, em, ort.SessionOptions{}, []*tensor.Tensor{x}, []string{"x"}, []string{"y"})[0])
+	ref := onnxrt.Float32View(runModel(t, m, onnxrt.SessionOptions{}, []*tensor.Tensor{x}, []string{"x"}, []string{"y"})[0])
+	got := onnxrt.Float32View(runModel(t, em, onnxrt.SessionOptions{}, []*tensor.Tensor{x}, []string{"x"}, []string{"y"})[0])
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("y[%d]: emulated fp16 %g, want %g (fp32 %g)", i, got[i], want[i], ref[i])
@@ -84,7 +84,7 @@ func TestEmulatedMatMulOverflow(t *testing.T) {
 	// The same input with a value beyond 65504 overflows in the input cast:
 	// the MatMul, not the rounding Cast, is where Inf appears.
 	x2 := tensor.FromFloat32s("x", []int64{6, 2}, append([]float32{70000, 0}, a[2:]...))
-	got2 := ort.Float32View(runModel(t, em, ort.SessionOptions{}, []*tensor.Tensor{x2}, []string{"x"}, []string{"y"})[0])
+	got2 := onnxrt.Float32View(runModel(t, em, onnxrt.SessionOptions{}, []*tensor.Tensor{x2}, []string{"x"}, []string{"y"})[0])
 	if !math.IsInf(float64(got2[0]), 1) {
 		t.Errorf("input 70000: emulated output %g, want +Inf", got2[0])
 	}
@@ -121,7 +121,7 @@ func TestInstrumentKeepsOutputs(t *testing.T) {
 		if len(obs) < len(m.Proto.Graph.Node)/2 {
 			t.Errorf("%s: only %d values observed for %d nodes", name, len(obs), len(m.Proto.Graph.Node))
 		}
-		opt := ort.SessionOptions{ExternalDataDir: m.Dir, Optimization: optimization}
+		opt := onnxrt.SessionOptions{ExternalDataDir: m.Dir, Optimization: optimization}
 		plain := runModel(t, m.Proto, opt, bs[0].Inputs, inputNames(specs), outNames)
 		marked := runModel(t, inst, opt, bs[0].Inputs, inputNames(specs), outNames)
 		for i := range plain {

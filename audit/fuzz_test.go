@@ -6,10 +6,10 @@ import (
 	"slices"
 	"testing"
 
-	"fp16audit/onnx"
-	"fp16audit/ops"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 // emulateOps are the ops fuzzed models chain; every one maps [2,4] floats
@@ -59,11 +59,11 @@ func FuzzEmulate(f *testing.F) {
 		}
 		inst, obs := Instrument(up, names, upIdx.ElemType)
 		sameOutputs(t, "instrumented upcast", runFuzzModel(t, x, "instrumented upcast", inst, own, obs), got)
-		for _, p := range ops.Policies() {
-			a := ops.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
+		for _, p := range precision.Policies() {
+			a := precision.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
 			em := Emulate(up, m.Proto.Graph, a)
 			out := runFuzzModel(t, x, p.Name, em, own, nil)
-			if p.Lower == ops.FP32 {
+			if p.Lower == precision.FP32 {
 				sameOutputs(t, p.Name, out, want)
 			}
 			inst, obs := Instrument(em, names, upIdx.ElemType)
@@ -174,7 +174,7 @@ func runFuzzModel(t *testing.T, x *tensor.Tensor, what string, mp *onnx.ModelPro
 			names = append(names, o.Output)
 		}
 	}
-	sess, err := ort.NewSession(mustMarshal(t, mp), []string{"x"}, names, ort.SessionOptions{Threads: 1, Optimization: optimization})
+	sess, err := onnxrt.NewSession(mustMarshal(t, mp), []string{"x"}, names, onnxrt.SessionOptions{Threads: 1, Optimization: optimization})
 	if err != nil {
 		t.Fatalf("%s: ONNX Runtime refuses the model: %v", what, err)
 	}
@@ -194,7 +194,7 @@ func sameOutputs(t *testing.T, what string, got, want []*tensor.Tensor) {
 		t.Fatalf("%s: %d outputs, want %d", what, len(got), len(want))
 	}
 	for i := range want {
-		g, w := ort.Float32View(got[i]), ort.Float32View(want[i])
+		g, w := onnxrt.Float32View(got[i]), onnxrt.Float32View(want[i])
 		if len(g) != len(w) {
 			t.Fatalf("%s: output %d has %d elements, want %d", what, i, len(g), len(w))
 		}

@@ -3,8 +3,8 @@ package audit
 import (
 	"fmt"
 
-	"fp16audit/onnx"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
 )
 
 // Graph rewrites shared by every pass. None of them mutates the loaded

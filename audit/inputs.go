@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math"
 
-	"fp16audit/batch"
-	"fp16audit/tensor"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/tensor"
 )
 
 // Input analysis: what kind of data each float input holds, its per-channel

@@ -13,10 +13,10 @@ import (
 	"syscall"
 	"unsafe"
 
-	"fp16audit/batch"
-	"fp16audit/onnx"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 // DefaultMemoryFraction is the share of available memory an audit plans
@@ -433,7 +433,7 @@ func (a *audit) probeShapes(ctx context.Context, pg *passGraph, names []string, 
 	if err != nil {
 		return nil, err
 	}
-	sess, err := ort.NewSession(data, a.sess.inputs, outs, a.sess.opts)
+	sess, err := onnxrt.NewSession(data, a.sess.inputs, outs, a.sess.opts)
 	if err != nil {
 		return nil, fmt.Errorf("shape probe: %w", err)
 	}

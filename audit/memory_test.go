@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"fp16audit/fixtures"
-	"fp16audit/onnx"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
 )
 
 func TestParseSize(t *testing.T) {

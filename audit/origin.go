@@ -3,7 +3,7 @@ package audit
 import (
 	"sort"
 
-	"fp16audit/onnx"
+	"fp16audit/internal/onnx"
 )
 
 // origin is a node where non-finite values start in one pass: one of its

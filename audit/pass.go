@@ -9,10 +9,10 @@ import (
 	"sync"
 	"unsafe"
 
-	"fp16audit/batch"
-	"fp16audit/onnx"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 // passResult holds what one pass learned: statistics per observed value,
@@ -57,7 +57,7 @@ func newPassRun(name string, graph *passGraph, ref *passRun) *passRun {
 // the output buffers, the session options and where buffers come from.
 type execution struct {
 	inputs []string // the graph inputs, in batch order
-	opts   ort.SessionOptions
+	opts   onnxrt.SessionOptions
 	plan   *segPlan
 	// shapes[pass][batch] holds the value shapes known before running.
 	shapes   [][]map[string][]int64
@@ -80,7 +80,7 @@ type held struct {
 func (e *execution) release(hs []held) {
 	for _, h := range hs {
 		if h.pooled {
-			e.pool.put(ort.Float32View(h.t))
+			e.pool.put(onnxrt.Float32View(h.t))
 		}
 	}
 }
@@ -149,7 +149,7 @@ func runPasses(ctx context.Context, runs []*passRun, batches []batch.Batch, e *e
 	segs := plan.segments()
 	for s := range segs {
 		sgs := make([]*segGraph, len(runs))
-		sessions := make([]*ort.Session, len(runs))
+		sessions := make([]*onnxrt.Session, len(runs))
 		closeAll := func() {
 			for _, sess := range sessions {
 				if sess != nil {
@@ -185,7 +185,7 @@ func runPasses(ctx context.Context, runs []*passRun, batches []batch.Batch, e *e
 				closeAll()
 				return err
 			}
-			sess, err := ort.NewSession(data, sg.inputs, sg.outputs, e.opts)
+			sess, err := onnxrt.NewSession(data, sg.inputs, sg.outputs, e.opts)
 			if err != nil {
 				closeAll()
 				if segs > 1 {
@@ -299,7 +299,7 @@ func isRefOf(runs []*passRun, r *passRun) bool {
 
 // runSegment runs one batch through one segment session. Outputs whose
 // shape is known beforehand are written into pool buffers.
-func (e *execution) runSegment(sess *ort.Session, sg *segGraph, b batch.Batch, store map[string]held, shapes map[string][]int64) ([]*tensor.Tensor, []held, error) {
+func (e *execution) runSegment(sess *onnxrt.Session, sg *segGraph, b batch.Batch, store map[string]held, shapes map[string][]int64) ([]*tensor.Tensor, []held, error) {
 	inputs := make([]*tensor.Tensor, len(sg.inputs))
 	for i, name := range sg.inputs {
 		if h, ok := store[name]; ok {
@@ -333,7 +333,7 @@ func (e *execution) runSegment(sess *ort.Session, sg *segGraph, b batch.Batch, s
 	if err != nil {
 		for _, t := range into {
 			if t != nil {
-				e.pool.put(ort.Float32View(t))
+				e.pool.put(onnxrt.Float32View(t))
 			}
 		}
 		return nil, nil, err
@@ -347,7 +347,7 @@ func (e *execution) runSegment(sess *ort.Session, sg *segGraph, b batch.Batch, s
 		if t == into[i] {
 			hs[i].pooled = true
 		} else {
-			e.pool.put(ort.Float32View(into[i])) // refused: a shape the inference got wrong
+			e.pool.put(onnxrt.Float32View(into[i])) // refused: a shape the inference got wrong
 		}
 	}
 	return outs, hs, nil
@@ -402,13 +402,13 @@ func (r *passRun) observe(obs []observed, outs []*tensor.Tensor, ref map[string]
 	for range max(1, min(workers, len(chunks))) {
 		wg.Go(func() {
 			for c := range next {
-				y := ort.Float32View(outs[c.value])
+				y := onnxrt.Float32View(outs[c.value])
 				parts[c.value][c.part] = observeChunk(y[c.lo:c.hi], int64(c.lo), batchIndex)
 				if ref == nil {
 					continue
 				}
 				if rt, ok := ref[obs[c.value].Name]; ok && rt.DType == tensor.Float32 {
-					x := ort.Float32View(rt)
+					x := onnxrt.Float32View(rt)
 					lo, hi := min(c.lo, len(x)), min(c.hi, len(x))
 					diffs[c.value][c.part].Observe(y[lo:hi], x[lo:hi])
 				}
@@ -447,8 +447,8 @@ func observeChunk(x []float32, off int64, batchIndex int) Stats {
 
 // isCreateError reports whether err is ONNX Runtime refusing a graph.
 func isCreateError(err error) bool {
-	var re *ort.RuntimeError
-	return errors.As(err, &re) && re.Stage == ort.StageCreate
+	var re *onnxrt.RuntimeError
+	return errors.As(err, &re) && re.Stage == onnxrt.StageCreate
 }
 
 // overlap decides whether statistics are computed while ONNX Runtime

@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"fp16audit/batch"
+	"fp16audit/internal/batch"
 	"fp16audit/fixtures"
-	"fp16audit/onnx"
-	"fp16audit/ops"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 // The benchmarks below time fp16audit against plain ONNX Runtime inference
@@ -54,11 +54,11 @@ func outputNames(m *onnx.ModelProto) []string {
 }
 
 func initRuntime(b *testing.B) {
-	lib, err := ort.FindLibrary("")
+	lib, err := onnxrt.FindLibrary("")
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := ort.Init(lib); err != nil {
+	if err := onnxrt.Init(lib); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -83,7 +83,7 @@ func writeFixture(b testing.TB, f *fixtures.Fixture, dir string) (model, batchFi
 // plainRun times one plain inference: session creation and one run.
 func plainRun(b *testing.B, data []byte, in *tensor.Tensor, outs []string) (create, run time.Duration) {
 	t0 := time.Now()
-	s, err := ort.NewSession(data, []string{in.Name}, outs, ort.SessionOptions{})
+	s, err := onnxrt.NewSession(data, []string{in.Name}, outs, onnxrt.SessionOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func plainRun(b *testing.B, data []byte, in *tensor.Tensor, outs []string) (crea
 // inferences, each with its session creation (target ≤ 1.25). ms/plain is
 // the run alone, without session creation.
 func BenchmarkFullAudit(b *testing.B) {
-	benchAudit(b, benchModels(), ops.DefaultPolicy, 3)
+	benchAudit(b, benchModels(), precision.DefaultPolicy, 3)
 }
 
 // BenchmarkReferencePass: the fp32 reference pass alone (audit.Run under

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"fp16audit/batch"
-	"fp16audit/onnx"
-	"fp16audit/ops"
-	ort "fp16audit/runtime"
-	"fp16audit/tensor"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
 )
 
 // Version is fp16audit's version, printed by `fp16audit version` and stored
@@ -54,7 +54,7 @@ type Config struct {
 	Seed             int64
 	SyntheticBatches int
 
-	// Policy names the precision policy (ops.Policies); "" is autocast-fp16.
+	// Policy names the precision policy (precision.Policies); "" is autocast-fp16.
 	Policy string
 	// NoFixes skips the fix reruns (standardized inputs, keep-fp32).
 	NoFixes    bool
@@ -79,8 +79,8 @@ type audit struct {
 	up      *onnx.ModelProto // upcast: truly fp32
 	upIdx   *onnx.Index
 	order   []int // topological order of the model's nodes
-	policy  *ops.Policy
-	assign  *ops.Assignment
+	policy  *precision.Policy
+	assign  *precision.Assignment
 	mainRun string // name of the policy's emulated pass ("" under fp32)
 	names   []string
 	specs   []batch.InputSpec
@@ -101,12 +101,12 @@ type audit struct {
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	start := time.Now()
 	if cfg.Policy == "" {
-		cfg.Policy = ops.DefaultPolicy
+		cfg.Policy = precision.DefaultPolicy
 	}
 	if cfg.Thresholds == (Thresholds{}) {
 		cfg.Thresholds = DefaultThresholds
 	}
-	policy, err := ops.PolicyByName(cfg.Policy)
+	policy, err := precision.PolicyByName(cfg.Policy)
 	if err != nil {
 		return nil, &UsageError{Err: err}
 	}
@@ -123,11 +123,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, &UsageError{Err: err}
 	}
 	a.batches = batches
-	lib, err := ort.FindLibrary(cfg.ORTLib)
+	lib, err := onnxrt.FindLibrary(cfg.ORTLib)
 	if err != nil {
 		return nil, err
 	}
-	if err := ort.Init(lib); err != nil {
+	if err := onnxrt.Init(lib); err != nil {
 		return nil, err
 	}
 	device := cfg.Device
@@ -136,7 +136,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	a.report = &Report{
 		Schema:   SchemaVersion,
-		Tool:     ToolInfo{Version: Version, ORTVersion: ort.Version(), Device: device, ORTThreads: cfg.Threads},
+		Tool:     ToolInfo{Version: Version, ORTVersion: onnxrt.Version(), Device: device, ORTThreads: cfg.Threads},
 		Model:    modelInfo(m),
 		Policy:   policy.Name,
 		Notes:    []string{},
@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// pass returns bit for bit what a plain run at the same level returns.
 	a.sess = sessionSpec{
 		inputs: inputNames(a.specs),
-		opts:   ort.SessionOptions{Threads: cfg.Threads, Device: device, ExternalDataDir: m.Dir, Optimization: Optimization},
+		opts:   onnxrt.SessionOptions{Threads: cfg.Threads, Device: device, ExternalDataDir: m.Dir, Optimization: Optimization},
 	}
 	if err := a.prepare(); err != nil {
 		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
@@ -225,8 +225,8 @@ func (a *audit) prepare() error {
 			}
 		}
 	}
-	a.assign = ops.Assign(a.policy, g, a.order, a.model.Index.ElemType)
-	if a.policy.Lower != ops.FP32 {
+	a.assign = precision.Assign(a.policy, g, a.order, a.model.Index.ElemType)
+	if a.policy.Lower != precision.FP32 {
 		a.mainRun = a.policy.Lower.String()
 	}
 	if len(a.assign.Unknown) > 0 {
@@ -267,8 +267,8 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		if a.mainRun == "fp16" && !castsToBF16(a.up) {
 			a.report.Notes = append(a.report.Notes, fmt.Sprintf("no bf16 pass: the model imports ONNX opset %d, and Cast to bfloat16 needs opset 13", defaultOpset(a.up)))
 		} else if a.mainRun == "fp16" {
-			bp, _ := ops.PolicyByName("autocast-bf16")
-			ba := ops.Assign(bp, a.model.Proto.Graph, a.order, a.model.Index.ElemType)
+			bp, _ := precision.PolicyByName("autocast-bf16")
+			ba := precision.Assign(bp, a.model.Proto.Graph, a.order, a.model.Index.ElemType)
 			passes = append(passes, passModel{name: "bf16", model: Emulate(a.up, a.model.Proto.Graph, ba), ref: "fp32"})
 		}
 	}
@@ -326,7 +326,7 @@ func (a *audit) rerun(ctx context.Context, name string, model *onnx.ModelProto, 
 // sessionSpec holds what every pass's session shares.
 type sessionSpec struct {
 	inputs []string
-	opts   ort.SessionOptions
+	opts   onnxrt.SessionOptions
 }
 
 func inputNames(specs []batch.InputSpec) []string {
@@ -410,7 +410,7 @@ func (a *audit) nodeReports() []NodeReport {
 	for _, ni := range a.order {
 		n := g.Node[ni]
 		nr := NodeReport{Index: ni, Name: n.Name, OpType: n.OpType, Domain: n.Domain,
-			Module: ops.ModulePath(n), Precision: a.assign.Node[ni].String(), Outputs: []ValueReport{}}
+			Module: precision.ModulePath(n), Precision: a.assign.Node[ni].String(), Outputs: []ValueReport{}}
 		for _, o := range n.Output {
 			var vr *ValueReport
 			for _, p := range a.report.Passes {

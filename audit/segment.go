@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"slices"
 
-	"fp16audit/onnx"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
 )
 
 // Segmented execution. Marking every value as an output keeps all of a

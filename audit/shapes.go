@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"slices"
 
-	"fp16audit/onnx"
-	"fp16audit/tensor"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
 )
 
 // Shape inference for the memory estimate and the segment plan. It covers

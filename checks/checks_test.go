@@ -6,8 +6,8 @@ import (
 
 	_ "fp16audit/audit" // the dynamic checks
 	"fp16audit/checks"
-	_ "fp16audit/lint" // the static checks
-	"fp16audit/ops"
+	_ "fp16audit/internal/lint" // the static checks
+	"fp16audit/internal/precision"
 )
 
 // TestRegistry validates every check the program declares: IDs of the form
@@ -32,7 +32,7 @@ func TestRegistry(t *testing.T) {
 		}
 		seenTitles[c.Title] = c.ID
 		for _, p := range c.Policies {
-			if _, err := ops.PolicyByName(p); err != nil {
+			if _, err := precision.PolicyByName(p); err != nil {
 				t.Errorf("check %s: %v", c.ID, err)
 			}
 		}

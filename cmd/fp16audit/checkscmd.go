@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 
 	"fp16audit/checks"
-	"fp16audit/lint"
+	"fp16audit/internal/lint"
 )
 
 var checksFormats = []string{"text", "json", "markdown"}

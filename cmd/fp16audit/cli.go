@@ -15,11 +15,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"fp16audit/audit"
-	"fp16audit/batch"
+	"fp16audit/internal/batch"
 	"fp16audit/checks"
-	"fp16audit/ops"
+	"fp16audit/internal/precision"
 	"fp16audit/report"
-	ort "fp16audit/runtime"
+	"fp16audit/internal/onnxrt"
 )
 
 // Exit codes, as documented in README.md.
@@ -165,7 +165,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given")
 	fs.IntVar(&o.batches, "synthetic-batches", 1, "number of synthetic batches when no -i is given")
-	fs.StringVar(&o.policy, "policy", ops.DefaultPolicy, "precision policy: "+policyNames())
+	fs.StringVar(&o.policy, "policy", precision.DefaultPolicy, "precision policy: "+policyNames())
 	fs.StringVar(&o.checks, "checks", "all", "report only these checks: comma-separated IDs, prefixes such as FP3* and all, each optionally negated with -; later entries win")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(report.Formats(), ", "))
@@ -255,7 +255,7 @@ var failOnLevels = map[string]checks.Severity{"error": checks.SevError, "warning
 
 func policyNames() string {
 	var names []string
-	for _, p := range ops.Policies() {
+	for _, p := range precision.Policies() {
 		names = append(names, p.Name)
 	}
 	return strings.Join(names, ", ")
@@ -263,7 +263,7 @@ func policyNames() string {
 
 // reportError prints err for the user and returns its exit code.
 func reportError(stderr io.Writer, err error) int {
-	var libErr *ort.LibraryNotFoundError
+	var libErr *onnxrt.LibraryNotFoundError
 	switch {
 	case audit.IsUsage(err):
 		fmt.Fprintf(stderr, "fp16audit: %v\n", err)
@@ -337,15 +337,15 @@ func cmdVersion(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fmt.Fprintf(stdout, "fp16audit %s\n", audit.Version)
-	lib, err := ort.FindLibrary(ortLib)
+	lib, err := onnxrt.FindLibrary(ortLib)
 	if err == nil {
-		err = ort.Init(lib)
+		err = onnxrt.Init(lib)
 	}
 	if err != nil {
 		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", ort.Version(), lib)
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", onnxrt.Version(), lib)
 	return exitOK
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"fp16audit/checks"
-	"fp16audit/ops"
+	"fp16audit/internal/precision"
 )
 
 // configName is the file a repository commits its audit settings in.
@@ -128,7 +128,7 @@ func loadConfig(path string) (*config, error) {
 		return nil, fmt.Errorf("config %s: unknown key %s; the keys are %s", path, strings.Join(keys, ", "), configKeys)
 	}
 	if c.Policy != "" {
-		if _, err := ops.PolicyByName(c.Policy); err != nil {
+		if _, err := precision.PolicyByName(c.Policy); err != nil {
 			return nil, fmt.Errorf("config %s: policy: %w", path, err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"fp16audit/checks"
-	"fp16audit/ops"
+	"fp16audit/internal/precision"
 )
 
 func writeFile(t *testing.T, path, content string) string {
@@ -162,7 +162,7 @@ fail_on = "warning"
 inputs = ["input=batches/x.npy"]
 `)
 	parse := func(args ...string) (*pflag.FlagSet, *runOptions) {
-		o := &runOptions{policy: ops.DefaultPolicy, checks: "all", failOn: "error"}
+		o := &runOptions{policy: precision.DefaultPolicy, checks: "all", failOn: "error"}
 		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 		fs.StringArrayVarP(&o.inputs, "input", "i", nil, "")
 		fs.StringVar(&o.policy, "policy", o.policy, "")

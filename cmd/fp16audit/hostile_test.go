@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"fp16audit/audit"
-	"fp16audit/onnx"
-	"fp16audit/ops"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
 )
 
 // Hostile and broken inputs: each must end in its documented exit code with
@@ -315,8 +315,8 @@ func TestHugeModel(t *testing.T) {
 	for _, ni := range m.Index.Order() {
 		names = append(names, m.Proto.Graph.Node[ni].Output...)
 	}
-	for _, p := range ops.Policies() {
-		a := ops.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
+	for _, p := range precision.Policies() {
+		a := precision.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
 		inst, _ := audit.Instrument(audit.Emulate(up, m.Proto.Graph, a), names, upIdx.ElemType)
 		if _, err := onnx.Marshal(inst); err != nil {
 			t.Fatal(err)
@@ -362,8 +362,8 @@ func TestDeeplyNestedSubgraphs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range ops.Policies() {
-			a := ops.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
+		for _, p := range precision.Policies() {
+			a := precision.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
 			if _, err := onnx.Marshal(audit.Emulate(up, m.Proto.Graph, a)); err != nil {
 				t.Fatalf("depth %d, %s: %v", depth, p.Name, err)
 			}

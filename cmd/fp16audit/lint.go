@@ -11,9 +11,9 @@ import (
 
 	"fp16audit/audit"
 	"fp16audit/checks"
-	"fp16audit/lint"
-	"fp16audit/onnx"
-	"fp16audit/ops"
+	"fp16audit/internal/lint"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
 	"fp16audit/report"
 )
 
@@ -55,7 +55,7 @@ func cmdLint(args []string, stdout, stderr io.Writer) int {
 	var o lintOptions
 	fs := newFlagSet("lint", "fp16audit lint MODEL... [flags]",
 		"  fp16audit lint models/*.onnx --policy half --checks all,-FP4002 --format sarif --output fp16audit.sarif", stdout)
-	fs.StringVar(&o.policy, "policy", ops.DefaultPolicy, "precision policy: "+policyNames())
+	fs.StringVar(&o.policy, "policy", precision.DefaultPolicy, "precision policy: "+policyNames())
 	fs.StringVar(&o.checks, "checks", "all", "checks to run: comma-separated IDs, prefixes such as FP4* and all, each optionally negated with -; later entries win")
 	fs.StringVar(&o.failOn, "fail-on", "warning", "exit 1 when a finding reaches this severity: error, warning or never")
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(lintFormats, ", "))
@@ -70,7 +70,7 @@ func cmdLint(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() == 0 {
 		return usage("want at least one MODEL argument")
 	}
-	if _, err := ops.PolicyByName(o.policy); err != nil {
+	if _, err := precision.PolicyByName(o.policy); err != nil {
 		return usage("--policy: %v", err)
 	}
 	if _, ok := failOnLevels[o.failOn]; !ok {

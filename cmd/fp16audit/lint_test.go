@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"fp16audit/onnx"
+	"fp16audit/internal/onnx"
 )
 
 // Models for the lint tests, built with the onnx builders as the

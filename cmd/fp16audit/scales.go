@@ -6,7 +6,7 @@ import (
 	"io"
 	"os"
 
-	"fp16audit/trainlog"
+	"fp16audit/internal/trainlog"
 )
 
 // scalesOptions are the flags of `fp16audit scales`.

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-const scalesData = "../../trainlog/testdata/"
+const scalesData = "../../internal/trainlog/testdata/"
 
 func runScales(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()

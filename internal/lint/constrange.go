@@ -1,0 +1,100 @@
+package lint
+
+import (
+	"fmt"
+	"strings"
+
+	"fp16audit/checks"
+	"fp16audit/internal/precision"
+)
+
+var checkConstRange = checks.Register(&checks.Check{ID: "FP4004", Title: "constant beyond the fp16 range", Severity: checks.SevError, Doc: `An initializer, a Constant or a ConstantOfShape fill value holds values
+that fp16 cannot represent: |x| > 65504, such as the attention-mask
+constants -1e9, -1e4*1e5 or torch.finfo(torch.float32).min (-3.4e38, which
+is -Inf in bf16 as well), or NaN or ±Inf. Each consuming node is reported
+with the precision it holds the constant in under the policy:
+
+- error: the consumer holds it in fp16 (under half everything is fp16;
+  under autocast a MatMul or Conv casts its inputs to fp16, and an
+  elementwise op on an fp16 tensor keeps a 0-dim constant in fp16). The
+  value is ±Inf there; a fully masked softmax row then gives NaN.
+- info: the consumer computes in fp32 (under autocast an Add of an fp16
+  score and an fp32 mask tensor promotes to fp32), so the policy
+  neutralises it.
+
+NaN is an error under every policy; ±Inf alone is information, since it
+behaves the same in fp32. Fix masks with torch.finfo(scores.dtype).min or
+a dtype-aware fill (scores.masked_fill(mask, torch.finfo(scores.dtype).min)),
+and keep weights in range (they should be far below 65504).`})
+
+var constRangeAnalyzer = &Analyzer{Check: checkConstRange, Run: runConstRange}
+
+func runConstRange(f *Facts) ([]checks.Finding, error) {
+	consts, err := f.Constants()
+	if err != nil {
+		return nil, err
+	}
+	var out []checks.Finding
+	for _, c := range consts {
+		st := c.Stats
+		if st.OverFP16 == 0 && st.NaN == 0 && st.PosInf == 0 && st.NegInf == 0 {
+			continue
+		}
+		what := fmt.Sprintf("%s %q holds %s", c.Kind(), c.Name, describeRange(c))
+		for _, i := range f.Model.Index.Consumers(c.Name) {
+			held := f.heldAt(c.Name, i)
+			var sev checks.Severity
+			var why string
+			switch {
+			case st.NaN > 0:
+				sev, why = checks.SevError, "NaN propagates in every precision"
+			case held == precision.FP16 && st.OverFP16 > 0:
+				sev, why = checks.SevError, fmt.Sprintf("it is held in fp16 there under %s, where %s is %s", f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme))
+			case held == precision.BF16 && st.OverBF16 > 0:
+				sev, why = checks.SevError, fmt.Sprintf("it is held in bf16 there under %s, where %s is %s", f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme))
+			case st.OverFP16 > 0:
+				sev, why = checks.SevInfo, fmt.Sprintf("it is held in %s there under %s, so it stays finite", held, f.Policy.Name)
+			default:
+				sev, why = checks.SevInfo, "±Inf is the same in fp32 and fp16"
+			}
+			out = append(out, f.finding(checkConstRange, sev, i, c.Name, fmt.Sprintf("%s, read by %s: %s", what, f.where(i), why)))
+		}
+	}
+	return out, nil
+}
+
+// describeRange summarizes what a constant holds outside fp16's range.
+func describeRange(c *Constant) string {
+	st := c.Stats
+	var parts []string
+	of := ""
+	if !c.Fill {
+		of = fmt.Sprintf(" (%d of %d elements)", st.OverFP16, st.Elements)
+	}
+	if st.OverFP16 > 0 {
+		parts = append(parts, fmt.Sprintf("%s%s beyond fp16's ±65504", fmtVal(st.Extreme), of))
+	}
+	for _, k := range []struct {
+		n    int64
+		name string
+	}{{st.NaN, "NaN"}, {st.PosInf, "+Inf"}, {st.NegInf, "-Inf"}} {
+		if k.n == 0 {
+			continue
+		}
+		if c.Fill {
+			parts = append(parts, k.name)
+		} else {
+			parts = append(parts, fmt.Sprintf("%s (%d elements)", k.name, k.n))
+		}
+	}
+	return strings.Join(parts, " and ")
+}
+
+func fmtVal(v float64) string { return fmt.Sprintf("%.4g", v) }
+
+func infOf(v float64) string {
+	if v < 0 {
+		return "-Inf (a fully masked softmax row then gives NaN)"
+	}
+	return "+Inf"
+}

@@ -1,0 +1,630 @@
+package precision
+
+import (
+	"encoding/binary"
+	"math"
+
+	"fp16audit/internal/onnx"
+)
+
+// Assignment is the precision of every value and node of a graph under a
+// policy: the emulation rounds a value to fp16 or bf16 exactly where the
+// assignment holds it there.
+type Assignment struct {
+	// Value holds the precision of every value the graph defines: graph
+	// inputs, initializers and the outputs of the nodes in the order.
+	// Integer, boolean and string values are NotFloat, which is also what a
+	// lookup of a missing name returns.
+	Value map[string]Precision
+	// Node holds, per node index, the precision the node computes in:
+	// NotFloat for nodes without float outputs and for nodes not in the
+	// order.
+	Node []Precision
+	// CastInputs holds, per node index and input slot, whether the op casts
+	// that input to the node's precision before it computes. It is set for
+	// every float input of a lower-precision op that is not already in the
+	// lower precision (autocast casts parameters, and an input above 65504
+	// is Inf before the op runs), for every 16-bit input of an fp32 op, for
+	// the narrower tensor inputs of promoting ops, and for a Linear bias
+	// added in the lower precision. It is never set for 0-dim inputs of
+	// promoting ops: kernels hold scalars at their compute precision.
+	CastInputs [][]bool
+	// Unknown lists, in processing order, the nodes whose op is not a
+	// standard ONNX op (custom domains, onnxruntime contrib ops, unknown op
+	// types). They were assumed to follow their inputs.
+	Unknown []int
+}
+
+// Assign runs the policy over g in the given topological order (node
+// indices; nil means the node order of g, which ONNX requires to be
+// topological) and returns the precision of every value and node.
+// elemType reports the ONNX element type of a value (0 when unknown, for
+// example without shape inference); nil means unknown everywhere, and
+// Assign then infers which node outputs are float from the ops.
+//
+// The rules, which emulate PyTorch eager mode on the model the graph was
+// exported from:
+//
+//   - Graph inputs, initializers and Constant outputs are sources. A float
+//     source is held at the policy's Params precision (fp32; fp16 under half,
+//     where the user calls model.half() and x.half()), except that an
+//     initializer or Constant typed FLOAT16 or BFLOAT16 in the graph keeps
+//     that type under every policy (user code made it half), and under half
+//     an initializer used only as BatchNormalization scale, bias, mean or
+//     variance stays fp32 (fastai keeps BatchNorm layers in fp32).
+//   - Cast to FLOAT16 yields fp16, to BFLOAT16 bf16, to FLOAT or DOUBLE
+//     fp32, to any other type NotFloat, under every policy: an explicit cast
+//     is user code that autocast cannot override. CastLike yields the
+//     precision of its second input.
+//   - A node without float outputs (Shape, Equal, ArgMax, ...) computes in
+//     NotFloat. A node with float outputs but no float inputs
+//     (ConstantOfShape, RandomNormal, Range over ints, windows) produces fp32
+//     unless a dtype attribute says FLOAT16 or BFLOAT16, as torch factories
+//     use the default dtype; If, Loop, Scan and SequenceMap without float
+//     inputs produce the Params precision, since their bodies are not
+//     visited.
+//   - LowerPrecision ops (Conv, MatMul, Gemm, ...) compute in the policy's
+//     lower precision and cast all float inputs to it.
+//   - AlwaysFP32 ops (Softmax, Exp, LayerNormalization, ...) compute in fp32
+//     and cast 16-bit inputs up. Under autocast, rsqrt counts as one of them:
+//     the exporter writes torch.rsqrt(x) as Div(1, Sqrt(x)), so that Div and
+//     a Sqrt whose only consumers are such Divs or Reciprocal are fp32.
+//   - Promote and FollowInputs ops compute in the widest float input type
+//     (PyTorch type promotion: fp32 beats fp16 and bf16, fp16 with bf16 is
+//     fp32), with PyTorch's scalar rule: a 0-dim input (a Python scalar in
+//     the model, exported as a 0-dim Constant or initializer, or a value
+//     declared rank 0 in the graph) takes part only when no input has
+//     dimensions. So x*0.5, gelu's x/1.4142 and masked_fill(mask, -1e9) stay
+//     in the type of x. Only the data inputs count: the roi and scales of
+//     Resize/Upsample, the ratio of Dropout and the scale and bias of the
+//     normalization ops do not promote.
+//   - An Add or Sub of a 1-D constant to the output of MatMul, Gemm, Conv
+//     or ConvTranspose that has no other consumer is the exporter's split
+//     of a Linear layer's bias, which PyTorch adds inside the fp16 linear:
+//     it computes in the precision of the MatMul and casts the bias to it.
+//   - BatchNormalization and InstanceNormalization output their X input's
+//     precision (cudnn returns the input type); BatchNormalization computes
+//     in fp32 under half and in X's precision otherwise, and never casts its
+//     parameters.
+//   - Every other op, and every op outside the standard domains, follows its
+//     inputs; nodes with subgraphs are not descended into.
+func Assign(p *Policy, g *onnx.GraphProto, order []int, elemType func(name string) int32) *Assignment {
+	return AssignKeepFP32(p, g, order, elemType, nil)
+}
+
+// AssignKeepFP32 is Assign with the nodes in keep computing in fp32 and
+// producing fp32, as when the user wraps their modules in
+// torch.autocast(device_type="cuda", enabled=False) and feeds them
+// x.float(). Nodes after them follow the usual rules, so a follow-inputs op
+// fed by a kept node becomes fp32 too. A kept Cast to half stands for
+// removing that cast from the model. The fix search uses it to verify which
+// modules must stay in fp32.
+func AssignKeepFP32(p *Policy, g *onnx.GraphProto, order []int, elemType func(name string) int32, keep map[int]bool) *Assignment {
+	s := newAssigner(p, g, elemType)
+	s.keep = keep
+	if order == nil {
+		order = make([]int, len(g.Node))
+		for i := range order {
+			order[i] = i
+		}
+	}
+	for _, i := range order {
+		s.node(i)
+	}
+	return s.a
+}
+
+// use is one consumption of a value: input slot of node.
+type use struct{ node, slot int }
+
+type assigner struct {
+	p        *Policy
+	g        *onnx.GraphProto
+	elemType func(string) int32
+	a        *Assignment
+
+	consts    map[string]*onnx.TensorProto // initializers and Constant outputs
+	producer  map[string]int
+	consumers map[string][]use
+	rank0     map[string]bool // values whose declared shape has no dims
+	keep      map[int]bool    // nodes forced to fp32 (AssignKeepFP32)
+}
+
+func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *assigner {
+	s := &assigner{
+		p: p, g: g, elemType: elemType,
+		a: &Assignment{
+			Value:      make(map[string]Precision),
+			Node:       make([]Precision, len(g.Node)),
+			CastInputs: make([][]bool, len(g.Node)),
+		},
+		consts:    make(map[string]*onnx.TensorProto),
+		producer:  make(map[string]int),
+		consumers: make(map[string][]use),
+		rank0:     make(map[string]bool),
+	}
+	for i, n := range g.Node {
+		s.a.CastInputs[i] = make([]bool, len(n.Input))
+		for j, in := range n.Input {
+			if in != "" {
+				s.consumers[in] = append(s.consumers[in], use{i, j})
+			}
+		}
+		for _, out := range n.Output {
+			if out != "" {
+				s.producer[out] = i
+			}
+		}
+		if isStdDomain(n.Domain) && n.OpType == "Constant" && len(n.Output) == 1 {
+			if t := constantTensor(n); t != nil {
+				s.consts[n.Output[0]] = t
+			}
+		}
+	}
+	for _, vis := range [][]*onnx.ValueInfoProto{g.Input, g.Output, g.ValueInfo} {
+		for _, vi := range vis {
+			if sh := vi.GetType().GetTensorType().GetShape(); sh != nil && len(sh.GetDim()) == 0 {
+				s.rank0[vi.GetName()] = true
+			}
+		}
+	}
+	for _, t := range g.Initializer {
+		s.consts[t.Name] = t
+	}
+	for _, vi := range g.Input {
+		if _, isInit := s.consts[vi.GetName()]; isInit {
+			continue // IR < 4 lists initializers as inputs too
+		}
+		t := vi.GetType().GetTensorType().GetElemType()
+		if t == 0 && elemType != nil {
+			t = elemType(vi.GetName())
+		}
+		s.a.Value[vi.GetName()] = s.source(t, vi.GetName())
+	}
+	for _, t := range g.Initializer {
+		s.a.Value[t.Name] = s.source(t.DataType, t.Name)
+	}
+	return s
+}
+
+// source returns the precision of a graph input, initializer or Constant
+// output of the given element type.
+func (s *assigner) source(elemType int32, name string) Precision {
+	pr := PrecisionOf(elemType)
+	if pr != FP32 {
+		return pr
+	}
+	if s.p.kind == kindHalf && s.onlyBatchNormParam(name) {
+		return FP32
+	}
+	return s.p.Params
+}
+
+func (s *assigner) onlyBatchNormParam(name string) bool {
+	uses := s.consumers[name]
+	for _, u := range uses {
+		n := s.g.Node[u.node]
+		if !isStdDomain(n.Domain) || n.OpType != "BatchNormalization" || u.slot == 0 {
+			return false
+		}
+	}
+	return len(uses) > 0
+}
+
+// prec returns the precision of a value consumed by a node. A value no node
+// in the order produced (an outer-scope value, or an order that is not
+// topological) counts as a source when elemType knows it.
+func (s *assigner) prec(name string) Precision {
+	if v, ok := s.a.Value[name]; ok {
+		return v
+	}
+	if s.elemType != nil {
+		if t := s.elemType(name); t != 0 {
+			return s.source(t, name)
+		}
+	}
+	return NotFloat
+}
+
+func (s *assigner) zeroDim(name string) bool {
+	if t := s.consts[name]; t != nil {
+		return len(t.Dims) == 0
+	}
+	return s.rank0[name]
+}
+
+func (s *assigner) node(i int) {
+	s.assignNode(i)
+	if !s.keep[i] {
+		return
+	}
+	if pr := s.a.Node[i]; pr == FP16 || pr == BF16 {
+		s.a.Node[i] = FP32
+	}
+	for _, name := range s.g.Node[i].Output {
+		if pr := s.a.Value[name]; pr == FP16 || pr == BF16 {
+			s.a.Value[name] = FP32
+		}
+	}
+	for j := range s.a.CastInputs[i] {
+		s.a.CastInputs[i][j] = false
+	}
+}
+
+func (s *assigner) assignNode(i int) {
+	n := s.g.Node[i]
+	cast := s.a.CastInputs[i]
+	cat, known := s.p.Category(n.Domain, n.OpType)
+	if !known {
+		s.a.Unknown = append(s.a.Unknown, i)
+	}
+	std := known && isStdDomain(n.Domain)
+
+	if std {
+		switch n.OpType {
+		case "Constant":
+			pr := NotFloat
+			if t := s.consts[first(n.Output)]; t != nil {
+				pr = s.source(t.DataType, first(n.Output))
+			}
+			s.finish(i, pr, pr, nil)
+			return
+		case "Cast":
+			pr := PrecisionOf(int32(attr(n, "to").GetI()))
+			s.finish(i, pr, pr, nil)
+			return
+		case "CastLike":
+			pr := NotFloat
+			if len(n.Input) > 1 {
+				pr = s.prec(n.Input[1])
+			}
+			s.finish(i, pr, pr, nil)
+			return
+		}
+	}
+
+	floatOut := make([]bool, len(n.Output))
+	anyFloatOut := false
+	for k := range n.Output {
+		floatOut[k] = s.outputIsFloat(n, k, std)
+		anyFloatOut = anyFloatOut || floatOut[k]
+	}
+	if !anyFloatOut {
+		s.finish(i, NotFloat, NotFloat, nil)
+		return
+	}
+	var floatIn []int
+	for j, in := range n.Input {
+		if in != "" && s.prec(in) != NotFloat {
+			floatIn = append(floatIn, j)
+		}
+	}
+	castAll := func(np Precision) {
+		for _, j := range floatIn {
+			cast[j] = s.prec(n.Input[j]) != np
+		}
+	}
+
+	autocast := s.p.kind == kindAutocast
+	var np, out Precision
+	switch {
+	case len(floatIn) == 0:
+		np = s.generated(n)
+		out = np
+	case std && (n.OpType == "BatchNormalization" || n.OpType == "InstanceNormalization"):
+		out = s.prec(n.Input[0])
+		np = out
+		if cat == AlwaysFP32 {
+			np = FP32
+		}
+		cast[0] = out != np
+	case std && autocast && (s.isRsqrtDiv(n) || s.isRsqrtSqrt(n)):
+		np, out = FP32, FP32
+		castAll(np)
+	case std && s.linearBias(n) >= 0:
+		mm := s.linearBias(n)
+		np = s.prec(n.Input[mm])
+		out = np
+		cast[1-mm] = s.prec(n.Input[1-mm]) != np
+	case cat == LowerPrecision:
+		np, out = s.p.Lower, s.p.Lower
+		castAll(np)
+	case cat == AlwaysFP32:
+		np, out = FP32, FP32
+		castAll(np)
+	default:
+		data := floatIn
+		if k, ok := dataInputs[n.OpType]; ok && std {
+			data = nil
+			for _, j := range floatIn {
+				if j < k {
+					data = append(data, j)
+				}
+			}
+		}
+		np = s.promote(n, data)
+		out = np
+		for _, j := range data {
+			cast[j] = !s.zeroDim(n.Input[j]) && s.prec(n.Input[j]) != np
+		}
+	}
+	s.finish(i, np, out, floatOut)
+}
+
+// finish records a node's precision and its outputs' precisions: out for
+// the outputs floatOut marks (all outputs when floatOut is nil), NotFloat
+// for the others.
+func (s *assigner) finish(i int, np, out Precision, floatOut []bool) {
+	s.a.Node[i] = np
+	for k, name := range s.g.Node[i].Output {
+		if name == "" {
+			continue
+		}
+		if floatOut == nil || floatOut[k] {
+			s.a.Value[name] = out
+		} else {
+			s.a.Value[name] = NotFloat
+		}
+	}
+}
+
+// promote is PyTorch type promotion over the given input slots with the
+// scalar rule: 0-dim inputs count only when no input has dimensions.
+func (s *assigner) promote(n *onnx.NodeProto, slots []int) Precision {
+	tensors, scalars := NotFloat, NotFloat
+	for _, j := range slots {
+		pr := s.prec(n.Input[j])
+		if s.zeroDim(n.Input[j]) {
+			scalars = widest(scalars, pr)
+		} else {
+			tensors = widest(tensors, pr)
+		}
+	}
+	if tensors != NotFloat {
+		return tensors
+	}
+	if scalars != NotFloat {
+		return scalars
+	}
+	// No data input is float: only parameter inputs are (unusual).
+	all := NotFloat
+	for _, in := range n.Input {
+		if in != "" {
+			all = widest(all, s.prec(in))
+		}
+	}
+	return all
+}
+
+// generated returns the precision of a node that makes floats without float
+// inputs.
+func (s *assigner) generated(n *onnx.NodeProto) Precision {
+	if t, ok := explicitDType(n); ok {
+		if pr := PrecisionOf(t); pr == FP16 || pr == BF16 {
+			return pr
+		}
+	}
+	if isStdDomain(n.Domain) && subgraphOps[n.OpType] {
+		return s.p.Params
+	}
+	return FP32
+}
+
+// outputIsFloat reports whether output k of n holds floats: from elemType
+// when it knows, else from the op.
+func (s *assigner) outputIsFloat(n *onnx.NodeProto, k int, std bool) bool {
+	name := n.Output[k]
+	if name == "" {
+		return false
+	}
+	if s.elemType != nil {
+		if t := s.elemType(name); t != 0 {
+			return PrecisionOf(t) != NotFloat
+		}
+	}
+	if std {
+		if nonFloatOps[n.OpType] {
+			return false
+		}
+		for _, slot := range nonFloatSlots[n.OpType] {
+			if slot == k {
+				return false
+			}
+		}
+		if t, ok := explicitDType(n); ok {
+			return PrecisionOf(t) != NotFloat
+		}
+		if floatFactories[n.OpType] {
+			return true
+		}
+	}
+	for _, in := range n.Input {
+		if in != "" && s.prec(in) != NotFloat {
+			return true
+		}
+	}
+	return false
+}
+
+// linearBias returns the input slot of a MatMul-like output when n is the
+// exporter's split of a Linear bias (see Assign), else -1.
+func (s *assigner) linearBias(n *onnx.NodeProto) int {
+	if (n.OpType != "Add" && n.OpType != "Sub") || len(n.Input) != 2 {
+		return -1
+	}
+	for j := range 2 {
+		mm, bias := n.Input[j], n.Input[1-j]
+		pi, ok := s.producer[mm]
+		if !ok {
+			continue
+		}
+		p := s.g.Node[pi]
+		if !isStdDomain(p.Domain) || !linearOps[p.OpType] || len(s.consumers[mm]) != 1 {
+			continue
+		}
+		if t := s.consts[bias]; t != nil && len(t.Dims) == 1 {
+			return j
+		}
+	}
+	return -1
+}
+
+// isRsqrtDiv reports whether n is the exporter's torch.rsqrt:
+// Div(ones(1), Sqrt(x)).
+func (s *assigner) isRsqrtDiv(n *onnx.NodeProto) bool {
+	if !isStdDomain(n.Domain) || n.OpType != "Div" || len(n.Input) != 2 {
+		return false
+	}
+	if t := s.consts[n.Input[0]]; t == nil || !isOne(t) {
+		return false
+	}
+	pi, ok := s.producer[n.Input[1]]
+	return ok && isStdDomain(s.g.Node[pi].Domain) && s.g.Node[pi].OpType == "Sqrt"
+}
+
+// isRsqrtSqrt reports whether n is a Sqrt that only feeds rsqrt Divs and
+// Reciprocals, so that PyTorch computed it inside an fp32 rsqrt.
+func (s *assigner) isRsqrtSqrt(n *onnx.NodeProto) bool {
+	if n.OpType != "Sqrt" || len(n.Output) != 1 {
+		return false
+	}
+	uses := s.consumers[n.Output[0]]
+	for _, u := range uses {
+		c := s.g.Node[u.node]
+		rsqrt := u.slot == 1 && s.isRsqrtDiv(c)
+		recip := isStdDomain(c.Domain) && c.OpType == "Reciprocal"
+		if !rsqrt && !recip {
+			return false
+		}
+	}
+	return len(uses) > 0
+}
+
+var (
+	// linearOps are the ops whose output a Linear bias split is added to.
+	linearOps = toSet([]string{"MatMul", "Gemm", "Conv", "ConvTranspose"})
+	// subgraphOps run graphs Assign does not visit.
+	subgraphOps = toSet([]string{"If", "Loop", "Scan", "SequenceMap"})
+	// nonFloatOps have no float outputs whatever their inputs.
+	nonFloatOps = toSet([]string{
+		"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Equal", "Greater",
+		"GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not",
+		"IsNaN", "IsInf", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+		"BitwiseNot", "NonMaxSuppression", "MatMulInteger", "ConvInteger",
+		"QuantizeLinear", "QLinearConv", "QLinearMatMul", "Multinomial",
+		"OptionalHasElement", "SequenceLength", "StringNormalizer",
+		"StringConcat", "StringSplit", "RegexFullMatch",
+	})
+	// nonFloatSlots lists the index and mask outputs of float ops.
+	nonFloatSlots = map[string][]int{
+		"TopK":                  {1},
+		"Unique":                {1, 2, 3},
+		"MaxPool":               {1},
+		"Dropout":               {1},
+		"DynamicQuantizeLinear": {0, 2},
+	}
+	// floatFactories make floats by default when no dtype attribute says
+	// otherwise.
+	floatFactories = toSet([]string{
+		"ConstantOfShape", "RandomNormal", "RandomUniform", "HannWindow",
+		"HammingWindow", "BlackmanWindow", "MelWeightMatrix",
+	})
+	// dataInputs gives, for ops with float parameter inputs, how many
+	// leading inputs take part in type promotion.
+	dataInputs = map[string]int{
+		"Resize": 1, "Upsample": 1, "Dropout": 1,
+		"LayerNormalization": 1, "GroupNormalization": 1,
+		"RMSNormalization": 1, "InstanceNormalization": 1,
+		"BatchNormalization": 1,
+	}
+)
+
+// explicitDType returns the element type a factory-like op is told to
+// produce by its attributes, if any: dtype, output_datatype, output_dtype,
+// or the tensor type of ConstantOfShape's value.
+func explicitDType(n *onnx.NodeProto) (int32, bool) {
+	for _, a := range n.Attribute {
+		switch a.Name {
+		case "dtype", "output_datatype", "output_dtype":
+			if a.I != 0 {
+				return int32(a.I), true
+			}
+		case "value":
+			if n.OpType == "ConstantOfShape" && a.T != nil {
+				return a.T.DataType, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func isStdDomain(domain string) bool {
+	return domain == "" || domain == "ai.onnx" || domain == "ai.onnx.ml"
+}
+
+func attr(n *onnx.NodeProto, name string) *onnx.AttributeProto {
+	for _, a := range n.Attribute {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+func first(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
+}
+
+// constantTensor returns the value of a Constant node as a tensor, whichever
+// attribute holds it.
+func constantTensor(n *onnx.NodeProto) *onnx.TensorProto {
+	for _, a := range n.Attribute {
+		switch a.Name {
+		case "value":
+			return a.T
+		case "value_float":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_FLOAT), FloatData: []float32{a.F}}
+		case "value_floats":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_FLOAT), Dims: []int64{int64(len(a.Floats))}, FloatData: a.Floats}
+		case "value_int":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_INT64), Int64Data: []int64{a.I}}
+		case "value_ints":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_INT64), Dims: []int64{int64(len(a.Ints))}, Int64Data: a.Ints}
+		case "value_string":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_STRING)}
+		case "value_strings":
+			return &onnx.TensorProto{DataType: int32(onnx.TensorProto_STRING), Dims: []int64{int64(len(a.Strings))}}
+		}
+	}
+	return nil
+}
+
+// isOne reports whether t holds the single float value 1.
+func isOne(t *onnx.TensorProto) bool {
+	for _, d := range t.Dims {
+		if d != 1 {
+			return false
+		}
+	}
+	switch onnx.TensorProto_DataType(t.DataType) {
+	case onnx.TensorProto_FLOAT:
+		if len(t.FloatData) == 1 {
+			return t.FloatData[0] == 1
+		}
+		return len(t.RawData) == 4 && math.Float32frombits(binary.LittleEndian.Uint32(t.RawData)) == 1
+	case onnx.TensorProto_DOUBLE:
+		if len(t.DoubleData) == 1 {
+			return t.DoubleData[0] == 1
+		}
+		return len(t.RawData) == 8 && math.Float64frombits(binary.LittleEndian.Uint64(t.RawData)) == 1
+	case onnx.TensorProto_FLOAT16:
+		if len(t.Int32Data) == 1 {
+			return t.Int32Data[0] == 0x3C00
+		}
+		return len(t.RawData) == 2 && binary.LittleEndian.Uint16(t.RawData) == 0x3C00
+	}
+	return false
+}
