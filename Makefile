@@ -8,13 +8,15 @@ ORT_SHA256  := ffb75a925ba05e47b235bb66e3e3911714a80b328a9c9425539feb204aa32a23
 ORT_MEMBER  := package/bin/napi-v6/linux/x64/libonnxruntime.so.1
 
 PROTOC_GEN_GO_VERSION := v1.36.12
+STATICCHECK_VERSION   := v0.8.2
 TOOLS := $(CURDIR)/.tools/bin
+STATICCHECK := $(TOOLS)/staticcheck
 
 GO      ?= go
 BIN     := bin/fp16audit
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test demo bench proto fixtures fuzz conformance vet clean
+.PHONY: all ort build test demo bench proto fixtures fuzz conformance vet staticcheck clean
 
 all: build
 
@@ -41,10 +43,19 @@ $(ORT_LIB):
 build:
 	$(GO) build -o $(BIN) ./cmd/fp16audit
 
-test: ort
+test: ort $(STATICCHECK)
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	@test -z "$$($(GO) mod tidy -diff)" || { echo "go.mod/go.sum not tidy: run go mod tidy"; $(GO) mod tidy -diff; exit 1; }
+	$(STATICCHECK) ./...
 	$(GO) test -count=1 ./...
+
+# staticcheck is installed from the Go module proxy into .tools/ (ignored).
+$(STATICCHECK):
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+staticcheck: $(STATICCHECK)
+	$(STATICCHECK) ./...
 
 # demo audits a model that overflows fp16; fp16audit exits 1 for that
 # (findings at error level), which is the expected outcome here.
@@ -57,8 +68,8 @@ demo: ort build
 # and its memory against plain ONNX Runtime inference of the same models in
 # the same run (see docs/performance.md; the transformer takes minutes).
 bench: ort
-	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./audit/
-	$(GO) test -run '^$$' -bench 'ReferencePass|FullAudit|Memory' -benchtime 1x -timeout 60m ./audit/
+	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./internal/observe/
+	$(GO) test -run '^$$' -bench 'ReferencePass|FullAudit|Memory' -benchtime 1x -timeout 60m ./internal/audit/
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
@@ -71,8 +82,8 @@ fixtures:
 # fuzz runs every fuzz target for FUZZTIME each (go test fuzzes one target
 # per invocation); `make test` runs their seed corpora as plain tests.
 FUZZTIME ?= 60s
-FUZZ_TARGETS := ./internal/batch:FuzzDecodeNPY ./batch:FuzzReadNPZ ./audit:FuzzStatsObserve \
-	./internal/onnx:FuzzLoadBytes ./onnx:FuzzNewIndex ./internal/precision:FuzzAssign ./audit:FuzzEmulate
+FUZZ_TARGETS := ./internal/batch:FuzzDecodeNPY ./internal/batch:FuzzReadNPZ ./internal/observe:FuzzStatsObserve \
+	./internal/onnx:FuzzLoadBytes ./internal/onnx:FuzzNewIndex ./internal/precision:FuzzAssign ./internal/rewrite:FuzzEmulate
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -83,7 +94,7 @@ fuzz:
 
 # conformance re-runs the sweep over the ONNX backend test models
 # (apt-get install libonnx-testdata) and rewrites docs/conformance.md and
-# conformance/testdata/baseline.json. `make test` runs the same sweep and
+# internal/conformance/testdata/baseline.json. `make test` runs the same sweep and
 # fails when an outcome gets worse than the baseline.
 conformance: ort
 	$(GO) test ./internal/conformance -run TestSweep -count=1 -update

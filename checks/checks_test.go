@@ -4,10 +4,11 @@ import (
 	"strings"
 	"testing"
 
-	_ "fp16audit/audit" // the dynamic checks
 	"fp16audit/checks"
-	_ "fp16audit/internal/lint" // the static checks
+	_ "fp16audit/internal/diagnose" // the dynamic checks
+	_ "fp16audit/internal/lint"     // the static checks
 	"fp16audit/internal/precision"
+	_ "fp16audit/internal/trainlog" // the training-log checks
 )
 
 // TestRegistry validates every check the program declares: IDs of the form

@@ -19,10 +19,11 @@ import (
 	"strings"
 	"time"
 
-	"fp16audit/audit"
+	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 )
 
@@ -335,7 +336,7 @@ func fp32Pass(c Case) ([]*tensor.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	up, _, err := audit.Upcast(m.Proto, m.Dir)
+	up, _, err := rewrite.Upcast(m.Proto, m.Dir)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +347,7 @@ func fp32Pass(c Case) ([]*tensor.Tensor, error) {
 	var names, typed []string
 	for _, ni := range m.Index.Order() {
 		n := m.Proto.Graph.Node[ni]
-		if n.OpType == "Constant" && (n.Domain == "" || n.Domain == "ai.onnx") {
+		if n.OpType == "Constant" && onnx.IsDefaultDomain(n.Domain) {
 			continue
 		}
 		for _, o := range n.Output {
@@ -363,7 +364,7 @@ func fp32Pass(c Case) ([]*tensor.Tensor, error) {
 	}
 	var outs []*tensor.Tensor
 	for _, obsNames := range [][]string{names, typed} {
-		inst, obs := audit.Instrument(up, obsNames, upIdx.ElemType)
+		inst, obs := rewrite.Instrument(up, obsNames, upIdx.ElemType)
 		outNames := graphOutputs(up)
 		isOut := map[string]bool{}
 		for _, o := range outNames {

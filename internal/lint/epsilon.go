@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"fp16audit/checks"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 )
 
@@ -42,7 +43,7 @@ func (f *Facts) epsSites() []epsSite {
 		ix := f.Model.Index
 		for _, i := range f.Order {
 			n := f.node(i)
-			if !isStd(n.GetDomain()) {
+			if !onnx.IsDefaultDomain(n.GetDomain()) {
 				continue
 			}
 			switch {
@@ -71,7 +72,7 @@ func (f *Facts) epsSites() []epsSite {
 
 func feedsSqrt(f *Facts, value string) bool {
 	for _, c := range f.Model.Index.Consumers(value) {
-		if n := f.node(c); n.GetOpType() == "Sqrt" && isStd(n.GetDomain()) {
+		if n := f.node(c); n.GetOpType() == "Sqrt" && onnx.IsDefaultDomain(n.GetDomain()) {
 			return true
 		}
 	}

@@ -22,7 +22,7 @@ func runHalfCast(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, i := range f.Order {
 		n := f.node(i)
-		if !isStd(n.GetDomain()) || len(n.GetInput()) == 0 {
+		if !onnx.IsDefaultDomain(n.GetDomain()) || len(n.GetInput()) == 0 {
 			continue
 		}
 		var to int32

@@ -20,17 +20,12 @@ import (
 	"fp16audit/internal/precision"
 )
 
-// Analyzer is one static check: the identity it reports under and the
-// function that finds its hazards. Run never prints; it returns findings
-// whose Check is Analyzer.Check.ID.
-type Analyzer struct {
-	Check *checks.Check
-	Run   func(f *Facts) ([]checks.Finding, error)
-}
+// Analyzer is one static check over the facts of one model.
+type Analyzer = checks.Analyzer[*Facts]
 
 // Analyzers returns every static check, sorted by ID.
 func Analyzers() []*Analyzer {
-	out := []*Analyzer{halfCastAnalyzer, {Check: UnknownOps, Run: runUnknownOps},
+	out := []*Analyzer{halfCastAnalyzer, UnknownOpsAnalyzer,
 		constRangeAnalyzer, epsilonAnalyzer, flushAnalyzer, versionAnalyzer}
 	slices.SortFunc(out, func(a, b *Analyzer) int { return strings.Compare(a.Check.ID, b.Check.ID) })
 	return out
@@ -59,19 +54,7 @@ func Run(m *onnx.Model, opt Options) ([]checks.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := NewFacts(m, p)
-	findings := []checks.Finding{}
-	for _, a := range Analyzers() {
-		if !opt.Checks.Enabled(a.Check.ID) || !a.Check.AppliesTo(p.Name) {
-			continue
-		}
-		fs, err := a.Run(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", a.Check.ID, err)
-		}
-		findings = append(findings, fs...)
-	}
-	return findings, nil
+	return checks.RunAnalyzers(Analyzers(), NewFacts(m, p), opt.Checks, p.Name)
 }
 
 // Facts is what the analyzers know about one model under one policy. The
@@ -105,20 +88,13 @@ func NewFacts(m *onnx.Model, p *precision.Policy) *Facts {
 // node returns node i of the main graph.
 func (f *Facts) node(i int) *onnx.NodeProto { return f.Model.Proto.GetGraph().GetNode()[i] }
 
-// nodeName names node i in findings: its ONNX name, or op_type#i when the
-// exporter left it unnamed (as the dynamic audit does).
-func (f *Facts) nodeName(i int) string {
-	n := f.node(i)
-	if n.GetName() != "" {
-		return n.GetName()
-	}
-	return fmt.Sprintf("%s#%d", n.GetOpType(), i)
-}
+// nodeName names node i in findings, as every report does.
+func (f *Facts) nodeName(i int) string { return onnx.NodeName(f.Model.Proto.GetGraph(), i) }
 
 // where describes node i for a message: `node "/attn/Add" (module attn)`.
 func (f *Facts) where(i int) string {
 	s := fmt.Sprintf("node %q", f.nodeName(i))
-	if mod := precision.ModulePath(f.node(i)); mod != "" {
+	if mod := onnx.ModulePath(f.node(i)); mod != "" {
 		s += fmt.Sprintf(" (module %s)", mod)
 	}
 	return s
@@ -129,7 +105,7 @@ func (f *Facts) finding(c *checks.Check, sev checks.Severity, node int, value, m
 	fd := c.Finding(msg)
 	fd.Severity, fd.Value = sev, value
 	if node >= 0 {
-		fd.Node, fd.Module = f.nodeName(node), precision.ModulePath(f.node(node))
+		fd.Node, fd.Module = f.nodeName(node), onnx.ModulePath(f.node(node))
 	}
 	return fd
 }
@@ -148,7 +124,7 @@ func (f *Facts) heldAt(name string, i int) precision.Precision {
 	if np != precision.FP16 && np != precision.BF16 {
 		return own
 	}
-	if n.GetOpType() == "Cast" && isStd(n.GetDomain()) {
+	if n.GetOpType() == "Cast" && onnx.IsDefaultDomain(n.GetDomain()) {
 		return np
 	}
 	for j, in := range n.GetInput() {
@@ -175,5 +151,3 @@ func (f *Facts) paramSlot(n *onnx.NodeProto, j int) bool {
 	}
 	return false
 }
-
-func isStd(domain string) bool { return domain == "" || domain == "ai.onnx" }

@@ -9,17 +9,12 @@ import (
 	"fp16audit/internal/tensor"
 )
 
-// fp16 and bf16 limits. A finite fp32 value rounds to Inf in fp16 from
-// 65520 (halfway between 65504 and the next power of two) and to 0 at or
-// below 2^-25 (halfway to the smallest subnormal 2^-24, ties to even). In
-// bf16 (round to nearest even on the upper 16 bits) it rounds to Inf from
-// 0x7F7F8000, just below fp32's max: torch.finfo(torch.float32).min is
-// -Inf in bf16 too.
+// The limits the scan classifies by (package tensor has the facts).
 var (
-	fp16Overflow  = 65520.0
-	fp16Flush     = math.Ldexp(1, -25)
-	fp16Subnormal = math.Ldexp(1, -24)
-	bf16Overflow  = float64(math.Float32frombits(0x7F7F8000))
+	fp16Overflow  = float64(tensor.FP16Overflow)
+	fp16Flush     = float64(tensor.FP16Flush)
+	fp16Subnormal = float64(tensor.FP16MinSubnormal)
+	bf16Overflow  = float64(tensor.BF16Overflow)
 	// flushFraction is the share of nonzero elements above which an
 	// initializer "mostly" flushes to zero (FP4006).
 	flushFraction = 0.5
@@ -137,7 +132,7 @@ func (f *Facts) scanConstants() ([]*Constant, error) {
 	}
 	for _, i := range f.Order {
 		n := g.GetNode()[i]
-		if !isStd(n.GetDomain()) || len(n.GetOutput()) == 0 {
+		if !onnx.IsDefaultDomain(n.GetDomain()) || len(n.GetOutput()) == 0 {
 			continue
 		}
 		switch n.GetOpType() {

@@ -6,14 +6,16 @@ import (
 	"fp16audit/checks"
 )
 
-// UnknownOps is FP4002. The dynamic audit reports it too, when it emulates
+// UnknownOpsAnalyzer is FP4002. The dynamic audit runs it too: it emulates
 // the policy over the same ops.
-var UnknownOps = checks.Register(&checks.Check{ID: "FP4002", Title: "ops of unknown precision", Severity: checks.SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
+var UnknownOpsAnalyzer = &Analyzer{Check: checkUnknownOps, Requires: "model", Run: runUnknownOps}
+
+var checkUnknownOps = checks.Register(&checks.Check{ID: "FP4002", Title: "ops of unknown precision", Severity: checks.SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
 fp16audit's autocast tables. They are emulated as following their inputs'
 precision, which may differ from what the real kernel does.`})
 
 func runUnknownOps(f *Facts) ([]checks.Finding, error) {
-	c := UnknownOps
+	c := checkUnknownOps
 	var out []checks.Finding
 	for _, i := range f.Assign.Unknown {
 		n := f.node(i)

@@ -13,7 +13,7 @@ func checkDefined(g *GraphProto, ix *Index) error {
 	defined := sourceNames(g)
 	for i, n := range g.GetNode() {
 		uses := n.GetInput()
-		if controlFlow[n.GetOpType()] && (n.GetDomain() == "" || n.GetDomain() == "ai.onnx") {
+		if controlFlow[n.GetOpType()] && IsDefaultDomain(n.GetDomain()) {
 			// The scoping of other ops' graph attributes is theirs to define.
 			uses = append(append([]string(nil), uses...), ix.ImplicitInputs(i)...)
 		}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -204,11 +205,11 @@ func (w tensorWalker) attr(p string, a *AttributeProto) error {
 	return nil
 }
 
-// nodeLabel names node n at position i: its quoted name, or op_type#i when
-// the exporter left it unnamed.
+// nodeLabel names node n at position i in messages: its quoted name, or
+// op_type#i when the exporter left it unnamed.
 func nodeLabel(n *NodeProto, i int) string {
 	if n.GetName() != "" {
-		return fmt.Sprintf("%q", n.GetName())
+		return strconv.Quote(n.GetName())
 	}
-	return fmt.Sprintf("%s#%d", n.GetOpType(), i)
+	return nodeName(n, i)
 }

@@ -391,7 +391,7 @@ func (ix *Index) collectTypes() {
 		ix.setShape(name, s.GetDims())
 	}
 	for i, n := range g.GetNode() {
-		if n.GetOpType() != "Constant" || n.GetDomain() != "" && n.GetDomain() != "ai.onnx" || len(n.GetOutput()) == 0 {
+		if n.GetOpType() != "Constant" || !IsDefaultDomain(n.GetDomain()) || len(n.GetOutput()) == 0 {
 			continue
 		}
 		out := n.GetOutput()[0]
@@ -514,7 +514,7 @@ func init() {
 // inferType returns the element type of output k of n from its inputs'
 // types and attributes, or 0.
 func (ix *Index) inferType(n *NodeProto, k int) int32 {
-	if d := n.GetDomain(); d != "" && d != "ai.onnx" {
+	if d := n.GetDomain(); !IsDefaultDomain(d) {
 		return 0
 	}
 	in := func(i int) int32 {
@@ -525,7 +525,7 @@ func (ix *Index) inferType(n *NodeProto, k int) int32 {
 	}
 	switch op := n.GetOpType(); op {
 	case "Cast":
-		return int32(attrInt(n, "to", 0))
+		return int32(IntAttr(n, "to", 0))
 	case "CastLike":
 		return in(1)
 	case "Shape", "Size", "ArgMax", "ArgMin", "NonZero":
@@ -565,15 +565,6 @@ func (ix *Index) inferType(n *NodeProto, k int) int32 {
 	return 0
 }
 
-func attrInt(n *NodeProto, name string, def int64) int64 {
-	for _, a := range n.GetAttribute() {
-		if a.GetName() == name {
-			return a.GetI()
-		}
-	}
-	return def
-}
-
 // ConstantValue returns the contents of an initializer (dense or sparse,
 // densified) or of a Constant node's output. Other values give an error
 // wrapping ErrNotConstant.
@@ -605,9 +596,9 @@ func (ix *Index) ConstantValue(name string) (*tensor.Tensor, error) {
 		case "value_floats":
 			t = tensor.FromFloat32s(name, []int64{int64(len(a.GetFloats()))}, a.GetFloats())
 		case "value_int":
-			t = int64Tensor([]int64{}, []int64{a.GetI()})
+			t = tensor.FromInt64s("", []int64{}, []int64{a.GetI()})
 		case "value_ints":
-			t = int64Tensor([]int64{int64(len(a.GetInts()))}, a.GetInts())
+			t = tensor.FromInt64s("", []int64{int64(len(a.GetInts()))}, a.GetInts())
 		case "value_string", "value_strings":
 			return nil, fmt.Errorf("constant %q: string constants are not supported", name)
 		default:
@@ -617,14 +608,6 @@ func (ix *Index) ConstantValue(name string) (*tensor.Tensor, error) {
 		return t, nil
 	}
 	return nil, fmt.Errorf("constant %q: node %s has no value attribute", name, ix.NodeLabel(i))
-}
-
-func int64Tensor(shape, values []int64) *tensor.Tensor {
-	data := make([]byte, 8*len(values))
-	for i, v := range values {
-		binary.LittleEndian.PutUint64(data[8*i:], uint64(v))
-	}
-	return &tensor.Tensor{DType: tensor.Int64, Shape: shape, Data: data}
 }
 
 // densify expands a sparse tensor: values [NNZ] at indices given either as

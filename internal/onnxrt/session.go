@@ -336,7 +336,7 @@ func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, er
 		var err error
 		if t := into[i]; t != nil {
 			buf := Float32View(t)
-			if buf == nil || len(buf) == 0 || &buf[0] != (*float32)(unsafe.Pointer(&t.Data[0])) {
+			if len(buf) == 0 || &buf[0] != (*float32)(unsafe.Pointer(&t.Data[0])) {
 				return nil, fmt.Errorf("output %q: a provided buffer must be non-empty aligned float32 data of shape %s", s.outputNames[i], tensor.ShapeString(t.Shape))
 			}
 			v, err = ort.NewTensor(ort.NewShape(t.Shape...), buf)

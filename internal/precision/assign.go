@@ -155,7 +155,7 @@ func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *as
 				s.producer[out] = i
 			}
 		}
-		if isStdDomain(n.Domain) && n.OpType == "Constant" && len(n.Output) == 1 {
+		if onnx.IsStandardDomain(n.Domain) && n.OpType == "Constant" && len(n.Output) == 1 {
 			if t := constantTensor(n); t != nil {
 				s.consts[n.Output[0]] = t
 			}
@@ -204,7 +204,7 @@ func (s *assigner) onlyBatchNormParam(name string) bool {
 	uses := s.consumers[name]
 	for _, u := range uses {
 		n := s.g.Node[u.node]
-		if !isStdDomain(n.Domain) || n.OpType != "BatchNormalization" || u.slot == 0 {
+		if !onnx.IsStandardDomain(n.Domain) || n.OpType != "BatchNormalization" || u.slot == 0 {
 			return false
 		}
 	}
@@ -258,7 +258,7 @@ func (s *assigner) assignNode(i int) {
 	if !known {
 		s.a.Unknown = append(s.a.Unknown, i)
 	}
-	std := known && isStdDomain(n.Domain)
+	std := known && onnx.IsStandardDomain(n.Domain)
 
 	if std {
 		switch n.OpType {
@@ -270,7 +270,7 @@ func (s *assigner) assignNode(i int) {
 			s.finish(i, pr, pr, nil)
 			return
 		case "Cast":
-			pr := PrecisionOf(int32(attr(n, "to").GetI()))
+			pr := PrecisionOf(int32(onnx.FindAttr(n, "to").GetI()))
 			s.finish(i, pr, pr, nil)
 			return
 		case "CastLike":
@@ -404,7 +404,7 @@ func (s *assigner) generated(n *onnx.NodeProto) Precision {
 			return pr
 		}
 	}
-	if isStdDomain(n.Domain) && subgraphOps[n.OpType] {
+	if onnx.IsStandardDomain(n.Domain) && subgraphOps[n.OpType] {
 		return s.p.Params
 	}
 	return FP32
@@ -459,7 +459,7 @@ func (s *assigner) linearBias(n *onnx.NodeProto) int {
 			continue
 		}
 		p := s.g.Node[pi]
-		if !isStdDomain(p.Domain) || !linearOps[p.OpType] || len(s.consumers[mm]) != 1 {
+		if !onnx.IsStandardDomain(p.Domain) || !linearOps[p.OpType] || len(s.consumers[mm]) != 1 {
 			continue
 		}
 		if t := s.consts[bias]; t != nil && len(t.Dims) == 1 {
@@ -472,14 +472,14 @@ func (s *assigner) linearBias(n *onnx.NodeProto) int {
 // isRsqrtDiv reports whether n is the exporter's torch.rsqrt:
 // Div(ones(1), Sqrt(x)).
 func (s *assigner) isRsqrtDiv(n *onnx.NodeProto) bool {
-	if !isStdDomain(n.Domain) || n.OpType != "Div" || len(n.Input) != 2 {
+	if !onnx.IsStandardDomain(n.Domain) || n.OpType != "Div" || len(n.Input) != 2 {
 		return false
 	}
 	if t := s.consts[n.Input[0]]; t == nil || !isOne(t) {
 		return false
 	}
 	pi, ok := s.producer[n.Input[1]]
-	return ok && isStdDomain(s.g.Node[pi].Domain) && s.g.Node[pi].OpType == "Sqrt"
+	return ok && onnx.IsStandardDomain(s.g.Node[pi].Domain) && s.g.Node[pi].OpType == "Sqrt"
 }
 
 // isRsqrtSqrt reports whether n is a Sqrt that only feeds rsqrt Divs and
@@ -492,7 +492,7 @@ func (s *assigner) isRsqrtSqrt(n *onnx.NodeProto) bool {
 	for _, u := range uses {
 		c := s.g.Node[u.node]
 		rsqrt := u.slot == 1 && s.isRsqrtDiv(c)
-		recip := isStdDomain(c.Domain) && c.OpType == "Reciprocal"
+		recip := onnx.IsStandardDomain(c.Domain) && c.OpType == "Reciprocal"
 		if !rsqrt && !recip {
 			return false
 		}
@@ -556,19 +556,6 @@ func explicitDType(n *onnx.NodeProto) (int32, bool) {
 		}
 	}
 	return 0, false
-}
-
-func isStdDomain(domain string) bool {
-	return domain == "" || domain == "ai.onnx" || domain == "ai.onnx.ml"
-}
-
-func attr(n *onnx.NodeProto, name string) *onnx.AttributeProto {
-	for _, a := range n.Attribute {
-		if a.Name == name {
-			return a
-		}
-	}
-	return nil
 }
 
 func first(names []string) string {

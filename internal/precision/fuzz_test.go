@@ -78,7 +78,7 @@ func checkAssignment(t *testing.T, p *Policy, g *onnx.GraphProto, order []int, a
 			}
 		}
 		if n.OpType == "Cast" && n.Domain == "" && !keep[i] && len(n.Output) == 1 && n.Output[0] != "" {
-			if want := PrecisionOf(int32(attr(n, "to").GetI())); a.Value[n.Output[0]] != want && !lastProducer(g, order, i, n.Output[0]) {
+			if want := PrecisionOf(int32(onnx.FindAttr(n, "to").GetI())); a.Value[n.Output[0]] != want && !lastProducer(g, order, i, n.Output[0]) {
 				t.Fatalf("%s: Cast node %d outputs %s, want %s", p.Name, i, a.Value[n.Output[0]], want)
 			}
 		}

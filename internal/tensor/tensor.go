@@ -144,6 +144,27 @@ func (t *Tensor) Float32s() ([]float32, error) {
 	return out, nil
 }
 
+// Int64s returns the elements of an int64 tensor.
+func (t *Tensor) Int64s() ([]int64, error) {
+	if t.DType != Int64 || len(t.Data)%8 != 0 {
+		return nil, fmt.Errorf("tensor %q: want int64 data, got %s (%d bytes)", t.Name, t.DType, len(t.Data))
+	}
+	out := make([]int64, len(t.Data)/8)
+	for i := range out {
+		out[i] = int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
+	}
+	return out, nil
+}
+
+// FromInt64s builds an int64 tensor from values.
+func FromInt64s(name string, shape []int64, values []int64) *Tensor {
+	data := make([]byte, 8*len(values))
+	for i, v := range values {
+		binary.LittleEndian.PutUint64(data[8*i:], uint64(v))
+	}
+	return &Tensor{Name: name, DType: Int64, Shape: shape, Data: data}
+}
+
 // FromFloat32s builds a float32 tensor from values.
 func FromFloat32s(name string, shape []int64, values []float32) *Tensor {
 	data := make([]byte, 4*len(values))

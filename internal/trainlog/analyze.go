@@ -7,31 +7,11 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/report"
 )
 
-// Options are the thresholds of the diagnosis.
-type Options struct {
-	// PlateauTolerance is the relative gap between the run's and the
-	// baseline's final loss above which the run has plateaued.
-	PlateauTolerance float64 `json:"plateau_tolerance"`
-	// EarlySteps bounds an early NaN when the log does not say how long an
-	// epoch is; otherwise the first epoch does.
-	EarlySteps int `json:"early_steps"`
-	// SkipRate is the lowest skip rate that counts as high; the threshold
-	// is never below two skips per growth interval.
-	SkipRate float64 `json:"skip_rate"`
-	// LowScale is the scale at or below which a pinned scale is low.
-	LowScale float64 `json:"low_scale"`
-	// PinnedIntervals is how many growth intervals without growth (and with
-	// as many backoffs) make a pinned scale.
-	PinnedIntervals int `json:"pinned_intervals"`
-	// CollapseBits is how many powers of two the scale must fall in the
-	// window before a NaN for the NaN to follow a collapse.
-	CollapseBits float64 `json:"collapse_bits"`
-	// WarmupSkips is the smallest number of skipped steps at the start
-	// that is reported as wasted warm-up.
-	WarmupSkips int `json:"warmup_skips"`
-}
+// Options are the thresholds of the diagnosis; the report records them.
+type Options = report.ScalesThresholds
 
 // DefaultOptions are the thresholds the command line starts from.
 var DefaultOptions = Options{
@@ -48,7 +28,7 @@ var DefaultOptions = Options{
 const (
 	// SeriesBuckets is the most buckets Report.Series holds.
 	SeriesBuckets = 120
-	// MaxListedSteps is the most skipped steps ScaleStats.SkippedAt lists.
+	// MaxListedSteps is the most skipped steps report.ScaleStats.SkippedAt lists.
 	MaxListedSteps = 1000
 	// allSkippedRun is the shortest run of backoffs reaching the end of a
 	// log without losses that is read as a NaN loss: eight halvings are
@@ -69,10 +49,10 @@ const (
 
 // Analyze reconstructs what GradScaler did in run, compares it with the
 // fp32 baseline when one is given (nil otherwise) and classifies the run.
-func Analyze(run, baseline *Log, opt Options) *Report {
+func Analyze(run, baseline *Log, opt Options) *report.ScalesReport {
 	a := &analysis{run: run, opt: opt, n: run.Len(), nanIdx: -1}
-	a.r = &Report{
-		Schema: SchemaVersion, Run: runInfo(run), Thresholds: opt,
+	a.r = &report.ScalesReport{
+		Schema: report.ScalesSchema, Run: runInfo(run), Thresholds: opt,
 		Findings: []checks.Finding{}, NotDerived: []string{}, Notes: []string{},
 	}
 	if baseline != nil {
@@ -91,10 +71,10 @@ func Analyze(run, baseline *Log, opt Options) *Report {
 type analysis struct {
 	run *Log
 	opt Options
-	r   *Report
+	r   *report.ScalesReport
 	n   int
 
-	cfg  ScalerConfig
+	cfg  report.ScalerConfig
 	kind []stepKind
 	// nanIdx is the index of the first non-finite loss (or the inferred
 	// one), -1 when none.
@@ -106,8 +86,8 @@ type analysis struct {
 	skipThreshold                 float64
 }
 
-func runInfo(l *Log) RunInfo {
-	ri := RunInfo{Path: l.Path, Steps: l.Len(), FirstStep: l.FirstStep, HasLosses: l.Losses != nil,
+func runInfo(l *Log) report.RunInfo {
+	ri := report.RunInfo{Path: l.Path, Steps: l.Len(), FirstStep: l.FirstStep, HasLosses: l.Losses != nil,
 		HasScales: l.Scales != nil, StepsPerEpoch: l.StepsPerEpoch}
 	if len(l.Epochs) > 0 {
 		ri.Epochs = l.Epochs[len(l.Epochs)-1] - l.Epochs[0] + 1
@@ -131,7 +111,7 @@ func (a *analysis) losses() {
 		a.notDerived("loss statistics, the first NaN/Inf loss and the comparison with a baseline: the log has no losses")
 		return
 	}
-	st := &LossStats{}
+	st := &report.LossStats{}
 	for i, v := range ls {
 		if !isFinite(v) {
 			st.NonFinite++
@@ -163,9 +143,9 @@ func finalWindow(steps int) int {
 
 // resolveScaler settles the configuration: the log's values first, then
 // what the series shows, then PyTorch's defaults.
-func (a *analysis) resolveScaler() ScalerInfo {
+func (a *analysis) resolveScaler() report.ScalerInfo {
 	c := a.run.Scaler
-	info := ScalerInfo{InitScaleFrom: "log", GrowthIntervalFrom: "log"}
+	info := report.ScalerInfo{InitScaleFrom: "log", GrowthIntervalFrom: "log"}
 	if c.GrowthFactor == 0 {
 		c.GrowthFactor = DefaultScaler.GrowthFactor
 	}
@@ -182,7 +162,7 @@ func (a *analysis) resolveScaler() ScalerInfo {
 			c.InitScale = s0
 			info.InitScaleFrom = "inferred"
 			a.note("the first scale %s is not PyTorch's default init_scale 65536 or a step from it: init_scale taken as %s and step %d as not skipped; state grad_scaler.init_scale in the log to be exact",
-				fmtScale(s0), fmtScale(s0), a.step(0))
+				report.FormatScale(s0), report.FormatScale(s0), a.step(0))
 		}
 	}
 	// Each growth happens exactly growth_interval clean steps after the
@@ -237,7 +217,7 @@ func (a *analysis) scales() {
 	if info.GrowthIntervalFrom == "default" {
 		a.note("growth_interval taken as PyTorch's default 2000: the scale never grew in the log and the log does not state it")
 	}
-	st := &ScaleStats{SkippedAt: []int{}, MinScale: sc[0], MaxScale: sc[0], FinalScale: sc[len(sc)-1]}
+	st := &report.ScaleStats{SkippedAt: []int{}, MinScale: sc[0], MaxScale: sc[0], FinalScale: sc[len(sc)-1]}
 	a.kind = make([]stepKind, len(sc))
 	prev := a.cfg.InitScale
 	oddRatio := -1
@@ -375,7 +355,7 @@ func (a *analysis) scales() {
 // collapseWindow measures how far the scale fell before the first NaN: from
 // its highest value in the last two growth intervals (after the warm-up) to
 // the scale in effect at the NaN step.
-func (a *analysis) collapseWindow(st *ScaleStats, cut int) {
+func (a *analysis) collapseWindow(st *report.ScaleStats, cut int) {
 	if cut == 0 {
 		return
 	}
@@ -432,7 +412,7 @@ func (a *analysis) compare(baseline *Log) {
 		a.notDerived("the gap to the fp32 baseline: no finite losses in the final %d steps", w)
 		return
 	}
-	c := &Comparison{Steps: m, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
+	c := &report.Comparison{Steps: m, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
 	if math.Abs(*bl) < 1e-12 {
 		c.Gap = *rl - *bl
 		a.note("the baseline's final loss is zero: the gap is absolute, not relative")
@@ -453,7 +433,7 @@ func (a *analysis) epochs() {
 	}
 	for i, e := range ep {
 		if n := len(a.r.Epochs); n == 0 || a.r.Epochs[n-1].Epoch != e {
-			a.r.Epochs = append(a.r.Epochs, EpochStats{Epoch: e})
+			a.r.Epochs = append(a.r.Epochs, report.EpochStats{Epoch: e})
 		}
 		es := &a.r.Epochs[len(a.r.Epochs)-1]
 		es.Steps++
@@ -467,11 +447,11 @@ func (a *analysis) epochs() {
 }
 
 func (a *analysis) series() {
-	a.r.Series = []Bucket{}
+	a.r.Series = []report.Bucket{}
 	size := (a.n + SeriesBuckets - 1) / SeriesBuckets
 	for from := 0; from < a.n; from += size {
 		to := min(from+size, a.n)
-		b := Bucket{From: a.step(from), To: a.step(to - 1)}
+		b := report.Bucket{From: a.step(from), To: a.step(to - 1)}
 		if ls := a.run.Losses; ls != nil {
 			b.Loss = meanFinite(ls[from:to])
 			for _, v := range ls[from:to] {
@@ -532,7 +512,7 @@ func (a *analysis) classify() {
 		if st == nil || st.ScaleAtFirstNaN == nil {
 			return ""
 		}
-		s := fmt.Sprintf("; the scale was %s", fmtScale(*st.ScaleAtFirstNaN))
+		s := fmt.Sprintf("; the scale was %s", report.FormatScale(*st.ScaleAtFirstNaN))
 		if st.CollapseBits != nil {
 			s += fmt.Sprintf(", %.1f bits below its peak in the %d steps before, with %d skipped steps in them",
 				*st.CollapseBits, st.CollapseWindow, st.BackoffsBeforeNaN)
@@ -542,55 +522,55 @@ func (a *analysis) classify() {
 
 	switch {
 	case a.nanIdx >= 0 && a.nanIdx < limit:
-		r.Verdict = VerdictEarlyNaN
+		r.Verdict = report.ScalesEarlyNaN
 		r.VerdictText = fmt.Sprintf("%s at step %d, within %s: a forward overflow or poisoned data, not the loss scaler", nanWhat, nanStep, limitText)
 		r.Fix = "export the model and a batch and run 'fp16audit run model.onnx -i batch.npy' to find the overflowing op and a verified fix (normalize inputs, to_bf16(), keep that module in fp32); lowering init_scale does not fix it"
 		a.add(checkEarlyNaN, "%s at step %d, within %s%s. The loss scaler cannot cause this; audit the exported model with 'fp16audit run model.onnx -i batch.npy'",
 			nanWhat, nanStep, limitText, scaleAtNaN())
 	case a.nanIdx >= 0 && st == nil:
-		r.Verdict = VerdictLateNaN
+		r.Verdict = report.ScalesLateNaN
 		r.VerdictText = fmt.Sprintf("%s at step %d, after %s; without scales the cause cannot be told", nanWhat, nanStep, limitText)
 		r.Fix = "record the loss scale with examples/fastai_scales_callback.py and diagnose again"
 		a.add(checkLateNaN, "%s at step %d, after %s; the log has no scales to tell a gradient overflow from a forward overflow", nanWhat, nanStep, limitText)
 	case a.nanIdx >= 0 && a.collapse:
-		r.Verdict = VerdictGradientOverflowNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d after the loss scale collapsed to %s: chronic gradient overflow", nanWhat, nanStep, fmtScale(*st.ScaleAtFirstNaN))
+		r.Verdict = report.ScalesGradientOverflowNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d after the loss scale collapsed to %s: chronic gradient overflow", nanWhat, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
 		r.Fix = "lower the learning rate, clip gradients (fastai GradientClip; PyTorch scaler.unscale_ then clip_grad_norm_), or train with learn.to_bf16() (Ampere or newer) or in fp32"
 		a.add(checkGradOverflowNaN, "%s at step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
 			nanWhat, nanStep, scaleAtNaN())
 	case a.nanIdx >= 0:
-		r.Verdict = VerdictForwardOverflowNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d with a healthy loss scale (%s): the forward pass began to overflow", nanWhat, nanStep, fmtScale(*st.ScaleAtFirstNaN))
+		r.Verdict = report.ScalesForwardOverflowNaN
+		r.VerdictText = fmt.Sprintf("%s at step %d with a healthy loss scale (%s): the forward pass began to overflow", nanWhat, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
 		r.Fix = fmt.Sprintf("save a checkpoint from just before step %d, export it with that step's batch and audit it with 'fp16audit run model.onnx -i batch.npy'", nanStep)
 		a.add(checkForwardOverflowNaN, "%s at step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
 			nanWhat, nanStep, scaleAtNaN(), nanStep)
 	case gapOver && signs:
-		r.Verdict = VerdictPlateauUnderflow
+		r.Verdict = report.ScalesPlateauUnderflow
 		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, with %s", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, a.signsText())
 		r.Fix = "train with learn.to_bf16() (Ampere or newer): no loss scaling, no skipped steps; otherwise find and clip the gradients that overflow"
 		a.add(checkPlateauUnderflow, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g (tolerance %.1f%%), with %s. Prefer to_bf16()",
 			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance, a.signsText())
 	case gapOver:
-		r.Verdict = VerdictPlateauUnexplained
+		r.Verdict = report.ScalesPlateauUnexplained
 		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, but %s", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, a.cleanText())
 		r.Fix = "check that both runs used the same data, seed and schedule; compare a learn.to_bf16() run; audit the model for underflow with 'fp16audit run'"
 		a.add(checkPlateauUnexplained, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g (tolerance %.1f%%), but %s",
 			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance, a.cleanText())
 	case st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n:
-		r.Verdict = VerdictWastedWarmup
-		r.VerdictText = fmt.Sprintf("the first %d steps were all skipped while the scale came down from %s to %s", a.warmup, fmtScale(a.cfg.InitScale), fmtScale(st.WarmupScale))
+		r.Verdict = report.ScalesWastedWarmup
+		r.VerdictText = fmt.Sprintf("the first %d steps were all skipped while the scale came down from %s to %s", a.warmup, report.FormatScale(a.cfg.InitScale), report.FormatScale(st.WarmupScale))
 		r.Fix = fmt.Sprintf("learn.to_fp16(init_scale=%s) (GradScaler(init_scale=%s) in PyTorch) saves them; the last knob, not a fix for NaN", pyScale(st.WarmupScale), pyScale(st.WarmupScale))
 	case cmp != nil && cmp.Gap > 0:
-		r.Verdict = VerdictFP16Noise
+		r.Verdict = report.ScalesFP16Noise
 		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance)
 	default:
-		r.Verdict = VerdictHealthy
+		r.Verdict = report.ScalesHealthy
 		r.VerdictText = a.healthyText()
 	}
 
 	if st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n {
 		a.add(checkWastedWarmup, "the first %d steps were all skipped while the scale halved from %s to %s, the first scale that worked. learn.to_fp16(init_scale=%s) saves them; this is the last knob, not a fix for NaN",
-			a.warmup, fmtScale(a.cfg.InitScale), fmtScale(st.WarmupScale), pyScale(st.WarmupScale))
+			a.warmup, report.FormatScale(a.cfg.InitScale), report.FormatScale(st.WarmupScale), pyScale(st.WarmupScale))
 	}
 	if cmp != nil && cmp.Gap > 0 && !gapOver && a.nanIdx < 0 {
 		a.add(checkNoise, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise",
@@ -603,7 +583,7 @@ func (a *analysis) classify() {
 	if a.pinnedLow {
 		a.add(checkPinnedLow, "the scale did not grow for %d steps (%.1f growth intervals of %d) from step %d, with %d backoffs, and ended that stretch at %s (threshold %s)",
 			st.LongestNoGrowth, float64(st.LongestNoGrowth)/float64(a.cfg.GrowthInterval), a.cfg.GrowthInterval,
-			st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs, fmtScale(st.PinnedScale), fmtScale(a.opt.LowScale))
+			st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs, report.FormatScale(st.PinnedScale), report.FormatScale(a.opt.LowScale))
 	}
 	sort.SliceStable(r.Findings, func(i, j int) bool {
 		if r.Findings[i].Severity != r.Findings[j].Severity {
@@ -645,7 +625,7 @@ func (a *analysis) signsText() string {
 		parts = append(parts, fmt.Sprintf("%.1f%% of the steps after the warm-up skipped (%d)", 100*st.SkipRateAfterWarmup, a.skippedAfterWarmup()))
 	}
 	if a.pinnedLow {
-		parts = append(parts, fmt.Sprintf("the scale pinned at %s for %d steps without growth", fmtScale(st.PinnedScale), st.LongestNoGrowth))
+		parts = append(parts, fmt.Sprintf("the scale pinned at %s for %d steps without growth", report.FormatScale(st.PinnedScale), st.LongestNoGrowth))
 	}
 	return strings.Join(parts, " and ")
 }
@@ -655,13 +635,13 @@ func (a *analysis) cleanText() string {
 	if st == nil {
 		return "the log has no scales to explain it"
 	}
-	return fmt.Sprintf("the loss scale is healthy (%.2f%% of the steps after the warm-up skipped, final scale %s)", 100*st.SkipRateAfterWarmup, fmtScale(st.FinalScale))
+	return fmt.Sprintf("the loss scale is healthy (%.2f%% of the steps after the warm-up skipped, final scale %s)", 100*st.SkipRateAfterWarmup, report.FormatScale(st.FinalScale))
 }
 
 func (a *analysis) healthyText() string {
 	var parts []string
 	if st := a.r.Scales; st != nil {
-		parts = append(parts, fmt.Sprintf("%d of %d steps skipped, final scale %s", st.Skipped, a.n, fmtScale(st.FinalScale)))
+		parts = append(parts, fmt.Sprintf("%d of %d steps skipped, final scale %s", st.Skipped, a.n, report.FormatScale(st.FinalScale)))
 	}
 	if a.run.Losses != nil {
 		parts = append(parts, "no NaN/Inf loss")
@@ -704,20 +684,6 @@ func describeFloat(v float64) string {
 		return "-Inf"
 	}
 	return fmt.Sprint(v)
-}
-
-// fmtScale prints a scale, as a power of two when it is one.
-func fmtScale(s float64) string {
-	if s <= 0 {
-		return fmt.Sprint(s)
-	}
-	if frac, exp := math.Frexp(s); frac == 0.5 {
-		if s < 1 {
-			return fmt.Sprintf("2^%d (%.3g)", exp-1, s)
-		}
-		return fmt.Sprintf("2^%d (%g)", exp-1, s)
-	}
-	return fmt.Sprintf("%.4g", s)
 }
 
 // pyScale writes a scale as Python source: 2**k for powers of two.

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"fp16audit/checks"
+	"fp16audit/internal/render"
+	"fp16audit/report"
 )
 
 // TestFixtureVerdicts runs every simulated log, in both formats, and checks
@@ -28,20 +30,20 @@ func TestFixtureVerdicts(t *testing.T) {
 		warmup        int
 		fix           string // a substring of Report.Fix
 	}{
-		{log: "early_nan", verdict: VerdictEarlyNaN, findings: []string{"FP5001"}, skipped: 36, minScale: 0x1p-20, firstNaN: 37, warmup: 3, fix: "fp16audit run model.onnx -i batch.npy"},
-		{log: "early_nan_scales_only", verdict: VerdictEarlyNaN, findings: []string{"FP5001"}, skipped: 36, minScale: 0x1p-20, firstNaN: 37, warmup: 3, fix: "fp16audit run"},
-		{log: "gradient_overflow_nan", verdict: VerdictGradientOverflowNaN, findings: []string{"FP5002", "FP5009", "FP5010"}, skipped: 55, minScale: 0x1p-30, firstNaN: 700, warmup: 2, fix: "clip gradients"},
-		{log: "gradient_overflow_nan_scales_only", verdict: VerdictGradientOverflowNaN, findings: []string{"FP5002", "FP5009", "FP5010"}, skipped: 55, minScale: 0x1p-30, firstNaN: 700, warmup: 2, fix: "to_bf16()"},
-		{log: "forward_overflow_nan", verdict: VerdictForwardOverflowNaN, findings: []string{"FP5003"}, skipped: 68, minScale: 0x1p-36, firstNaN: 850, warmup: 2, fix: "checkpoint from just before step 850"},
-		{log: "forward_overflow_nan_losses_only", verdict: VerdictLateNaN, findings: []string{"FP5004"}, skipped: -1, firstNaN: 850, fix: "record the loss scale"},
-		{log: "plateau_underflow", baseline: "baseline_fp32", verdict: VerdictPlateauUnderflow, findings: []string{"FP5005", "FP5009", "FP5010"}, skipped: 44, minScale: 0x1p-27, firstNaN: -1, warmup: 2, fix: "to_bf16()"},
-		{log: "plateau_underflow", verdict: VerdictHealthy, findings: []string{"FP5009", "FP5010"}, skipped: 44, minScale: 0x1p-27, firstNaN: -1, warmup: 2},
-		{log: "fp16_noise", baseline: "baseline_fp32", verdict: VerdictFP16Noise, findings: []string{"FP5007"}, skipped: 21, minScale: 16384, firstNaN: -1, warmup: 2},
-		{log: "wasted_warmup", verdict: VerdictWastedWarmup, findings: []string{"FP5008"}, skipped: 24, minScale: 128, firstNaN: -1, warmup: 9, fix: "to_fp16(init_scale=2**7)"},
-		{log: "healthy", verdict: VerdictHealthy, findings: nil, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
-		{log: "healthy", baseline: "baseline_fp32", verdict: VerdictFP16Noise, findings: []string{"FP5007"}, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
-		{log: "healthy_losses_only", verdict: VerdictHealthy, findings: nil, skipped: -1, firstNaN: -1},
-		{log: "healthy_scales_only", verdict: VerdictHealthy, findings: nil, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
+		{log: "early_nan", verdict: report.ScalesEarlyNaN, findings: []string{"FP5001"}, skipped: 36, minScale: 0x1p-20, firstNaN: 37, warmup: 3, fix: "fp16audit run model.onnx -i batch.npy"},
+		{log: "early_nan_scales_only", verdict: report.ScalesEarlyNaN, findings: []string{"FP5001"}, skipped: 36, minScale: 0x1p-20, firstNaN: 37, warmup: 3, fix: "fp16audit run"},
+		{log: "gradient_overflow_nan", verdict: report.ScalesGradientOverflowNaN, findings: []string{"FP5002", "FP5009", "FP5010"}, skipped: 55, minScale: 0x1p-30, firstNaN: 700, warmup: 2, fix: "clip gradients"},
+		{log: "gradient_overflow_nan_scales_only", verdict: report.ScalesGradientOverflowNaN, findings: []string{"FP5002", "FP5009", "FP5010"}, skipped: 55, minScale: 0x1p-30, firstNaN: 700, warmup: 2, fix: "to_bf16()"},
+		{log: "forward_overflow_nan", verdict: report.ScalesForwardOverflowNaN, findings: []string{"FP5003"}, skipped: 68, minScale: 0x1p-36, firstNaN: 850, warmup: 2, fix: "checkpoint from just before step 850"},
+		{log: "forward_overflow_nan_losses_only", verdict: report.ScalesLateNaN, findings: []string{"FP5004"}, skipped: -1, firstNaN: 850, fix: "record the loss scale"},
+		{log: "plateau_underflow", baseline: "baseline_fp32", verdict: report.ScalesPlateauUnderflow, findings: []string{"FP5005", "FP5009", "FP5010"}, skipped: 44, minScale: 0x1p-27, firstNaN: -1, warmup: 2, fix: "to_bf16()"},
+		{log: "plateau_underflow", verdict: report.ScalesHealthy, findings: []string{"FP5009", "FP5010"}, skipped: 44, minScale: 0x1p-27, firstNaN: -1, warmup: 2},
+		{log: "fp16_noise", baseline: "baseline_fp32", verdict: report.ScalesFP16Noise, findings: []string{"FP5007"}, skipped: 21, minScale: 16384, firstNaN: -1, warmup: 2},
+		{log: "wasted_warmup", verdict: report.ScalesWastedWarmup, findings: []string{"FP5008"}, skipped: 24, minScale: 128, firstNaN: -1, warmup: 9, fix: "to_fp16(init_scale=2**7)"},
+		{log: "healthy", verdict: report.ScalesHealthy, findings: nil, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
+		{log: "healthy", baseline: "baseline_fp32", verdict: report.ScalesFP16Noise, findings: []string{"FP5007"}, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
+		{log: "healthy_losses_only", verdict: report.ScalesHealthy, findings: nil, skipped: -1, firstNaN: -1},
+		{log: "healthy_scales_only", verdict: report.ScalesHealthy, findings: nil, skipped: 17, minScale: 16384, firstNaN: -1, warmup: 2},
 	}
 	for _, tt := range tests {
 		for _, ext := range []string{".json", ".csv"} {
@@ -115,7 +117,7 @@ func TestFixturesMatchSimulator(t *testing.T) {
 	}
 }
 
-func firstNaN(r *Report) int {
+func firstNaN(r *report.ScalesReport) int {
 	if r.Losses != nil && r.Losses.FirstNonFiniteStep != nil {
 		return *r.Losses.FirstNonFiniteStep
 	}
@@ -150,10 +152,10 @@ func TestGolden(t *testing.T) {
 		}
 		r := Analyze(run, base, DefaultOptions)
 		var txt, js bytes.Buffer
-		if err := WriteText(&txt, r); err != nil {
+		if err := render.Render(&txt, r, "text", render.Options{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := WriteJSON(&js, r); err != nil {
+		if err := render.Render(&js, r, "json", render.Options{}); err != nil {
 			t.Fatal(err)
 		}
 		golden(t, filepath.Join("testdata", "golden", name+".txt"), txt.Bytes())
@@ -185,7 +187,7 @@ func golden(t *testing.T, path string, got []byte) {
 func TestReconstruction(t *testing.T) {
 	// Interval 3: two warm-up skips, growth after three clean steps, a
 	// probe that backs off, then the NaN tail.
-	l := &Log{Path: "hand.json", Scaler: ScalerConfig{GrowthInterval: 3},
+	l := &Log{Path: "hand.json", Scaler: report.ScalerConfig{GrowthInterval: 3},
 		Scales: []float64{32768, 16384, 16384, 16384, 16384, 32768, 16384, 16384, 8192, 4096},
 		Losses: []float64{3, 3, 2.9, 2.8, 2.7, 2.6, 2.5, 2.4, math.NaN(), math.Inf(1)}}
 	opt := DefaultOptions
@@ -205,8 +207,8 @@ func TestReconstruction(t *testing.T) {
 	if r.Losses.NonFinite != 2 || r.Losses.FirstNonFiniteValue != "NaN" {
 		t.Errorf("non-finite %d first %q", r.Losses.NonFinite, r.Losses.FirstNonFiniteValue)
 	}
-	if r.Verdict != VerdictForwardOverflowNaN {
-		t.Errorf("verdict %s, want %s", r.Verdict, VerdictForwardOverflowNaN)
+	if r.Verdict != report.ScalesForwardOverflowNaN {
+		t.Errorf("verdict %s, want %s", r.Verdict, report.ScalesForwardOverflowNaN)
 	}
 	if r.GradScaler.InitScaleFrom != "default" || r.GradScaler.GrowthIntervalFrom != "log" {
 		t.Errorf("scaler sources %+v", r.GradScaler)
@@ -222,7 +224,7 @@ func TestPlateauUnexplained(t *testing.T) {
 		base.Losses[i] = v / 1.2
 	}
 	r := Analyze(run, base, DefaultOptions)
-	if r.Verdict != VerdictPlateauUnexplained || len(r.Findings) != 1 || r.Findings[0].Check != "FP5006" {
+	if r.Verdict != report.ScalesPlateauUnexplained || len(r.Findings) != 1 || r.Findings[0].Check != "FP5006" {
 		t.Fatalf("verdict %s findings %v", r.Verdict, r.Findings)
 	}
 	if g := r.Comparison.Gap; math.Abs(g-0.2) > 1e-9 {
@@ -277,13 +279,13 @@ func TestTinyLogs(t *testing.T) {
 	for _, l := range logs {
 		for _, b := range []*Log{nil, base} {
 			r := Analyze(l, b, DefaultOptions)
-			if !slices.Contains(Verdicts(), r.Verdict) {
+			if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
 				t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 			}
-			if err := WriteJSON(io.Discard, r); err != nil {
+			if err := render.Render(io.Discard, r, "json", render.Options{}); err != nil {
 				t.Errorf("%s: %v", l.Path, err)
 			}
-			if err := WriteText(io.Discard, r); err != nil {
+			if err := render.Render(io.Discard, r, "text", render.Options{}); err != nil {
 				t.Errorf("%s: %v", l.Path, err)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"fp16audit/report"
 	"io"
 	"math"
 	"os"
@@ -47,23 +48,15 @@ type Log struct {
 	StepsPerEpoch int
 	// Scaler is the GradScaler configuration the log states; zero fields
 	// were not stated.
-	Scaler ScalerConfig
+	Scaler report.ScalerConfig
 }
 
 // Len is the number of steps in the log.
 func (l *Log) Len() int { return max(len(l.Losses), len(l.Scales)) }
 
-// ScalerConfig is GradScaler's configuration. Zero values mean unknown.
-type ScalerConfig struct {
-	InitScale      float64 `json:"init_scale,omitempty"`
-	GrowthFactor   float64 `json:"growth_factor,omitempty"`
-	BackoffFactor  float64 `json:"backoff_factor,omitempty"`
-	GrowthInterval int     `json:"growth_interval,omitempty"`
-}
-
 // PyTorch's GradScaler defaults (torch.amp.GradScaler and fastai's
 // MixedPrecision, which passes its kwargs through).
-var DefaultScaler = ScalerConfig{InitScale: 65536, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000}
+var DefaultScaler = report.ScalerConfig{InitScale: 65536, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: 2000}
 
 // ParseError is a malformed log. It names the file, the place (a line or a
 // JSON field) and what was expected against what was found.
@@ -323,9 +316,9 @@ func jsonInt(raw json.RawMessage) (int, error) {
 	return int(v), nil
 }
 
-func jsonScaler(raw json.RawMessage) (ScalerConfig, error) {
+func jsonScaler(raw json.RawMessage) (report.ScalerConfig, error) {
 	var m map[string]json.RawMessage
-	var c ScalerConfig
+	var c report.ScalerConfig
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return c, fmt.Errorf("want an object, found %s", describeJSON(raw))
 	}

@@ -1,8 +1,0 @@
-//go:build !unix
-
-package main
-
-import "os"
-
-// ttyWidth is unknown here; $COLUMNS is the only source.
-func ttyWidth(*os.File) int { return 0 }

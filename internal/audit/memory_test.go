@@ -1,0 +1,134 @@
+package audit
+
+import (
+	"context"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"fp16audit/fixtures"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/shapes"
+	"fp16audit/internal/rewrite"
+	"fp16audit/internal/tensor"
+)
+
+// shapeCases are models whose every value the shape inference must get
+// right: the fixtures and miniature versions of the benchmark models.
+func shapeCases() []*fixtures.Fixture {
+	return append(fixtures.All(), fixtures.BigTransformer(2, 128, 16, 2), fixtures.BigResNet(40, 1))
+}
+
+// TestInferShapesMatchRuntime compares the inferred shape of every observed
+// value with the shape ONNX Runtime produced, in every pass graph.
+func TestInferShapesMatchRuntime(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range shapeCases() {
+		t.Run(f.Name, func(t *testing.T) {
+			model, batchFile := writeFixture(t, f, dir)
+			r, err := Run(context.Background(), Config{ModelPath: model, Inputs: []string{batchFile}, NoFixes: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(strings.Join(r.Notes, "\n"), "probe") {
+				t.Errorf("shapes needed a probe: %v", r.Notes)
+			}
+			m, err := onnx.Load(model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			up, _, err := rewrite.Upcast(m.Proto, m.Dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			idx, err := onnx.NewIndex(up.Graph)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := map[string][]int64{}
+			for _, x := range f.Batches[0].Inputs {
+				in[x.Name] = x.Shape
+			}
+			inferred := shapes.Infer(up.Graph, idx, in, nil)
+			n := 0
+			for _, node := range r.Nodes {
+				for _, o := range node.Outputs {
+					got, ok := inferred[o.Name]
+					if !ok {
+						t.Errorf("%s: no shape inferred, runtime gave %s", o.Name, o.Shape)
+						continue
+					}
+					if tensor.ShapeString(got) != o.Shape {
+						t.Errorf("%s: inferred %s, runtime gave %s", o.Name, tensor.ShapeString(got), o.Shape)
+					}
+					n++
+				}
+			}
+			if n == 0 {
+				t.Fatal("no values compared")
+			}
+		})
+	}
+}
+
+// padModel is x [2,4] → Pad (which the shape inference does not know) →
+// Relu → MatMul [6,3] → Exp: its shapes after Pad come from a probe run.
+func padModel(t *testing.T) (string, string) {
+	g := &onnx.GraphProto{
+		Name: "pad",
+		Node: []*onnx.NodeProto{
+			onnx.Node("Pad", "/Pad", []string{"x", "pads"}, []string{"p"}),
+			onnx.Node("Relu", "/Relu", []string{"p"}, []string{"r"}),
+			onnx.Node("MatMul", "/MatMul", []string{"r", "w"}, []string{"m"}),
+			onnx.Node("Exp", "/Exp", []string{"m"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{
+			onnx.Int64Tensor("pads", []int64{4}, []int64{0, 1, 0, 1}),
+			onnx.FloatTensor("w", []int64{6, 3}, []float32{1, -1, 2, 0.5, 0.25, -3, 1, 1, 1, 2, 2, 2, -1, 0, 1, 3, 2, 1}),
+		},
+		Input:  []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 4)},
+		Output: []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 2, 3)},
+	}
+	dir := t.TempDir()
+	model := filepath.Join(dir, "pad.onnx")
+	if err := onnx.Save(onnx.NewModel(g, 17), model); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixtures.Fixture{Name: "pad", Model: onnx.NewModel(g, 17), Batches: []fixtures.Batch{{
+		Inputs: []*tensor.Tensor{tensor.FromFloat32s("x", []int64{2, 4}, []float32{1, 2, 3, 4, -1, -2, -3, -4})}}}}
+	return writeFixture(t, f, dir)
+}
+
+// TestProbeShapes: values the inference cannot size are measured by a
+// probe run, and the segmented run of such a model equals the unsegmented
+// one.
+func TestProbeShapes(t *testing.T) {
+	model, batchFile := padModel(t)
+	cfg := Config{ModelPath: model, Inputs: []string{batchFile}}
+	whole, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := strings.Join(whole.Notes, "\n")
+	if !strings.Contains(notes, "measured by a probe run") {
+		t.Errorf("notes do not mention the probe: %s", notes)
+	}
+	cfg.MaxMemory = 1
+	seg, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(seg.Notes, "\n"), "segments") {
+		t.Errorf("not segmented: %v", seg.Notes)
+	}
+	for i, n := range whole.Nodes {
+		for j, o := range n.Outputs {
+			for p, st := range o.Stats {
+				if got := seg.Nodes[i].Outputs[j].Stats[p]; !reflect.DeepEqual(got, st) {
+					t.Errorf("%s %s: segmented %+v, unsegmented %+v", o.Name, p, got, st)
+				}
+			}
+		}
+	}
+}

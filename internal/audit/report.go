@@ -1,0 +1,145 @@
+package audit
+
+import (
+	"fmt"
+	"strings"
+
+	"fp16audit/checks"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/diagnose"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/tensor"
+	"fp16audit/report"
+)
+
+// newReport starts the report of an audit: what ran, on what.
+func newReport(m *onnx.Model, policy *precision.Policy, device string, threads int, batches []batch.Batch) *report.Report {
+	r := &report.Report{
+		Schema:   report.ReportSchema,
+		Tool:     report.ToolInfo{Version: report.Version, ORTVersion: onnxrt.Version(), Device: device, ORTThreads: threads},
+		Model:    modelInfo(m),
+		Policy:   policy.Name,
+		Notes:    []string{},
+		Origins:  []report.Origin{},
+		Fixes:    []report.Fix{},
+		Findings: []checks.Finding{},
+	}
+	for _, b := range batches {
+		rb := report.Batch{Source: b.Source, Synthetic: strings.HasPrefix(b.Source, "synthetic")}
+		for _, t := range b.Inputs {
+			rb.Shapes = append(rb.Shapes, t.Name+tensor.ShapeString(t.Shape))
+		}
+		r.Batches = append(r.Batches, rb)
+	}
+	return r
+}
+
+func inputReports(inputs []*diagnose.Input) []report.InputReport {
+	out := make([]report.InputReport, len(inputs))
+	for i, in := range inputs {
+		out[i] = in.Report()
+	}
+	return out
+}
+
+func valueInfo(vi *onnx.ValueInfoProto) report.IOInfo {
+	tt := vi.GetType().GetTensorType()
+	if tt == nil {
+		return report.IOInfo{Name: vi.Name, DType: "non-tensor", Shape: "?"}
+	}
+	dims := make([]string, 0, len(tt.GetShape().GetDim()))
+	for _, d := range tt.GetShape().GetDim() {
+		switch {
+		case d.GetDimParam() != "":
+			dims = append(dims, d.GetDimParam())
+		case d.GetValue() == nil:
+			dims = append(dims, "?")
+		default:
+			dims = append(dims, fmt.Sprint(d.GetDimValue()))
+		}
+	}
+	return report.IOInfo{Name: vi.Name, DType: tensor.DType(tt.GetElemType()).String(), Shape: "[" + strings.Join(dims, ",") + "]"}
+}
+
+func modelInfo(m *onnx.Model) report.ModelInfo {
+	p := m.Proto
+	info := report.ModelInfo{
+		Path: m.Path, Producer: p.ProducerName, ProducerVersion: p.ProducerVersion,
+		IRVersion: p.IrVersion, Opsets: map[string]int64{}, NodeCount: len(p.Graph.Node),
+	}
+	for _, o := range p.OpsetImport {
+		d := o.Domain
+		if d == "" {
+			d = "ai.onnx"
+		}
+		info.Opsets[d] = o.Version
+	}
+	for _, vi := range m.Index.GraphInputs() {
+		info.Inputs = append(info.Inputs, valueInfo(vi))
+	}
+	for _, vi := range p.Graph.Output {
+		info.Outputs = append(info.Outputs, valueInfo(vi))
+	}
+	return info
+}
+
+// nodeReports lists every node of the model in topological order with the
+// statistics of its float outputs in each pass and, for emulated passes,
+// their comparison with fp32.
+func (a *audit) nodeReports() []report.NodeReport {
+	g := a.model.Proto.Graph
+	nodes := make([]report.NodeReport, 0, len(a.static.Order))
+	for _, ni := range a.static.Order {
+		n := g.Node[ni]
+		nr := report.NodeReport{Index: ni, Name: n.Name, OpType: n.OpType, Domain: n.Domain,
+			Module: onnx.ModulePath(n), Precision: a.static.Assign.Node[ni].String(), Outputs: []report.ValueReport{}}
+		for _, o := range n.Output {
+			var vr *report.ValueReport
+			for _, p := range a.report.Passes {
+				res := a.passes[p]
+				st, ok := res.Stats[o]
+				if !ok {
+					continue
+				}
+				if vr == nil {
+					vr = &report.ValueReport{Name: o, DType: tensor.DType(a.engine.ElemType(o)).String(),
+						Shape: tensor.ShapeString(res.Shapes[o]), Stats: map[string]report.StatsReport{}}
+				}
+				sr := diagnose.StatsReport(*st, res.Diffs[o])
+				if sr.NonFinite() > 0 {
+					nr.Flagged = true
+				}
+				vr.Stats[p] = sr
+			}
+			if vr != nil {
+				nr.Outputs = append(nr.Outputs, *vr)
+			}
+		}
+		nodes = append(nodes, nr)
+	}
+	return nodes
+}
+
+func summarize(r *report.Report) report.Summary {
+	var s report.Summary
+	for _, n := range r.Nodes {
+		for _, o := range n.Outputs {
+			st, ok := o.Stats[diagnose.PassFP32]
+			if !ok {
+				continue
+			}
+			s.FloatValues++
+			if st.NonFinite() > 0 {
+				s.NonFiniteFP32++
+			}
+			if h := st.HeadroomBits; h != nil && (s.MinHeadroomBits == nil || *h < *s.MinHeadroomBits) {
+				v := *h
+				s.MinHeadroomBits = &v
+				s.MinHeadroomValue = o.Name
+			}
+		}
+	}
+	return s
+}

@@ -1,0 +1,301 @@
+// Package audit runs one audit from end to end: it loads the model and its
+// batches, plans the precision of every value under the policy, rewrites
+// the graph into the fp32 reference and the emulated passes, executes them,
+// diagnoses what they observed and assembles the report. Each of those
+// steps is a package of its own (see docs/architecture.md); this package
+// only wires them together, in one direction.
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"fp16audit/checks"
+	"fp16audit/internal/batch"
+	"fp16audit/internal/diagnose"
+	"fp16audit/internal/execute"
+	"fp16audit/internal/lint"
+	"fp16audit/internal/observe"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
+	"fp16audit/report"
+)
+
+// Optimization is the ONNX Runtime graph optimization level of every pass.
+// Every pass runs without graph optimizations: fusions (Conv+BatchNorm
+// folding, NCHWc kernels) change rounding and could merge the emulation's
+// rounding Casts away, and the instrumented graphs block most of them
+// anyway. So each node computes as written, as in PyTorch, and the fp32
+// pass returns bit for bit what a plain run at the same level returns.
+const Optimization = "none"
+
+// Config is everything one audit needs. The command line fills it from flags;
+// tests fill it directly.
+type Config struct {
+	ModelPath string
+	// Inputs are the -i arguments: "name=path" or "path".
+	Inputs []string
+	// Shapes pins symbolic dimensions (--shape name=1x3x224x224).
+	Shapes map[string][]int64
+	// Seed and SyntheticBatches control generated inputs when Inputs is empty.
+	Seed             int64
+	SyntheticBatches int
+
+	// Policy names the precision policy (precision.Policies); "" is
+	// autocast-fp16.
+	Policy string
+	// Checks selects the checks that run; the zero value runs all.
+	Checks checks.Selection
+	// NoFixes skips the fix reruns (standardized inputs, keep-fp32).
+	NoFixes    bool
+	Thresholds diagnose.Thresholds
+
+	ORTLib  string
+	Threads int
+	Device  string
+	// MaxMemory bounds the memory the passes plan for, in bytes
+	// (--max-memory): above it, the model runs in segments. 0 plans for
+	// execute.DefaultMemoryCap or execute.DefaultMemoryFraction of the
+	// available memory, whichever is less.
+	MaxMemory int64
+
+	Progress execute.Progress
+}
+
+// audit is the state of one run.
+type audit struct {
+	cfg     Config
+	model   *onnx.Model
+	up      *onnx.ModelProto // upcast: truly fp32
+	policy  *precision.Policy
+	static  *lint.Facts
+	main    string // the policy's emulated pass ("" under fp32)
+	specs   []batch.InputSpec
+	batches []batch.Batch
+	engine  *execute.Engine
+	passes  map[string]*observe.PassResult
+	// halfCast marks the model's own Cast-to-half nodes.
+	halfCast map[int]bool
+	report   *report.Report
+}
+
+// Run audits one model: it loads the model and its batches, runs the fp32
+// reference and the emulated passes through ONNX Runtime, diagnoses the
+// result and verifies the fixes. Errors are *UsageError (bad inputs or
+// flags), *ModelError (the model cannot be loaded or run) or
+// *onnxrt.LibraryNotFoundError.
+func Run(ctx context.Context, cfg Config) (*report.Report, error) {
+	start := time.Now()
+	if cfg.Policy == "" {
+		cfg.Policy = precision.DefaultPolicy
+	}
+	if cfg.Thresholds == (diagnose.Thresholds{}) {
+		cfg.Thresholds = diagnose.DefaultThresholds
+	}
+	if cfg.MaxMemory < 0 {
+		return nil, &UsageError{Err: fmt.Errorf("max memory: want a positive size, got %d", cfg.MaxMemory)}
+	}
+	policy, err := precision.PolicyByName(cfg.Policy)
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	m, err := onnx.Load(cfg.ModelPath)
+	if err != nil {
+		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
+	}
+	a := &audit{cfg: cfg, model: m, policy: policy, passes: map[string]*observe.PassResult{}}
+	a.specs = batch.Specs(m.Proto.Graph, m.Index)
+	batches, notes, err := batch.Load(a.specs, batch.Options{
+		Args: cfg.Inputs, Shapes: cfg.Shapes, Seed: cfg.Seed, SyntheticBatches: cfg.SyntheticBatches,
+	})
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	a.batches = batches
+	lib, err := onnxrt.FindLibrary(cfg.ORTLib)
+	if err != nil {
+		return nil, err
+	}
+	if err := onnxrt.Init(lib); err != nil {
+		return nil, err
+	}
+	device := cfg.Device
+	if device == "" {
+		device = "cpu"
+	}
+	a.report = newReport(m, policy, device, cfg.Threads, batches)
+	for _, n := range notes {
+		if n.Input != "" {
+			a.report.Notes = append(a.report.Notes, fmt.Sprintf("input %q: %s", n.Input, n.Text))
+		} else {
+			a.report.Notes = append(a.report.Notes, n.Text)
+		}
+	}
+	if err := a.plan(device); err != nil {
+		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
+	}
+	if err := a.runMainPasses(ctx); err != nil {
+		return nil, a.runError(err)
+	}
+	facts := &diagnose.Facts{Static: a.static, HalfCasts: a.halfCast,
+		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, cfg.Thresholds), Passes: a.passes, Main: a.main,
+		Values: a.engine.Observe, Thresholds: cfg.Thresholds}
+	a.report.Inputs = inputReports(facts.Inputs)
+	a.report.Nodes = a.nodeReports()
+	a.report.Summary = summarize(a.report)
+	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
+	if err != nil {
+		return nil, a.runError(err)
+	}
+	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
+	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
+	a.report.Notes = append(a.report.Notes, d.Notes...)
+	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()
+	return a.report, nil
+}
+
+// runError classifies an error of the passes: a cancelled context stays
+// itself, a memory refusal is a usage error, anything else is the model's.
+func (a *audit) runError(err error) error {
+	var be *execute.BudgetError
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.As(err, &be):
+		return &UsageError{Err: be.Err}
+	case IsUsage(err):
+		return err
+	}
+	return &ModelError{Path: a.cfg.ModelPath, Err: err}
+}
+
+// plan builds the upcast graph and the policy's precision of every value,
+// and sets up the engine that runs the passes.
+func (a *audit) plan(device string) error {
+	g := a.model.Proto.Graph
+	up, halfCasts, err := rewrite.Upcast(a.model.Proto, a.model.Dir)
+	if err != nil {
+		return err
+	}
+	a.up = up
+	upIdx, err := onnx.NewIndex(up.Graph)
+	if err != nil {
+		return err
+	}
+	a.halfCast = map[int]bool{}
+	for _, i := range halfCasts {
+		a.halfCast[i] = true
+	}
+	a.static = lint.NewFacts(a.model, a.policy)
+	var names []string
+	for _, ni := range a.static.Order {
+		// Constants are known without running, and their scalar outputs
+		// could not come back through onnxruntime_go (rank-0 outputs).
+		if n := g.Node[ni]; n.OpType == "Constant" && onnx.IsDefaultDomain(n.Domain) {
+			continue
+		}
+		for _, o := range g.Node[ni].Output {
+			if t := upIdx.ElemType(o); o != "" && (onnx.IsFloatType(t) || t == 0) {
+				names = append(names, o)
+			}
+		}
+	}
+	if a.policy.Lower != precision.FP32 {
+		a.main = a.policy.Lower.String()
+	}
+	if unknown := a.static.Assign.Unknown; len(unknown) > 0 {
+		var labels []string
+		for _, i := range unknown {
+			labels = append(labels, onnx.NodeName(g, i)+" ("+opName(g.Node[i])+")")
+		}
+		a.report.Notes = append(a.report.Notes, fmt.Sprintf("%d node(s) of unknown precision were emulated as following their inputs: %s",
+			len(labels), strings.Join(limitList(labels, 10), ", ")))
+	}
+	a.engine = &execute.Engine{
+		Inputs:  batch.Names(a.specs),
+		Session: onnxrt.SessionOptions{Threads: a.cfg.Threads, Device: device, ExternalDataDir: a.model.Dir, Optimization: Optimization},
+		Order:   a.static.Order, Nodes: len(g.Node),
+		Observe: names, ElemType: upIdx.ElemType,
+		MaxMemory: a.cfg.MaxMemory, Progress: a.cfg.Progress,
+	}
+	return nil
+}
+
+func opName(n *onnx.NodeProto) string {
+	if !onnx.IsDefaultDomain(n.Domain) {
+		return n.Domain + "::" + n.OpType
+	}
+	return n.OpType
+}
+
+func limitList(s []string, n int) []string {
+	if len(s) <= n {
+		return s
+	}
+	return append(append([]string(nil), s[:n]...), fmt.Sprintf("and %d more", len(s)-n))
+}
+
+// runMainPasses runs the fp32 reference, the policy's emulated pass and,
+// when that is fp16, the bf16 pass (the to_bf16() fix), batch by batch and,
+// when the memory budget asks for it, segment by segment.
+func (a *audit) runMainPasses(ctx context.Context) error {
+	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.up}}
+	if a.main == diagnose.PassBF16 && !castsToBF16(a.up) {
+		return &UsageError{Err: fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.up))}
+	}
+	if a.main != "" {
+		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, a.static.Assign), Ref: diagnose.PassFP32})
+		if a.main == diagnose.PassFP16 && !castsToBF16(a.up) {
+			a.report.Notes = append(a.report.Notes, fmt.Sprintf("no bf16 pass: the model imports ONNX opset %d, and Cast to bfloat16 needs opset 13", defaultOpset(a.up)))
+		} else if a.main == diagnose.PassFP16 {
+			bp, _ := precision.PolicyByName("autocast-bf16")
+			ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
+			passes = append(passes, execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, ba), Ref: diagnose.PassFP32})
+		}
+	}
+	results, plan, err := a.engine.Run(ctx, passes, a.batches)
+	if err != nil {
+		return err
+	}
+	a.report.Notes = append(a.report.Notes, a.engine.Notes()...)
+	a.report.Notes = append(a.report.Notes, plan.Note())
+	for _, r := range results {
+		a.report.Passes = append(a.report.Passes, r.Name)
+		a.passes[r.Name] = r
+	}
+	return nil
+}
+
+// Rerun runs one extra emulated pass under assignment asg over batches (a
+// fix being verified) and returns its results.
+func (a *audit) Rerun(ctx context.Context, name string, asg *precision.Assignment, batches []batch.Batch) (*observe.PassResult, error) {
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: name, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, asg)}}, batches)
+	if err != nil {
+		return nil, err
+	}
+	return res[0], nil
+}
+
+// defaultOpset returns the version of the default ONNX domain m imports.
+func defaultOpset(m *onnx.ModelProto) int64 {
+	for _, o := range m.OpsetImport {
+		if onnx.IsDefaultDomain(o.Domain) {
+			return o.Version
+		}
+	}
+	return 0
+}
+
+// castsToBF16 reports whether m's opset has Cast to bfloat16 (opset 13).
+func castsToBF16(m *onnx.ModelProto) bool { return defaultOpset(m) >= 13 }
+
+// IsUsage reports whether err is a usage or input error (exit code 2).
+func IsUsage(err error) bool {
+	var u *UsageError
+	return errors.As(err, &u)
+}

@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const savedReport = "../render/testdata/demo_cnn.json"
+
+func TestRenderFormats(t *testing.T) {
+	for _, c := range []struct {
+		format string
+		want   []string
+	}{
+		{"text", []string{"verdict: unnormalized-input", "origin (fp16 pass): /conv1/Conv", "per-node statistics"}},
+		{"markdown", []string{"## fp16audit: ❌ `unnormalized-input`", "### Flagged nodes (13 of 13)"}},
+		{"html", []string{"<!DOCTYPE html>", `<svg id="chart"`, "unnormalized-input"}},
+		{"json", []string{`"schema": "fp16audit.report/v1"`}},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{"render", savedReport, "--format", c.format}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("render --format %s: exit %d: %s", c.format, code, stderr.String())
+		}
+		for _, w := range c.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("render --format %s: output lacks %q", c.format, w)
+			}
+		}
+		if strings.Contains(stdout.String(), "\x1b[") {
+			t.Errorf("render --format %s: colour escapes in output that is not a terminal", c.format)
+		}
+	}
+}
+
+func TestRenderOutputFile(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "render.html")
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"render", savedReport, "--format", "html", "-o", out}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil || !bytes.Contains(data, []byte(`id="fp16audit-data"`)) {
+		t.Fatalf("render.html not written: %v", err)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout holds %d bytes with --output", stdout.Len())
+	}
+}
+
+func TestRenderErrors(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.json")
+	os.WriteFile(other, []byte(`{"schema": "fp16audit.report/v0", "nodes": []}`), 0o644)
+	none := filepath.Join(dir, "none.json")
+	os.WriteFile(none, []byte(`{"nodes": []}`), 0o644)
+	broken := filepath.Join(dir, "broken.json")
+	os.WriteFile(broken, []byte(`{"schema": `), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"render"}, "want exactly one REPORT.json argument, got 0"},
+		{[]string{"render", savedReport, "--format", "pdf"}, `--format "pdf": want one of text, json, markdown, html`},
+		{[]string{"render", other}, `want schema "fp16audit.report/v1", found schema "fp16audit.report/v0"; re-create it`},
+		{[]string{"render", none}, `want schema "fp16audit.report/v1", found no schema field`},
+		{[]string{"render", broken}, "want a report written by 'fp16audit run --format json'"},
+		{[]string{"render", filepath.Join(dir, "missing.json")}, "no such file"},
+		{[]string{"render", savedReport, "--pass", "fp8"}, `--pass "fp8": the report has passes fp32, fp16, bf16`},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(c.args, &stdout, &stderr); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", c.args, code, exitUsage)
+		}
+		if !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: stderr %q lacks %q", c.args, stderr.String(), c.want)
+		}
+	}
+}
+
+func TestTerminalStyle(t *testing.T) {
+	if color, width := terminalStyle(&bytes.Buffer{}, false); color || width != 0 {
+		t.Errorf("terminalStyle(buffer) = %v, %d; want no colour and no width", color, width)
+	}
+}

@@ -1,0 +1,109 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"fp16audit/internal/render"
+	"fp16audit/internal/trainlog"
+	"fp16audit/report"
+)
+
+// scalesOptions are the flags of `fp16audit scales`.
+type scalesOptions struct {
+	baseline string
+	format   string
+	output   string
+	failOn   string
+	opt      trainlog.Options
+}
+
+func cmdScales(args []string, stdout, stderr io.Writer) int {
+	o := scalesOptions{opt: trainlog.DefaultOptions}
+	fs := newFlagSet("scales", "fp16audit scales RUN [--baseline FP32RUN] [flags]",
+		"  fp16audit scales run.json --baseline fp32.json\n"+
+			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n\n"+
+			"RUN is a JSON log {\"losses\": [...], \"scales\": [...], \"steps_per_epoch\": N, \"grad_scaler\": {...}}\n"+
+			"or a CSV with a step,loss,scale header (one row per optimizer step); record it with\n"+
+			"examples/fastai_scales_callback.py or examples/torch_scales_loop.py. See docs/scales.md.", stdout)
+	fs.StringVar(&o.baseline, "baseline", "", "log of the same training in fp32 (losses), to tell a plateau from noise")
+	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindScales), ", "))
+	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
+	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.Float64Var(&o.opt.PlateauTolerance, "plateau-tolerance", o.opt.PlateauTolerance, "relative gap of the final loss over the baseline's that counts as a plateau")
+	fs.IntVar(&o.opt.EarlySteps, "early-steps", o.opt.EarlySteps, "a NaN within this many steps is early, when the log does not give epochs (else: the first epoch)")
+	fs.Float64Var(&o.opt.SkipRate, "skip-rate", o.opt.SkipRate, "lowest skip rate reported as high (never below two skips per growth interval)")
+	fs.Float64Var(&o.opt.LowScale, "low-scale", o.opt.LowScale, "a pinned scale at or below this is low")
+	fs.IntVar(&o.opt.PinnedIntervals, "pinned-intervals", o.opt.PinnedIntervals, "growth intervals without growth that make a pinned scale")
+	fs.Float64Var(&o.opt.CollapseBits, "collapse-bits", o.opt.CollapseBits, "fall of the scale, in powers of two, before a NaN that makes a collapse")
+	fs.IntVar(&o.opt.WarmupSkips, "warmup-skips", o.opt.WarmupSkips, "skipped steps at the start reported as wasted warm-up")
+	if done, code := parseFlags(fs, args, stderr); done {
+		return code
+	}
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "fp16audit scales: "+format+"\nRun 'fp16audit scales --help' for usage.\n", a...)
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		return usage("want exactly one RUN log argument, got %d", fs.NArg())
+	}
+	failOn, ok := failOnLevels[o.failOn]
+	if !ok {
+		return usage("--fail-on %q: want error, warning or never", o.failOn)
+	}
+	if !render.IsFormat(o.format, report.KindScales) {
+		return usage("--format %q: want %s", o.format, strings.Join(render.Formats(report.KindScales), " or "))
+	}
+	switch {
+	case !(o.opt.PlateauTolerance >= 0):
+		return usage("--plateau-tolerance %g: want a fraction of zero or more, such as 0.03", o.opt.PlateauTolerance)
+	case o.opt.EarlySteps < 0 || o.opt.PinnedIntervals < 1 || o.opt.WarmupSkips < 1:
+		return usage("--early-steps, --pinned-intervals and --warmup-skips want positive numbers")
+	case !(o.opt.SkipRate >= 0 && o.opt.SkipRate <= 1):
+		return usage("--skip-rate %g: want a fraction between 0 and 1", o.opt.SkipRate)
+	case !(o.opt.LowScale > 0) || !(o.opt.CollapseBits > 0):
+		return usage("--low-scale and --collapse-bits want positive numbers")
+	}
+
+	run, err := trainlog.ReadFile(fs.Arg(0))
+	if err != nil {
+		return logError(stderr, err)
+	}
+	var baseline *trainlog.Log
+	if o.baseline != "" {
+		if baseline, err = trainlog.ReadFile(o.baseline); err != nil {
+			return logError(stderr, err)
+		}
+		if baseline.Losses == nil {
+			fmt.Fprintf(stderr, "fp16audit scales: --baseline %s has no losses: want the loss of every step of the fp32 run\n", o.baseline)
+			return exitUsage
+		}
+	}
+	r := trainlog.Analyze(run, baseline, o.opt)
+	if err := writeDocument(r, o.format, o.output, render.Options{}, stdout); err != nil {
+		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
+		return exitUsage
+	}
+	if failOn >= 0 && r.MaxSeverity() >= failOn {
+		return exitFindings
+	}
+	return exitOK
+}
+
+// logError prints a log that could not be read; a malformed or missing log
+// is an input error (exit 2).
+func logError(stderr io.Writer, err error) int {
+	var pe *trainlog.ParseError
+	switch {
+	case errors.As(err, &pe):
+		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
+	case errors.Is(err, os.ErrNotExist):
+		fmt.Fprintf(stderr, "fp16audit scales: %v: want a JSON or CSV training log\n", err)
+	default:
+		fmt.Fprintf(stderr, "fp16audit scales: read log: %v\n", err)
+	}
+	return exitUsage
+}

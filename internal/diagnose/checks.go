@@ -1,0 +1,63 @@
+package diagnose
+
+import (
+	"fp16audit/checks"
+)
+
+// The checks of the dynamic audit. Their IDs are stable; see package checks.
+// Each has its analyzer in analyzers.go.
+var (
+	checkPoisonedInput = checks.Register(&checks.Check{ID: "FP1001", Title: "input holds nan or inf", Severity: checks.SevError, Doc: `The batch itself contains NaN or ±Inf values. Every pass, fp32 included,
+propagates them, so no precision setting can help: the loss is NaN from the
+first step. Find the source in the data pipeline (division by a zero
+standard deviation, log of zero, missing values read as NaN) and clean or
+impute it before training.`})
+	checkInputRange = checks.Register(&checks.Check{ID: "FP1002", Title: "input beyond the fp16 range", Severity: checks.SevError, Doc: `An input holds values with |x| > 65504, the largest fp16 number. Under
+autocast the first lower-precision op (Conv, MatMul, Linear) casts its input
+to fp16, where such values are Inf. Scale the input, for example with
+fastai's Normalize or by standardizing the column.`})
+	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
+normalized ones. Activations grow with the input scale; a network trained
+on normalized data overflows fp16 when fed raw pixels. In fastai add
+IntToFloatTensor and Normalize.from_stats(mean, std) (the report prints the
+statistics of the batch), in plain PyTorch transforms.Normalize.`})
+	checkUnscaledColumns = checks.Register(&checks.Check{ID: "FP1004", Title: "tabular columns far from standardized", Severity: checks.SevWarning, Doc: `A 2-D (rows × columns) input has columns whose mean or spread is far from
+a standardized column (|mean| > 10 or std > 10): typically prices, counts or
+timestamps fed as they are. Large inputs make large activations; fastai's
+Normalize proc for tabular data, or (x − mean)/std per column, fixes it.`})
+
+	checkOverflow = checks.Register(&checks.Check{ID: "FP2001", Title: "op overflows in fp16", Severity: checks.SevError, Doc: `In the emulated fp16 pass this node is where NaN/Inf first appear: its
+output holds non-finite values while all of its inputs are finite. In fp32
+the same output is finite, but its magnitude exceeds 65504 (fp16's max), so
+the fp16 result is Inf and everything downstream becomes NaN. The report
+gives the fp32 max |x| and the fix that a rerun verified: standardized
+inputs, to_bf16(), or keeping the listed modules in fp32 with
+torch.autocast(device_type="cuda", enabled=False). Lowering GradScaler's
+init_scale does not help: the scaler only touches gradients.`})
+	checkFP32Broken = checks.Register(&checks.Check{ID: "FP2002", Title: "fp32 pass produces nan or inf", Severity: checks.SevError, Doc: `The model produces NaN/Inf even in full fp32 precision on this batch (the
+reference pass runs a truly fp32 graph: explicit half casts are promoted).
+This is not a mixed-precision problem: fix the model (log of zero,
+division by zero, exp of a large value, sqrt of a negative) or the data
+first; mixed precision only makes it worse.`})
+	checkLogits = checks.Register(&checks.Check{ID: "FP2003", Title: "oversized logits overflow fp16", Severity: checks.SevError, Doc: `The overflow starts in the model's final layer: the last lower-precision op
+before a graph output, followed at most by shape ops, activations or
+softmax. Its fp32 output exceeds 65504. Logits that large come from an
+unscaled final layer (initialisation, a missing normalization before the
+head) or a target scale the model learned to match; fastai casts the
+predictions to fp32 only after the layer has already overflowed. Scale the
+head's input (LayerNorm/BatchNorm before it), re-initialise it, rescale the
+targets, or keep the head in fp32.`})
+	checkHeadroom = checks.Register(&checks.Check{ID: "FP2004", Title: "little fp16 headroom", Severity: checks.SevWarning, Doc: `A value held in fp16 has a fp32 max |x| within a few bits of 65504
+(headroom = log2(65504 / max|x|) below the threshold, 3 bits by default).
+It does not overflow on these batches, but a batch with larger inputs, or
+weights that grow during training, will. Audit a later checkpoint, or keep
+that module in fp32.`})
+	checkUnderflow = checks.Register(&checks.Check{ID: "FP3001", Title: "values flush to zero in fp16", Severity: checks.SevWarning, Doc: `A large fraction of the nonzero fp32 values of this tensor become zero
+when held in fp16 (|x| ≤ 2^-25), beyond the threshold (10% by default).
+Information is lost in the forward pass; training may plateau above the
+fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
+	checkHalfCast = checks.Register(&checks.Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: checks.SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
+as Cast(to=FLOAT16)), and that cast overflows. Autocast cannot protect an
+explicit cast: it happens under every policy. Remove the cast, cast after
+scaling, or clamp first (x.clamp(-65504, 65504).half()).`})
+)

@@ -1,0 +1,156 @@
+package onnx
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Metadata keys the dynamo exporter (torch.onnx.export(dynamo=True)) writes
+// on every node.
+const (
+	nameScopesKey     = "pkg.torch.onnx.name_scopes"
+	classHierarchyKey = "pkg.torch.onnx.class_hierarchy"
+)
+
+// ModulePath returns the PyTorch module a node was exported from, as the
+// dotted path a user writes in model.get_submodule ("layer1.0.conv1"), or ""
+// for the model itself and for nodes whose origin is unknown.
+//
+// The dynamo exporter records the module stack in the metadata entry
+// pkg.torch.onnx.name_scopes, a Python list literal such as
+//
+//	['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'convolution']
+//
+// that holds the qualified names of the enclosing modules followed by the
+// FX node's own name. The last module entry is the path. The node's own
+// name is recognized because pkg.torch.onnx.class_hierarchy, of the same
+// length, ends with an op target ("aten.convolution.default"), or, without
+// that entry, because it does not extend the module path before it; lists
+// written without the node's name are read as they are. Double-quoted
+// (JSON-style) lists are read too.
+//
+// The TorchScript exporter names nodes "/layer1/layer1.0/conv1/Conv": the
+// module scopes joined by "/", then the op type. A scope that starts with
+// the previous scope plus "." replaces that scope (a Sequential or
+// ModuleList child is named "parent.index": /layer2/layer2.0/downsample/
+// downsample.0/Conv is layer2.0.downsample.0), any other scope is appended
+// with ".". A name without a leading "/" carries no scope.
+func ModulePath(n *NodeProto) string {
+	var scopes, classes string
+	for _, e := range n.MetadataProps {
+		switch e.Key {
+		case nameScopesKey:
+			scopes = e.Value
+		case classHierarchyKey:
+			classes = e.Value
+		}
+	}
+	if scopes != "" {
+		return pathFromScopes(parseList(scopes), parseList(classes))
+	}
+	return pathFromName(n.Name)
+}
+
+func pathFromScopes(scopes, classes []string) string {
+	for i, s := range scopes {
+		// torch 2.1-era strict export qualified the root module as L['self'].
+		s = strings.TrimPrefix(s, "L['self']")
+		scopes[i] = strings.TrimPrefix(s, ".")
+	}
+	if k := len(scopes) - 1; k >= 1 {
+		if len(classes) == len(scopes) {
+			if isOpTarget(classes[k]) {
+				scopes = scopes[:k]
+			}
+		} else if prev := lastNonEmpty(scopes[:k]); prev != "" && !strings.HasPrefix(scopes[k], prev+".") {
+			scopes = scopes[:k]
+		}
+	}
+	return lastNonEmpty(scopes)
+}
+
+// isOpTarget reports whether a class_hierarchy entry is the str() of an FX
+// node target rather than a module class.
+func isOpTarget(s string) bool {
+	for _, p := range []string{"aten.", "prims.", "torch.ops.", "<"} {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func lastNonEmpty(list []string) string {
+	for i := len(list) - 1; i >= 0; i-- {
+		if list[i] != "" {
+			return list[i]
+		}
+	}
+	return ""
+}
+
+// parseList reads a Python or JSON list of strings, quoted with ' or ".
+// Unquoted items are taken as they stand, trimmed.
+func parseList(s string) []string {
+	s = strings.TrimSpace(s)
+	s = strings.TrimPrefix(s, "[")
+	s = strings.TrimSuffix(s, "]")
+	var items []string
+	for i := 0; i < len(s); {
+		switch c := s[i]; {
+		case c == ' ' || c == ',' || c == '\t' || c == '\n':
+			i++
+		case c == '\'' || c == '"':
+			var b strings.Builder
+			i++
+			for i < len(s) && s[i] != c {
+				if s[i] == '\\' && i+1 < len(s) {
+					i++
+				}
+				b.WriteByte(s[i])
+				i++
+			}
+			i++ // closing quote
+			items = append(items, b.String())
+		default:
+			j := strings.IndexByte(s[i:], ',')
+			if j < 0 {
+				j = len(s) - i
+			}
+			items = append(items, strings.TrimSpace(s[i:i+j]))
+			i += j
+		}
+	}
+	return items
+}
+
+func pathFromName(name string) string {
+	if !strings.HasPrefix(name, "/") {
+		return ""
+	}
+	parts := strings.Split(name[1:], "/")
+	var path []string
+	for _, seg := range parts[:len(parts)-1] {
+		switch {
+		case seg == "":
+		case len(path) > 0 && strings.HasPrefix(seg, path[len(path)-1]+"."):
+			// A container's child ("layer1.0" under "layer1", "downsample.0"
+			// under "downsample") carries its parent's attribute name.
+			path[len(path)-1] = seg
+		default:
+			path = append(path, seg)
+		}
+	}
+	return strings.Join(path, ".")
+}
+
+// NodeName is how fp16audit names node i of g in reports: its ONNX name, or
+// op_type#i when the exporter left it unnamed.
+func NodeName(g *GraphProto, i int) string { return nodeName(g.GetNode()[i], i) }
+
+func nodeName(n *NodeProto, i int) string {
+	if n.GetName() != "" {
+		return n.GetName()
+	}
+	return fmt.Sprintf("%s#%d", n.GetOpType(), i)
+}

@@ -1,0 +1,609 @@
+// Package shapes infers the concrete shape of every value of an ONNX graph
+// for one batch: the sizes the memory plan and the segment cuts are made
+// from.
+package shapes
+
+import (
+	"fp16audit/internal/onnx"
+	"slices"
+
+	"fp16audit/internal/tensor"
+)
+
+// Shape inference for the memory estimate and the segment plan. It covers
+// the ops that carry the bulk of a network's activations (convolutions,
+// matrix products, pooling, elementwise ops, the common shape ops with
+// constant arguments) and leaves a value out when it cannot be sure; the
+// caller then asks ONNX Runtime (probeShapes). Shapes are concrete: symbolic
+// dimensions are bound by the batch's actual input shapes.
+
+// unaryOps return a value of their first input's shape.
+var unaryOps = map[string]bool{
+	"Relu": true, "LeakyRelu": true, "Sigmoid": true, "Tanh": true, "Exp": true, "Log": true,
+	"Sqrt": true, "Reciprocal": true, "Neg": true, "Abs": true, "Erf": true, "Softplus": true,
+	"Softsign": true, "Elu": true, "Selu": true, "Celu": true, "Gelu": true, "HardSigmoid": true,
+	"HardSwish": true, "Mish": true, "Cast": true, "CastLike": true, "Identity": true,
+	"Dropout": true, "Softmax": true, "LogSoftmax": true, "Hardmax": true,
+	"LayerNormalization": true, "BatchNormalization": true, "InstanceNormalization": true,
+	"GroupNormalization": true, "Clip": true, "Floor": true, "Ceil": true, "Round": true,
+	"Sign": true, "Not": true, "IsNaN": true, "IsInf": true, "Sin": true, "Cos": true,
+	"Tan": true, "Asin": true, "Acos": true, "Atan": true, "Sinh": true, "Cosh": true,
+	"ThresholdedRelu": true, "CumSum": true, "LpNormalization": true, "Shrink": true,
+	"QuickGelu": true, "Trilu": true,
+}
+
+// broadcastOps return the numpy broadcast of all their inputs' shapes.
+var broadcastOps = map[string]bool{
+	"Add": true, "Sub": true, "Mul": true, "Div": true, "Pow": true, "Max": true, "Min": true,
+	"Mean": true, "Sum": true, "Equal": true, "Less": true, "Greater": true, "LessOrEqual": true,
+	"GreaterOrEqual": true, "And": true, "Or": true, "Xor": true, "Mod": true, "PRelu": true,
+	"Where": true, "BitShift": true,
+}
+
+var reduceOps = map[string]bool{
+	"ReduceMean": true, "ReduceSum": true, "ReduceMax": true, "ReduceMin": true, "ReduceProd": true,
+	"ReduceL1": true, "ReduceL2": true, "ReduceLogSum": true, "ReduceLogSumExp": true, "ReduceSumSquare": true,
+}
+
+// shapeInference holds what is known while walking one graph.
+type shapeInference struct {
+	idx    *onnx.Index
+	shapes map[string][]int64
+	ints   map[string][]int64 // values of small int64 tensors computed here (Shape, Concat of them)
+}
+
+// Infer returns the concrete shape of every value of g it can derive
+// from inputs (graph input name → actual shape), the initializers and the
+// Constant nodes. Declared shapes whose dimensions are all known (after
+// binding the inputs' symbolic dimensions), then known (shapes measured
+// otherwise; may be nil), fill in what the rules miss.
+func Infer(g *onnx.GraphProto, idx *onnx.Index, inputs, known map[string][]int64) map[string][]int64 {
+	si := &shapeInference{idx: idx, shapes: map[string][]int64{}, ints: map[string][]int64{}}
+	params := map[string]int64{}
+	for name, shape := range inputs {
+		si.shapes[name] = shape
+		if decl, ok := idx.Shape(name); ok && decl.Rank() == len(shape) {
+			for i, p := range decl.Params {
+				if p != "" {
+					params[p] = shape[i]
+				}
+			}
+		}
+	}
+	for _, t := range g.GetInitializer() {
+		si.shapes[t.GetName()] = nonNilDims(t.GetDims())
+	}
+	for _, ni := range idx.Order() {
+		n := g.GetNode()[ni]
+		outs := si.node(n)
+		for k, o := range n.GetOutput() {
+			if o == "" {
+				continue
+			}
+			if k < len(outs) && outs[k] != nil {
+				si.shapes[o] = outs[k]
+			} else if s, ok := declaredShape(idx, o, params); ok {
+				si.shapes[o] = s
+			} else if s, ok := known[o]; ok {
+				si.shapes[o] = s
+			}
+		}
+	}
+	return si.shapes
+}
+
+func nonNilDims(d []int64) []int64 {
+	if d == nil {
+		return []int64{}
+	}
+	return slices.Clone(d)
+}
+
+// declaredShape returns the declared shape of name with its symbolic
+// dimensions bound, when every dimension is then known.
+func declaredShape(idx *onnx.Index, name string, params map[string]int64) ([]int64, bool) {
+	decl, ok := idx.Shape(name)
+	if !ok {
+		return nil, false
+	}
+	out := make([]int64, decl.Rank())
+	for i, d := range decl.Dims {
+		switch v, bound := params[decl.Params[i]]; {
+		case d >= 0:
+			out[i] = d
+		case decl.Params[i] != "" && bound:
+			out[i] = v
+		default:
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// in returns the shape of input k of n, or nil when unknown or absent.
+func (si *shapeInference) in(n *onnx.NodeProto, k int) []int64 {
+	if k >= len(n.GetInput()) || n.GetInput()[k] == "" {
+		return nil
+	}
+	return si.shapes[n.GetInput()[k]]
+}
+
+// constInts returns the int64 contents of input k: an initializer, a
+// Constant, or a small value computed by the shape ops.
+func (si *shapeInference) constInts(n *onnx.NodeProto, k int) ([]int64, bool) {
+	if k >= len(n.GetInput()) || n.GetInput()[k] == "" {
+		return nil, false
+	}
+	name := n.GetInput()[k]
+	if v, ok := si.ints[name]; ok {
+		return v, true
+	}
+	t, err := si.idx.ConstantValue(name)
+	if err != nil || t.DType != tensor.Int64 || len(t.Data) > 8*64 {
+		return nil, false
+	}
+	v, err := t.Int64s()
+	return v, err == nil
+}
+
+func axis(a int64, rank int) int {
+	if a < 0 {
+		a += int64(rank)
+	}
+	return int(a)
+}
+
+// node returns the shapes of n's outputs (nil entries where unknown).
+func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
+	if !onnx.IsDefaultDomain(n.GetDomain()) {
+		return nil
+	}
+	x := si.in(n, 0)
+	op := n.GetOpType()
+	switch {
+	case op == "Constant":
+		if t, err := si.idx.ConstantValue(n.GetOutput()[0]); err == nil {
+			if t.DType == tensor.Int64 && len(t.Data) <= 8*64 {
+				si.ints[n.GetOutput()[0]], _ = t.Int64s()
+			}
+			return [][]int64{nonNilDims(t.Shape)}
+		}
+		return nil
+	case unaryOps[op]:
+		if x == nil {
+			return nil
+		}
+		if op == "Dropout" {
+			return [][]int64{x, x} // the mask has the input's shape
+		}
+		return [][]int64{x}
+	case broadcastOps[op]:
+		out := []int64{}
+		for k := range n.GetInput() {
+			s := si.in(n, k)
+			if s == nil {
+				return nil
+			}
+			var ok bool
+			if out, ok = broadcast(out, s); !ok {
+				return nil
+			}
+		}
+		return [][]int64{out}
+	case reduceOps[op]:
+		return si.reduce(n, x)
+	}
+	switch op {
+	case "MatMul":
+		return [][]int64{matmulShape(x, si.in(n, 1))}
+	case "Gemm":
+		b := si.in(n, 1)
+		if len(x) != 2 || len(b) != 2 {
+			return nil
+		}
+		m, nn := x[0], b[1]
+		if onnx.IntAttr(n, "transA", 0) != 0 {
+			m = x[1]
+		}
+		if onnx.IntAttr(n, "transB", 0) != 0 {
+			nn = b[0]
+		}
+		return [][]int64{{m, nn}}
+	case "Conv", "MaxPool", "AveragePool", "LpPool":
+		return si.window(n, x)
+	case "ConvTranspose":
+		return si.convTranspose(n, x)
+	case "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool":
+		if len(x) < 2 {
+			return nil
+		}
+		out := slices.Clone(x)
+		for i := 2; i < len(out); i++ {
+			out[i] = 1
+		}
+		return [][]int64{out}
+	case "Flatten":
+		if x == nil {
+			return nil
+		}
+		a := axis(onnx.IntAttr(n, "axis", 1), len(x))
+		if a < 0 || a > len(x) {
+			return nil
+		}
+		return [][]int64{{tensor.NumElements(x[:a]), tensor.NumElements(x[a:])}}
+	case "Transpose":
+		if x == nil {
+			return nil
+		}
+		perm, ok := onnx.IntsAttr(n, "perm")
+		if !ok {
+			for i := len(x) - 1; i >= 0; i-- {
+				perm = append(perm, int64(i))
+			}
+		}
+		if len(perm) != len(x) {
+			return nil
+		}
+		out := make([]int64, len(x))
+		for i, p := range perm {
+			if p < 0 || int(p) >= len(x) {
+				return nil
+			}
+			out[i] = x[p]
+		}
+		return [][]int64{out}
+	case "Reshape":
+		shape, ok := si.constInts(n, 1)
+		if x == nil || !ok {
+			return nil
+		}
+		return [][]int64{reshape(x, shape, onnx.IntAttr(n, "allowzero", 0) != 0)}
+	case "Expand":
+		shape, ok := si.constInts(n, 1)
+		if x == nil || !ok {
+			return nil
+		}
+		out, ok := broadcast(x, shape)
+		if !ok {
+			return nil
+		}
+		return [][]int64{out}
+	case "Unsqueeze", "Squeeze":
+		if x == nil {
+			return nil
+		}
+		axes, ok := onnx.IntsAttr(n, "axes")
+		if !ok {
+			axes, ok = si.constInts(n, 1)
+		}
+		if op == "Unsqueeze" {
+			if !ok {
+				return nil
+			}
+			return [][]int64{unsqueeze(x, axes)}
+		}
+		return [][]int64{squeeze(x, axes)}
+	case "Concat":
+		var out []int64
+		var vals []int64
+		intsKnown := true
+		for k := range n.GetInput() {
+			s := si.in(n, k)
+			if s == nil {
+				return nil
+			}
+			if v, ok := si.constInts(n, k); ok && intsKnown {
+				vals = append(vals, v...)
+			} else {
+				intsKnown = false
+			}
+			if out == nil {
+				out = slices.Clone(s)
+				continue
+			}
+			a := axis(onnx.IntAttr(n, "axis", 0), len(s))
+			if len(s) != len(out) || a < 0 || a >= len(s) {
+				return nil
+			}
+			out[a] += s[a]
+		}
+		if intsKnown && len(out) == 1 {
+			si.ints[n.GetOutput()[0]] = vals
+		}
+		return [][]int64{out}
+	case "Shape":
+		if x == nil {
+			return nil
+		}
+		r := int64(len(x))
+		start, end := onnx.IntAttr(n, "start", 0), onnx.IntAttr(n, "end", r)
+		if start < 0 {
+			start += r
+		}
+		if end < 0 {
+			end += r
+		}
+		start, end = max(0, min(start, r)), max(0, min(end, r))
+		if end < start {
+			end = start
+		}
+		si.ints[n.GetOutput()[0]] = slices.Clone(x[start:end])
+		return [][]int64{{end - start}}
+	}
+	return nil
+}
+
+// broadcast returns the numpy broadcast of a and b.
+func broadcast(a, b []int64) ([]int64, bool) {
+	if len(a) < len(b) {
+		a, b = b, a
+	}
+	out := slices.Clone(a)
+	off := len(a) - len(b)
+	for i, d := range b {
+		switch o := out[off+i]; {
+		case o == d || d == 1:
+		case o == 1:
+			out[off+i] = d
+		default:
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+func matmulShape(a, b []int64) []int64 {
+	if len(a) == 0 || len(b) == 0 {
+		return nil
+	}
+	a1, b1 := len(a) == 1, len(b) == 1
+	if a1 {
+		a = []int64{1, a[0]}
+	}
+	if b1 {
+		b = []int64{b[0], 1}
+	}
+	if a[len(a)-1] != b[len(b)-2] {
+		return nil
+	}
+	batch, ok := broadcast(a[:len(a)-2], b[:len(b)-2])
+	if !ok {
+		return nil
+	}
+	out := append(batch, a[len(a)-2], b[len(b)-1])
+	if b1 {
+		out = append(out[:len(out)-2], out[len(out)-2])
+	}
+	if a1 {
+		out = append(out[:len(out)-2], out[len(out)-1])
+	}
+	return out
+}
+
+func reshape(x, shape []int64, allowZero bool) []int64 {
+	out := slices.Clone(shape)
+	infer := -1
+	known := int64(1)
+	for i, d := range out {
+		switch {
+		case d == 0 && !allowZero:
+			if i >= len(x) {
+				return nil
+			}
+			out[i] = x[i]
+			known *= x[i]
+		case d == -1:
+			if infer >= 0 {
+				return nil
+			}
+			infer = i
+		case d < 0:
+			return nil
+		default:
+			known *= d
+		}
+	}
+	if infer >= 0 {
+		if known == 0 {
+			return nil
+		}
+		out[infer] = tensor.NumElements(x) / known
+	}
+	if tensor.NumElements(out) != tensor.NumElements(x) {
+		return nil
+	}
+	return out
+}
+
+func unsqueeze(x, axes []int64) []int64 {
+	r := len(x) + len(axes)
+	ins := make([]bool, r)
+	for _, a := range axes {
+		i := axis(a, r)
+		if i < 0 || i >= r || ins[i] {
+			return nil
+		}
+		ins[i] = true
+	}
+	out := make([]int64, 0, r)
+	k := 0
+	for i := range r {
+		if ins[i] {
+			out = append(out, 1)
+		} else {
+			out = append(out, x[k])
+			k++
+		}
+	}
+	return out
+}
+
+func squeeze(x, axes []int64) []int64 {
+	drop := make([]bool, len(x))
+	if len(axes) == 0 {
+		for i, d := range x {
+			drop[i] = d == 1
+		}
+	}
+	for _, a := range axes {
+		i := axis(a, len(x))
+		if i < 0 || i >= len(x) || x[i] != 1 {
+			return nil
+		}
+		drop[i] = true
+	}
+	out := []int64{}
+	for i, d := range x {
+		if !drop[i] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func (si *shapeInference) reduce(n *onnx.NodeProto, x []int64) [][]int64 {
+	if x == nil {
+		return nil
+	}
+	axes, ok := onnx.IntsAttr(n, "axes")
+	if !ok && len(n.GetInput()) > 1 && n.GetInput()[1] != "" {
+		if axes, ok = si.constInts(n, 1); !ok {
+			return nil
+		}
+	}
+	keep := onnx.IntAttr(n, "keepdims", 1) != 0
+	red := make([]bool, len(x))
+	if len(axes) == 0 {
+		if onnx.IntAttr(n, "noop_with_empty_axes", 0) != 0 {
+			return [][]int64{x}
+		}
+		for i := range red {
+			red[i] = true
+		}
+	}
+	for _, a := range axes {
+		i := axis(a, len(x))
+		if i < 0 || i >= len(x) {
+			return nil
+		}
+		red[i] = true
+	}
+	out := []int64{}
+	for i, d := range x {
+		switch {
+		case !red[i]:
+			out = append(out, d)
+		case keep:
+			out = append(out, 1)
+		}
+	}
+	return [][]int64{out}
+}
+
+// window infers Conv and the pooling ops: [N, C, spatial...].
+func (si *shapeInference) window(n *onnx.NodeProto, x []int64) [][]int64 {
+	if len(x) < 3 {
+		return nil
+	}
+	sp := len(x) - 2
+	out := slices.Clone(x)
+	kernel, ok := onnx.IntsAttr(n, "kernel_shape")
+	if n.GetOpType() == "Conv" {
+		w := si.in(n, 1)
+		if len(w) != len(x) {
+			return nil
+		}
+		out[1] = w[0]
+		if !ok {
+			kernel = w[2:]
+		}
+	} else if !ok {
+		return nil
+	}
+	if len(kernel) != sp {
+		return nil
+	}
+	strides := ones(sp, "strides", n)
+	dil := ones(sp, "dilations", n)
+	pads, ok := onnx.IntsAttr(n, "pads")
+	if !ok {
+		pads = make([]int64, 2*sp)
+	}
+	if len(pads) != 2*sp || len(strides) != sp || len(dil) != sp {
+		return nil
+	}
+	ceil := onnx.IntAttr(n, "ceil_mode", 0) != 0
+	autoPad := onnx.StringAttr(n, "auto_pad")
+	for i := range sp {
+		in, k := x[2+i], (kernel[i]-1)*dil[i]+1
+		switch autoPad {
+		case "SAME_UPPER", "SAME_LOWER":
+			out[2+i] = (in + strides[i] - 1) / strides[i]
+		case "VALID":
+			out[2+i] = (in-k)/strides[i] + 1
+		default:
+			num := in + pads[i] + pads[sp+i] - k
+			if num < 0 {
+				return nil
+			}
+			o := num/strides[i] + 1
+			if ceil && num%strides[i] != 0 {
+				o++
+				// The last window must start inside the input or the
+				// beginning padding (ONNX's ceil_mode rule).
+				if (o-1)*strides[i] >= in+pads[i] {
+					o--
+				}
+			}
+			out[2+i] = o
+		}
+	}
+	if n.GetOpType() == "MaxPool" && len(n.GetOutput()) > 1 {
+		return [][]int64{out, out}
+	}
+	return [][]int64{out}
+}
+
+func (si *shapeInference) convTranspose(n *onnx.NodeProto, x []int64) [][]int64 {
+	w := si.in(n, 1)
+	if len(x) < 3 || len(w) != len(x) {
+		return nil
+	}
+	sp := len(x) - 2
+	if _, ok := onnx.IntsAttr(n, "output_shape"); ok || onnx.StringAttr(n, "auto_pad") != "" && onnx.StringAttr(n, "auto_pad") != "NOTSET" {
+		return nil
+	}
+	out := slices.Clone(x)
+	out[1] = w[1] * onnx.IntAttr(n, "group", 1)
+	kernel, ok := onnx.IntsAttr(n, "kernel_shape")
+	if !ok {
+		kernel = w[2:]
+	}
+	strides, dil := ones(sp, "strides", n), ones(sp, "dilations", n)
+	pads, ok := onnx.IntsAttr(n, "pads")
+	if !ok {
+		pads = make([]int64, 2*sp)
+	}
+	opad, ok := onnx.IntsAttr(n, "output_padding")
+	if !ok {
+		opad = make([]int64, sp)
+	}
+	if len(kernel) != sp || len(strides) != sp || len(dil) != sp || len(pads) != 2*sp || len(opad) != sp {
+		return nil
+	}
+	for i := range sp {
+		out[2+i] = strides[i]*(x[2+i]-1) + opad[i] + (kernel[i]-1)*dil[i] + 1 - pads[i] - pads[sp+i]
+	}
+	return [][]int64{out}
+}
+
+func ones(n int, name string, node *onnx.NodeProto) []int64 {
+	if v, ok := onnx.IntsAttr(node, name); ok {
+		return v
+	}
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = 1
+	}
+	return out
+}

@@ -1,0 +1,821 @@
+package render
+
+import (
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"fp16audit/checks"
+	"fp16audit/report"
+)
+
+// auditHTML writes r as one self-contained page: a verdict card, an SVG chart of
+// log2 max|x| per node in every pass against the fp16 limits, the node
+// table (sorted, filtered and paged by a little inline script from an
+// embedded JSON copy of the statistics), the input statistics and the model
+// summary. It loads nothing from the network. The chart draws one SVG path
+// per series, so its size grows by a few bytes per node.
+func auditHTML(w io.Writer, r *report.Report) error {
+	data, err := htmlData(r)
+	if err != nil {
+		return err
+	}
+	v := htmlView{
+		R:        r,
+		Healthy:  r.Verdict == report.VerdictHealthy,
+		Chart:    template.HTML(chartSVG(r)),
+		Data:     template.JS(data),
+		Emulated: emulatedPasses(r),
+		CSS:      template.CSS(htmlCSS),
+		Script:   template.JS(htmlScript),
+	}
+	v.Findings = r.Findings
+	if len(v.Findings) > htmlFindings {
+		v.Findings, v.FindingsCut = v.Findings[:htmlFindings], len(r.Findings)-htmlFindings
+	}
+	bw := &errWriter{w: w}
+	if err := htmlPage.Execute(bw, v); err != nil {
+		return err
+	}
+	return bw.err
+}
+
+// htmlFindings is the most findings the page lists.
+const htmlFindings = 1000
+
+type htmlView struct {
+	R           *report.Report
+	Findings    []checks.Finding
+	FindingsCut int
+	Healthy     bool
+	Chart       template.HTML
+	Data        template.JS
+	Emulated    []string
+	CSS         template.CSS
+	Script      template.JS
+}
+
+// num is a float written to the page's JSON with 4 significant digits,
+// which is all the page shows.
+type num float64
+
+func (x num) MarshalJSON() ([]byte, error) {
+	f := float64(x)
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, f, 'g', 4, 64), nil
+}
+
+// htmlData is the JSON the page's script reads: the passes, the origins'
+// node positions, a table of repeated strings, and per node [index, name,
+// op, module, precision, flagged, outputs], each output [name, shape, stats
+// per pass], each stats [max|x|, nan, +inf, -inf] or null, the fp32 one with
+// its headroom (or null) appended. Op, precision and shape are indexes into
+// the string table. An output name equal to the node name plus "_output_0"
+// (the exporters' default) is sent as "" and rebuilt by the script. For a
+// 20 000-node model this is most of the page.
+func htmlData(r *report.Report) (string, error) {
+	type page struct {
+		Passes  []string `json:"passes"`
+		Origins []int    `json:"origins"`
+		Strings []string `json:"strings"`
+		Nodes   [][]any  `json:"nodes"`
+	}
+	p := page{Passes: r.Passes, Origins: append([]int{}, originPositions(r)...), Strings: []string{}, Nodes: make([][]any, len(r.Nodes))}
+	if p.Passes == nil {
+		p.Passes = []string{}
+	}
+	index := map[string]int{}
+	str := func(s string) int {
+		i, ok := index[s]
+		if !ok {
+			i = len(p.Strings)
+			index[s] = i
+			p.Strings = append(p.Strings, s)
+		}
+		return i
+	}
+	for i, n := range r.Nodes {
+		outs := make([]any, len(n.Outputs))
+		for j, o := range n.Outputs {
+			stats := make([]any, len(r.Passes))
+			for k, ps := range r.Passes {
+				s, ok := o.Stats[ps]
+				if !ok {
+					continue
+				}
+				st := []any{num(s.MaxAbs), s.NaN, s.PosInf, s.NegInf}
+				if ps == report.PassFP32 {
+					var head any
+					if s.HeadroomBits != nil {
+						head = num(*s.HeadroomBits)
+					}
+					st = append(st, head)
+				}
+				stats[k] = st
+			}
+			name := o.Name
+			if name == n.Name+"_output_0" {
+				name = ""
+			}
+			outs[j] = []any{name, str(o.Shape), stats}
+		}
+		flagged := 0
+		if n.Flagged {
+			flagged = 1
+		}
+		p.Nodes[i] = []any{n.Index, n.Name, str(n.OpType), n.Module, str(n.Precision), flagged, outs}
+	}
+	b, err := json.Marshal(p)
+	return string(b), err
+}
+
+// originPositions are the positions in r.Nodes of the origin nodes.
+func originPositions(r *report.Report) []int {
+	var pos []int
+	for _, o := range r.Origins {
+		for i, n := range r.Nodes {
+			if n.Index == o.Index {
+				pos = append(pos, i)
+				break
+			}
+		}
+	}
+	return pos
+}
+
+// Chart geometry, in SVG user units.
+const (
+	chartW     = 1200
+	chartH     = 470
+	plotLeft   = 62
+	plotRight  = 1040
+	plotTop    = 56
+	plotBottom = 420
+)
+
+// fp16 limits as log2 values.
+var (
+	log2FP16Max  = math.Log2(65504)
+	log2FP16Norm = -14.0
+	log2FP16Sub  = -24.0
+)
+
+var seriesColors = []string{"#1c4f9c", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad"}
+
+// chartSVG draws log2 max|x| of every node in every pass. The plot is a
+// nested <svg> whose user units are (node position, -log2 max|x|) and whose
+// viewBox the script narrows to zoom; strokes do not scale with it.
+func chartSVG(r *report.Report) string {
+	n := len(r.Nodes)
+	// Per node and pass: log2 of the largest max|x| over its outputs, and
+	// whether an output held NaN/Inf. This is a choice of what to draw, not
+	// a new statistic.
+	type point struct {
+		y        float64
+		has      bool
+		bad      bool
+		overflow bool
+	}
+	series := make([][]point, len(r.Passes))
+	lo, hi := -16.0, 17.0
+	for k, ps := range r.Passes {
+		series[k] = make([]point, n)
+		for i, node := range r.Nodes {
+			pt := point{y: math.Inf(-1)}
+			for _, o := range node.Outputs {
+				s, ok := o.Stats[ps]
+				if !ok {
+					continue
+				}
+				pt.has = true
+				if s.NonFinite() > 0 {
+					pt.bad = true
+				}
+				if s.AboveFP16Max > 0 {
+					pt.overflow = true
+				}
+				if s.MaxAbs > 0 {
+					pt.y = math.Max(pt.y, math.Log2(s.MaxAbs))
+				}
+			}
+			if !math.IsInf(pt.y, -1) {
+				lo = math.Min(lo, math.Floor(pt.y)-2)
+				hi = math.Max(hi, math.Ceil(pt.y)+1)
+			}
+			series[k][i] = pt
+		}
+	}
+	yBad := hi + 2 // the NaN/Inf band
+	top := hi + 3.5
+	pw, ph := float64(plotRight-plotLeft), float64(plotBottom-plotTop)
+	py := func(v float64) float64 { return plotTop + (top-v)/(top-lo)*ph }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg id="chart" viewBox="0 0 %d %d" role="img" aria-label="log2 max|x| per node and pass against the fp16 limits" data-lo="%s" data-top="%s" data-n="%d">`,
+		chartW, chartH, fnum(lo), fnum(top), n)
+	// Legend.
+	x := float64(plotLeft)
+	for k, ps := range r.Passes {
+		label := ps + " (emulated)"
+		if ps == report.PassFP32 {
+			label = "fp32 (reference)"
+		}
+		fmt.Fprintf(&b, `<line x1="%s" y1="18" x2="%s" y2="18" stroke="%s" stroke-width="3"%s/><text x="%s" y="22" class="lg">%s</text>`,
+			fnum(x), fnum(x+24), seriesColor(k), dash(k), fnum(x+30), template.HTMLEscapeString(label))
+		x += 46 + 7.2*float64(len(label))
+	}
+	fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4.5" fill="#e03131"/><text x="%s" y="22" class="lg">above 65504 in fp32</text>`, fnum(x+6), fnum(x+16))
+	x += 170
+	fmt.Fprintf(&b, `<rect x="%s" y="13" width="16" height="10" fill="#fa5252"/><text x="%s" y="22" class="lg">flagged node (NaN/Inf in some pass)</text>`, fnum(x), fnum(x+22))
+	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">log2 max |x| per node, topological order — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft)
+
+	// Horizontal grid and y labels every 8 bits.
+	fmt.Fprintf(&b, `<g class="grid">`)
+	for v := math.Ceil(lo/8) * 8; v <= hi; v += 8 {
+		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s"/><text x="%d" y="%s" class="yl">%s</text>`,
+			plotLeft, plotRight, fnum(py(v)), fnum(py(v)), plotLeft-6, fnum(py(v)+4), pow2(int(v)))
+	}
+	fmt.Fprintf(&b, `</g><rect x="%d" y="%s" width="%s" height="%s" class="badband"/>`, plotLeft, fnum(py(top)), fnum(pw), fnum(py(hi+1)-py(top)))
+	fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl bad">NaN/Inf</text>`, plotLeft-6, fnum(py(yBad)+4))
+	limit := func(v float64, class, label, sub string) {
+		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s" class="%s"/><text x="%d" y="%s" class="rl %s">%s</text>`,
+			plotLeft, plotRight, fnum(py(v)), fnum(py(v)), class, plotRight+6, fnum(py(v)+4), class, label)
+		if sub != "" {
+			fmt.Fprintf(&b, `<text x="%d" y="%s" class="rl sub">%s</text>`, plotRight+6, fnum(py(v)+17), sub)
+		}
+	}
+	fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s" class="bad"/>`, plotLeft, plotRight, fnum(py(yBad)), fnum(py(yBad)))
+	limit(log2FP16Max, "max", "fp16 max 65504", "above: Inf in fp16")
+	limit(log2FP16Norm, "uf", "2⁻¹⁴ min normal", "below: subnormal in fp16")
+	if lo < log2FP16Sub {
+		limit(log2FP16Sub, "uf", "2⁻²⁴ min subnormal", "below: 0 in fp16")
+	}
+
+	// The plot.
+	fmt.Fprintf(&b, `<svg id="plot" x="%d" y="%d" width="%s" height="%s" viewBox="%s %s %d %s" preserveAspectRatio="none">`,
+		plotLeft, plotTop, fnum(pw), fnum(ph), fnum(-0.5), fnum(-top), max(n, 1), fnum(top-lo))
+	// Flagged nodes: a red rug along the bottom, one rectangle per run.
+	rug := (top - lo) * 0.03
+	var flaggedPath strings.Builder
+	for i := 0; i < n; {
+		if !r.Nodes[i].Flagged {
+			i++
+			continue
+		}
+		j := i
+		for j+1 < n && r.Nodes[j+1].Flagged {
+			j++
+		}
+		fmt.Fprintf(&flaggedPath, "M%s %sH%sV%sH%sZ", fnum(float64(i)-0.5), fnum(-(lo + rug)), fnum(float64(j)+0.5), fnum(-lo), fnum(float64(i)-0.5))
+		i = j + 1
+	}
+	if flaggedPath.Len() > 0 {
+		fmt.Fprintf(&b, `<path class="flagged" d="%s"/>`, flaggedPath.String())
+	}
+	for k := range r.Passes {
+		var d strings.Builder
+		pen := "M"
+		for i, pt := range series[k] {
+			if !pt.has {
+				pen = "M"
+				continue
+			}
+			y := pt.y
+			switch {
+			case pt.bad:
+				y = yBad
+			case math.IsInf(y, -1):
+				y = lo
+			}
+			fmt.Fprintf(&d, "%s%d %s", pen, i, fnum(-y))
+			pen = " "
+		}
+		width := "2"
+		if r.Passes[k] == report.PassFP32 {
+			width = "4.5" // the reference, drawn wide under the others
+		}
+		fmt.Fprintf(&b, `<path class="series" d="%s" stroke="%s" stroke-width="%s" data-pass="%s"%s/>`, d.String(), seriesColor(k), width, template.HTMLEscapeString(r.Passes[k]), dash(k))
+	}
+	if k := passIndex(r, report.PassFP32); k >= 0 {
+		var d strings.Builder
+		for i, pt := range series[k] {
+			if pt.overflow && !math.IsInf(pt.y, -1) {
+				fmt.Fprintf(&d, "M%d %sh0", i, fnum(-pt.y))
+			}
+		}
+		if d.Len() > 0 {
+			fmt.Fprintf(&b, `<path class="dots" d="%s"/>`, d.String())
+		}
+	}
+	b.WriteString(`</svg>`)
+
+	// Origins: a line and a label each, placed by the script when zoomed.
+	for _, i := range originPositions(r) {
+		o := r.Nodes[i]
+		label := "origin: " + moduleOrModel(o.Module) + " (" + o.OpType + ")"
+		anchor := "start"
+		if float64(i) > 0.6*float64(n) {
+			anchor = "end"
+		}
+		xp := plotLeft + (float64(i)+0.5)/float64(max(n, 1))*pw
+		fmt.Fprintf(&b, `<g class="origin" data-i="%d"><line x1="%s" x2="%s" y1="%d" y2="%d"/><text x="%s" y="%s" text-anchor="%s">%s</text></g>`,
+			i, fnum(xp), fnum(xp), plotTop, plotBottom, fnum(xp), fnum(py(hi+1)+16), anchor, template.HTMLEscapeString(label))
+	}
+	fmt.Fprintf(&b, `<g id="xaxis"></g><text x="%s" y="%d" class="xl">node (topological order)</text>`, fnum(plotLeft+pw/2), chartH-8)
+	fmt.Fprintf(&b, `<line id="cursor" x1="0" x2="0" y1="%d" y2="%d" visibility="hidden"/><rect id="brush" x="0" y="%d" width="0" height="%s" visibility="hidden"/>`,
+		plotTop, plotBottom, plotTop, fnum(ph))
+	fmt.Fprintf(&b, `<rect id="hit" x="%d" y="%d" width="%s" height="%s"/>`, plotLeft, plotTop, fnum(pw), fnum(ph))
+	b.WriteString(`</svg>`)
+	return b.String()
+}
+
+// pow2 writes 2 to the power e with superscript digits.
+func pow2(e int) string {
+	sup := strings.NewReplacer("-", "⁻", "0", "⁰", "1", "¹", "2", "²", "3", "³", "4", "⁴", "5", "⁵", "6", "⁶", "7", "⁷", "8", "⁸", "9", "⁹")
+	return "2" + sup.Replace(strconv.Itoa(e))
+}
+
+func seriesColor(k int) string { return seriesColors[k%len(seriesColors)] }
+
+// dash draws the third and later series dashed so overlapping lines stay
+// distinguishable.
+func dash(k int) string {
+	if k >= 2 {
+		return ` stroke-dasharray="6 4"`
+	}
+	return ""
+}
+
+func passIndex(r *report.Report, pass string) int {
+	for k, p := range r.Passes {
+		if p == pass {
+			return k
+		}
+	}
+	return -1
+}
+
+// fnum formats a coordinate with at most two decimals.
+func fnum(x float64) string {
+	s := strconv.FormatFloat(x, 'f', 2, 64)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	if s == "-0" {
+		return "0"
+	}
+	return s
+}
+
+var htmlFuncs = template.FuncMap{
+	"mag":      formatMag,
+	"headroom": headroomText,
+	"module":   moduleOrModel,
+	"opsets":   opsetString,
+	"floats":   floats,
+	"join":     strings.Join,
+	"f4":       func(x float64) string { return strconv.FormatFloat(x, 'g', 4, 64) },
+	"sev":      func(s checks.Severity) string { return s.String() },
+	"stat": func(v report.ValueReport, pass string) *report.StatsReport {
+		if s, ok := v.Stats[pass]; ok {
+			return &s
+		}
+		return nil
+	},
+	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 2, 64) },
+}
+
+var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>fp16audit: {{.R.Verdict}} — {{.R.Model.Path}}</title>
+<style>{{.CSS}}</style>
+</head>
+<body>
+<header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>
+<main>
+<section id="verdict" class="card {{if .Healthy}}ok{{else}}fail{{end}}">
+<h2><span class="badge">{{if .Healthy}}✓{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
+<p class="vtext">{{.R.VerdictText}}</p>
+{{range .R.Origins}}<div class="origin-box">
+<h3>Origin{{if .ExplicitCast}} (an explicit half cast in the model){{end}}</h3>
+<dl class="kv">
+<dt>node</dt><dd><code>{{.Node}}</code> ({{.OpType}}, computes in {{.Precision}}, {{.Pass}} pass)</dd>
+<dt>module</dt><dd><code>{{module .Module}}</code></dd>
+<dt>value</dt><dd><code>{{.Value}}</code>: fp32 max |x| <b>{{mag .FP32MaxAbs}}</b> vs fp16 max 65504, headroom <b>{{headroom .HeadroomBits}}</b>; {{.NonFinite}} non-finite</dd>
+<dt>reached</dt><dd>{{len .Affected}} downstream node(s); graph outputs: {{if .AffectedOutputs}}{{range $i, $o := .AffectedOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{else}}none{{end}}</dd>
+</dl></div>{{end}}
+{{if .R.Fixes}}<h3>Fixes, verified by rerun</h3>
+<ul class="fixes">{{range .R.Fixes}}
+<li class="{{if .Works}}works{{else}}fails{{end}}"><span class="fk">{{if .Works}}✓{{else}}✗{{end}} {{.Kind}}</span> <span class="ba">NaN/Inf values {{.NonFiniteBefore}} → {{.NonFiniteAfter}}</span><br>{{.Summary}}
+{{range .Normalize}}<div class="snip">input <code>{{.Input}}</code>: mean {{floats .Mean}}, std {{floats .Std}}{{if .Fastai}}<pre>{{.Fastai}}</pre>{{end}}</div>{{end}}
+{{if .Modules}}<div class="snip">modules kept in fp32: {{range $i, $m := .Modules}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}<br>ONNX nodes (node_block_list): {{range $i, $m := .Nodes}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}</div>{{end}}
+</li>{{end}}
+</ul>{{end}}
+{{with .R.Summary.MinHeadroomBits}}<p class="small">Smallest fp32 headroom: {{headroom .}} at <code>{{$.R.Summary.MinHeadroomValue}}</code>.</p>{{end}}
+</section>
+
+<section class="card">
+<h2>Magnitudes per node</h2>
+<div id="chartbox">{{.Chart}}<div id="tip" hidden></div></div>
+</section>
+
+{{if .R.Findings}}<section class="card">
+<h2>Findings ({{len .R.Findings}})</h2>
+<table class="plain"><thead><tr><th>severity</th><th>check</th><th>message</th></tr></thead><tbody>
+{{range .Findings}}<tr class="sev-{{sev .Severity}}"><td>{{sev .Severity}}</td><td><code>{{.Check}}</code></td><td>{{.Message}}</td></tr>
+{{end}}</tbody></table>
+{{with .FindingsCut}}<p class="small">{{.}} more findings are in the JSON and text reports.</p>{{end}}
+</section>{{end}}
+
+<section class="card">
+<h2>Nodes</h2>
+<div class="controls">
+<label>op type <select id="f-op"><option value="">all</option></select></label>
+<label><input type="checkbox" id="f-flagged"> flagged only</label>
+<label>name or module <input type="search" id="f-text" placeholder="filter"></label>
+<span id="count"></span>
+</div>
+<noscript><p>The node table needs JavaScript; <code>fp16audit render REPORT.json --format text</code> prints it.</p></noscript>
+<div class="tablebox"><table id="nodes"><thead><tr>
+<th data-k="0" class="num">#</th><th data-k="1">node</th><th data-k="2">op</th><th data-k="3">module</th><th data-k="4">prec</th><th data-k="5">output</th><th data-k="6">shape</th><th data-k="7" class="num">fp32 max|x|</th><th data-k="8" class="num">headroom (bits)</th>{{range $i, $p := .Emulated}}<th data-k="{{$i}}m" class="num">{{$p}} max|x|</th><th data-k="{{$i}}n" class="num">{{$p}} NaN/Inf</th>{{end}}
+</tr></thead><tbody></tbody></table></div>
+<p><button id="more" hidden>show more rows</button></p>
+</section>
+
+{{if .R.Inputs}}<section class="card">
+<h2>Inputs</h2>
+{{range .R.Inputs}}<h3><code>{{.Name}}</code> <span class="small">{{.Kind}}, {{.DType}} {{.Shape}}{{if .RawPixels}}, <b class="warn">raw 0–255 pixels</b>{{end}}</span></h3>
+{{with stat .ValueReport "fp32"}}<p class="small">max |x| {{mag .MaxAbs}}, mean {{f4 .Mean}}, rms {{f4 .RMS}}, NaN {{.NaN}}, +Inf {{.PosInf}}, −Inf {{.NegInf}}</p>{{end}}
+{{if .Channels}}<table class="plain"><thead><tr><th>{{if eq .Kind "image"}}channel{{else}}column{{end}}</th><th class="num">mean</th><th class="num">std</th><th class="num">min</th><th class="num">max</th><th></th></tr></thead><tbody>
+{{range .Channels}}<tr{{if .Flagged}} class="sev-warning"{{end}}><td>{{.Index}}</td><td class="num">{{f4 .Mean}}</td><td class="num">{{f4 .Std}}</td><td class="num">{{f4 .Min}}</td><td class="num">{{f4 .Max}}</td><td>{{if .Flagged}}far from standardized{{end}}</td></tr>
+{{end}}</tbody></table>{{end}}
+{{end}}</section>{{end}}
+
+<section class="card">
+<h2>Model and run</h2>
+<dl class="kv">
+<dt>model</dt><dd><code>{{.R.Model.Path}}</code></dd>
+<dt>producer</dt><dd>{{.R.Model.Producer}} {{.R.Model.ProducerVersion}}, IR version {{.R.Model.IRVersion}}, opsets {{opsets .R.Model.Opsets}}</dd>
+<dt>nodes</dt><dd>{{.R.Model.NodeCount}}</dd>
+<dt>inputs</dt><dd>{{range $i, $x := .R.Model.Inputs}}{{if $i}}, {{end}}<code>{{$x.Name}}</code> {{$x.DType}} {{$x.Shape}}{{end}}</dd>
+<dt>outputs</dt><dd>{{range $i, $x := .R.Model.Outputs}}{{if $i}}, {{end}}<code>{{$x.Name}}</code> {{$x.DType}} {{$x.Shape}}{{end}}</dd>
+<dt>policy</dt><dd>{{.R.Policy}}; passes {{join .R.Passes ", "}}</dd>
+<dt>ONNX Runtime</dt><dd>{{.R.Tool.ORTVersion}} on {{.R.Tool.Device}}{{if .R.Tool.ORTThreads}}, {{.R.Tool.ORTThreads}} threads{{end}}</dd>
+<dt>fp16audit</dt><dd>{{.R.Tool.Version}}, {{secs .R.Tool.ElapsedSecs}} s</dd>
+<dt>batches</dt><dd>{{len .R.Batches}}<ul class="batches">{{range .R.Batches}}<li><code>{{.Source}}</code> {{join .Shapes ", "}}{{if .Synthetic}} (synthetic){{end}}</li>{{end}}</ul></dd>
+</dl>
+{{if .R.Notes}}<ul class="notes">{{range .R.Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+</section>
+</main>
+<script type="application/json" id="fp16audit-data">{{.Data}}</script>
+<script>{{.Script}}</script>
+</body>
+</html>
+`))
+
+const htmlCSS = `
+:root{--ink:#1d2330;--mute:#5c6370;--line:#dde1e7;--bad:#c92a2a;--badbg:#fff0f0;--ok:#2b8a3e;--okbg:#ebfbee;--warn:#b35c00}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--ink);background:#f4f5f7}
+header{padding:14px 28px 6px}
+h1{font-size:20px;margin:0}
+h2{font-size:17px;margin:0 0 10px}
+h3{font-size:15px;margin:14px 0 6px}
+.sub,.small{color:var(--mute);margin:2px 0}
+.small{font-size:13px}
+main{padding:0 28px 28px}
+.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:16px 20px;margin:12px 0}
+.card.fail{border-left:8px solid var(--bad);background:linear-gradient(90deg,var(--badbg),#fff 40%)}
+.card.ok{border-left:8px solid var(--ok);background:linear-gradient(90deg,var(--okbg),#fff 40%)}
+#verdict h2{font-size:24px}
+.fail .badge,.fail #verdict-id{color:var(--bad)}
+.ok .badge,.ok #verdict-id{color:var(--ok)}
+.vtext{font-size:16px;margin:0 0 6px}
+code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{background:#f6f8fa;border:1px solid var(--line);border-radius:4px;padding:6px 8px;margin:4px 0;white-space:pre-wrap}
+dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px;margin:4px 0}
+dl.kv dt{color:var(--mute)}
+dl.kv dd{margin:0}
+.origin-box{border-top:1px solid var(--line);margin-top:8px}
+ul.fixes{list-style:none;padding:0;margin:0}
+ul.fixes li{padding:6px 0;border-top:1px solid var(--line)}
+.fk{font-weight:600}
+.works .fk{color:var(--ok)}
+.fails .fk{color:var(--bad)}
+.ba{color:var(--mute);margin-left:8px}
+.snip{margin:4px 0 0 18px}
+.warn{color:var(--warn)}
+#chartbox{position:relative}
+#chart{width:100%;height:auto;display:block;user-select:none}
+#chart text{font-size:12px;fill:var(--ink)}
+#chart .lg{font-size:13px}
+#chart .note{fill:var(--mute)}
+#chart .yl{text-anchor:end;fill:var(--mute)}
+#chart .yl.bad,#chart .rl.bad,#chart .rl.max{fill:var(--bad);font-weight:600}
+#chart .rl.uf{fill:#1971c2}
+#chart .rl.sub{fill:var(--mute);font-size:11px}
+#chart .xl{text-anchor:middle;fill:var(--mute)}
+#chart .grid line{stroke:#eceef1}
+#chart line.max{stroke:var(--bad);stroke-width:1.5;stroke-dasharray:7 4}
+#chart line.bad{stroke:#ffa8a8;stroke-width:1}
+#chart line.uf{stroke:#1971c2;stroke-width:1;stroke-dasharray:3 3}
+#chart .badband{fill:#fff5f5}
+#plot .series{fill:none;stroke-linejoin:round;vector-effect:non-scaling-stroke}
+#plot .flagged{fill:#fa5252}
+#plot .dots{stroke:#e03131;stroke-width:9;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
+#chart .origin line{stroke:var(--bad);stroke-width:1.5}
+#chart .origin text{fill:var(--bad);font-weight:700;font-size:13px}
+#chart #xaxis text{text-anchor:middle;fill:var(--mute)}
+#chart #xaxis line{stroke:#9aa0a6}
+#cursor{stroke:#495057;stroke-width:1}
+#brush{fill:#4dabf7;opacity:.2}
+#hit{fill:transparent;cursor:crosshair}
+#tip{position:absolute;top:0;left:0;background:#fff;border:1px solid #adb5bd;border-radius:6px;box-shadow:0 2px 10px rgba(0,0,0,.15);padding:8px 10px;font-size:12.5px;pointer-events:none;max-width:520px}
+#tip b{word-break:break-all}
+#tip table{border-collapse:collapse;margin-top:4px}
+#tip td,#tip th{padding:1px 6px;text-align:right}
+#tip td:first-child,#tip th:first-child{text-align:left}
+.controls{display:flex;gap:18px;flex-wrap:wrap;align-items:center;margin-bottom:8px}
+#count{color:var(--mute)}
+.tablebox{max-height:75vh;overflow:auto;border:1px solid var(--line)}
+table{border-collapse:collapse;width:100%}
+th,td{padding:3px 8px;border-bottom:1px solid #eef0f3;text-align:left;white-space:nowrap}
+th{background:#f8f9fa;position:sticky;top:0;cursor:pointer;font-weight:600}
+th.asc::after{content:" ▲"}
+th.desc::after{content:" ▼"}
+.num{text-align:right;font-variant-numeric:tabular-nums}
+#nodes td.nm{max-width:420px;overflow:hidden;text-overflow:ellipsis}
+#nodes tr.fl td{background:#fff0f0}
+#nodes tr.orig td{background:#ffc9c9;font-weight:600}
+#nodes tr.hl td{outline:2px solid #1971c2}
+#nodes td.nf{color:var(--bad);font-weight:700}
+#nodes td.neg{color:var(--bad)}
+table.plain th{cursor:default;position:static}
+tr.sev-error td:first-child{color:var(--bad);font-weight:700}
+tr.sev-warning td:first-child{color:var(--warn);font-weight:600}
+table.plain td:last-child{white-space:normal}
+ul.batches,ul.notes{margin:2px 0;padding-left:18px}
+button{font:inherit;padding:3px 10px}
+`
+
+// htmlScript builds the node table from the embedded JSON and makes the
+// chart interactive. It marks <body> with data-ready="1" when it finished
+// without an exception, and data-error otherwise; the browser test checks
+// both.
+const htmlScript = `
+(function () {
+  "use strict";
+  var body = document.body, t0 = performance.now();
+  window.addEventListener("error", function (e) { body.setAttribute("data-error", String(e.message)); });
+  try {
+    main();
+    body.setAttribute("data-ready", "1");
+  } catch (e) {
+    body.setAttribute("data-error", String((e && e.stack) || e));
+    throw e;
+  }
+  // Milliseconds in the script, and since navigation started (parsing the
+  // page included): the numbers the size measurements in the tests log.
+  body.setAttribute("data-script-ms", String(Math.round(performance.now() - t0)));
+  body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
+
+  function main() {
+    var D = JSON.parse(document.getElementById("fp16audit-data").textContent);
+    var P = D.passes, N = D.nodes, S = D.strings, ref = P.indexOf("fp32"), emu = [];
+    N.forEach(function (nd) {
+      nd[2] = S[nd[2]];
+      nd[4] = S[nd[4]];
+      nd[6].forEach(function (o) { o[1] = S[o[1]]; });
+    });
+    P.forEach(function (p, k) { if (p !== "fp32") emu.push(k); });
+    var origins = {};
+    D.origins.forEach(function (i) { origins[i] = true; });
+
+    function esc(s) {
+      return String(s).replace(/[&<>"]/g, function (c) { return {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;"}[c]; });
+    }
+    function mag(x) {
+      if (x === null || x === undefined) return "";
+      if (x === 0) return "0";
+      var a = Math.abs(x);
+      if (a >= 1e5 || a < 1e-3) return x.toExponential(2).replace(/e([+-])(\d)$/, function (m, sg, d) { return "e" + sg + "0" + d; });
+      return String(+x.toPrecision(4));
+    }
+    function outName(nd, o) { return o === null ? "-" : (o[0] === "" ? nd[1] + "_output_0" : o[0]); }
+    function st(o, k) { return o === null || k < 0 ? null : o[2][k]; }
+    function nonfin(s) { return s ? s[1] + s[2] + s[3] : null; }
+
+    // Table rows: one per node output, in topological order.
+    var rows = [];
+    N.forEach(function (nd, pos) {
+      if (!nd[6].length) rows.push({pos: pos, o: null});
+      nd[6].forEach(function (o) { rows.push({pos: pos, o: o}); });
+    });
+    function key(r, k) {
+      var nd = N[r.pos], s;
+      switch (k) {
+      case "0": return nd[0];
+      case "1": return nd[1];
+      case "2": return nd[2];
+      case "3": return nd[3];
+      case "4": return nd[4];
+      case "5": return outName(nd, r.o);
+      case "6": return r.o ? r.o[1] : "";
+      case "7": s = st(r.o, ref); return s ? s[0] : null;
+      case "8": s = st(r.o, ref); return s ? s[4] : null;
+      }
+      var e = emu[parseInt(k, 10)];
+      s = st(r.o, e);
+      return k.slice(-1) === "m" ? (s ? s[0] : null) : nonfin(s);
+    }
+
+    var tbody = document.querySelector("#nodes tbody"), count = document.getElementById("count");
+    var more = document.getElementById("more"), fop = document.getElementById("f-op");
+    var ffl = document.getElementById("f-flagged"), ftx = document.getElementById("f-text");
+    var ops = {};
+    N.forEach(function (nd) { ops[nd[2]] = (ops[nd[2]] || 0) + 1; });
+    Object.keys(ops).sort().forEach(function (op) {
+      var opt = document.createElement("option");
+      opt.value = op;
+      opt.textContent = op + " (" + ops[op] + ")";
+      fop.appendChild(opt);
+    });
+    var PAGE = 500, shown = PAGE, sortKey = null, sortDir = 1, view = rows, hl = -1;
+
+    function refilter() {
+      var op = fop.value, fl = ffl.checked, tx = ftx.value.toLowerCase();
+      view = rows.filter(function (r) {
+        var nd = N[r.pos];
+        if (op && nd[2] !== op) return false;
+        if (fl && !nd[5]) return false;
+        if (tx && (nd[1] + " " + nd[3] + " " + outName(nd, r.o)).toLowerCase().indexOf(tx) < 0) return false;
+        return true;
+      });
+      if (sortKey !== null) {
+        var k = sortKey, d = sortDir;
+        view = view.map(function (r, i) { return {r: r, v: key(r, k), i: i}; });
+        view.sort(function (a, b) {
+          var x = a.v, y = b.v;
+          if (x === y) return a.i - b.i;
+          if (x === null) return 1;
+          if (y === null) return -1;
+          return (x < y ? -1 : 1) * d;
+        });
+        view = view.map(function (e) { return e.r; });
+      }
+      shown = PAGE;
+      draw();
+    }
+    function draw() {
+      var h = [], n = Math.min(shown, view.length);
+      for (var i = 0; i < n; i++) {
+        var r = view[i], nd = N[r.pos], s = st(r.o, ref);
+        var cls = origins[r.pos] ? "orig" : (nd[5] ? "fl" : "");
+        if (r.pos === hl) cls += " hl";
+        h.push("<tr data-pos=\"" + r.pos + "\" class=\"" + cls + "\"><td class=\"num\">" + nd[0] + "</td><td class=\"nm\" title=\"" +
+          esc(nd[1]) + "\">" + esc(nd[1]) + "</td><td>" + esc(nd[2]) + "</td><td>" + esc(nd[3]) + "</td><td>" + esc(nd[4]) +
+          "</td><td class=\"nm\">" + esc(outName(nd, r.o)) + "</td><td>" + esc(r.o ? r.o[1] : "") + "</td><td class=\"num\">" +
+          (s ? mag(s[0]) : "") + "</td><td class=\"num" + (s && s[4] !== null && s[4] < 0 ? " neg" : "") + "\">" +
+          (s && s[4] !== null ? s[4].toFixed(1) : "") + "</td>");
+        emu.forEach(function (k) {
+          var e = st(r.o, k), nf = nonfin(e);
+          h.push("<td class=\"num\">" + (e ? mag(e[0]) : "") + "</td><td class=\"num" + (nf ? " nf" : "") + "\">" + (e ? nf : "") + "</td>");
+        });
+        h.push("</tr>");
+      }
+      tbody.innerHTML = h.join("");
+      count.textContent = "showing " + n + " of " + view.length + " rows" + (view.length < rows.length ? " (" + rows.length + " in all)" : "");
+      more.hidden = n >= view.length;
+      more.textContent = "show " + Math.min(PAGE * 4, view.length - n) + " more rows";
+    }
+    more.addEventListener("click", function () { shown += PAGE * 4; draw(); });
+    [fop, ffl].forEach(function (el) { el.addEventListener("change", refilter); });
+    ftx.addEventListener("input", refilter);
+    Array.prototype.forEach.call(document.querySelectorAll("#nodes th"), function (th) {
+      th.addEventListener("click", function () {
+        var k = th.getAttribute("data-k");
+        sortDir = sortKey === k ? -sortDir : 1;
+        sortKey = k;
+        Array.prototype.forEach.call(document.querySelectorAll("#nodes th"), function (o) { o.className = o.className.replace(/ ?(asc|desc)/, ""); });
+        th.className += sortDir > 0 ? " asc" : " desc";
+        refilter();
+      });
+    });
+    function jump(pos) {
+      fop.value = ""; ffl.checked = false; ftx.value = ""; sortKey = null;
+      refilter();
+      hl = pos;
+      var at = 0;
+      while (at < view.length && view[at].pos !== pos) at++;
+      shown = Math.max(PAGE, at + 50);
+      draw();
+      var tr = tbody.querySelector("tr[data-pos=\"" + pos + "\"]");
+      if (tr) tr.scrollIntoView({block: "center"});
+    }
+    refilter();
+
+    // Chart: hover shows a node, drag zooms, double-click resets, click
+    // jumps to the node's row.
+    var svg = document.getElementById("chart"), plot = document.getElementById("plot");
+    var hit = document.getElementById("hit"), cur = document.getElementById("cursor");
+    var brush = document.getElementById("brush"), tip = document.getElementById("tip");
+    var box = document.getElementById("chartbox"), xaxis = document.getElementById("xaxis");
+    var n = N.length, lo = +svg.getAttribute("data-lo"), top = +svg.getAttribute("data-top");
+    var L = +hit.getAttribute("x"), W = +hit.getAttribute("width");
+    var Y0 = +hit.getAttribute("y"), Y1 = Y0 + +hit.getAttribute("height");
+    var x0 = -0.5, xw = Math.max(n, 1), NS = "http://www.w3.org/2000/svg";
+
+    function px(i) { return L + (i + 0 - x0) / xw * W; }
+    function svgX(ev) {
+      var p = svg.createSVGPoint();
+      p.x = ev.clientX; p.y = ev.clientY;
+      return p.matrixTransform(svg.getScreenCTM().inverse()).x;
+    }
+    function posAt(sx) { return Math.max(0, Math.min(n - 1, Math.round(x0 + (sx - L) / W * xw))); }
+    function el(name, attrs, text) {
+      var e = document.createElementNS(NS, name);
+      for (var a in attrs) e.setAttribute(a, attrs[a]);
+      if (text !== undefined) e.textContent = text;
+      return e;
+    }
+    function ticks() {
+      while (xaxis.firstChild) xaxis.removeChild(xaxis.firstChild);
+      var raw = xw / 10, mag10 = Math.pow(10, Math.floor(Math.log(raw) / Math.LN10)), step = mag10;
+      [1, 2, 5, 10].forEach(function (m) { if (m * mag10 <= raw * 1.5) step = Math.max(1, m * mag10); });
+      for (var i = Math.ceil(x0 / step) * step; i <= x0 + xw; i += step) {
+        if (i < 0 || i > n - 1) continue;
+        var x = px(i);
+        xaxis.appendChild(el("line", {x1: x, x2: x, y1: Y1, y2: Y1 + 5}));
+        xaxis.appendChild(el("text", {x: x, y: Y1 + 18}, String(N[i][0])));
+      }
+    }
+    function place() {
+      plot.setAttribute("viewBox", x0 + " " + (-top) + " " + xw + " " + (top - lo));
+      Array.prototype.forEach.call(svg.querySelectorAll(".origin"), function (g) {
+        var i = +g.getAttribute("data-i"), x = px(i), inside = x >= L && x <= L + W;
+        g.setAttribute("visibility", inside ? "visible" : "hidden");
+        var line = g.querySelector("line"), text = g.querySelector("text");
+        line.setAttribute("x1", x); line.setAttribute("x2", x); text.setAttribute("x", x);
+        text.setAttribute("text-anchor", x > L + 0.6 * W ? "end" : "start");
+      });
+      ticks();
+    }
+    function showTip(i, ev) {
+      var nd = N[i], h = ["<b>#" + nd[0] + " " + esc(nd[1]) + "</b><br>" + esc(nd[2]) + " · module " + esc(nd[3] || "(model)") + " · computes in " + esc(nd[4]) + (nd[5] ? " · <span style=\"color:#c92a2a\">flagged</span>" : "")];
+      nd[6].forEach(function (o) {
+        h.push("<table><tr><th>" + esc(outName(nd, o)) + " " + esc(o[1]) + "</th><th>max|x|</th><th>NaN</th><th>+Inf</th><th>−Inf</th><th>headroom</th></tr>");
+        P.forEach(function (p, k) {
+          var s = o[2][k];
+          if (!s) return;
+          h.push("<tr><td>" + esc(p) + "</td><td>" + mag(s[0]) + "</td><td>" + s[1] + "</td><td>" + s[2] + "</td><td>" + s[3] + "</td><td>" + (s.length < 5 ? "" : s[4] === null ? "-" : s[4].toFixed(1) + " bits") + "</td></tr>");
+        });
+        h.push("</table>");
+      });
+      tip.innerHTML = h.join("");
+      tip.hidden = false;
+      var b = box.getBoundingClientRect(), x = ev.clientX - b.left + 14, y = ev.clientY - b.top + 14;
+      if (x + tip.offsetWidth > b.width) x = Math.max(0, ev.clientX - b.left - tip.offsetWidth - 14);
+      tip.style.left = x + "px";
+      tip.style.top = y + "px";
+    }
+    var dragFrom = null;
+    hit.addEventListener("mousemove", function (ev) {
+      var sx = svgX(ev);
+      if (dragFrom !== null) {
+        brush.setAttribute("x", Math.min(dragFrom, sx));
+        brush.setAttribute("width", Math.abs(sx - dragFrom));
+        brush.setAttribute("visibility", "visible");
+        return;
+      }
+      if (!n) return;
+      var i = posAt(sx), x = px(i);
+      cur.setAttribute("x1", x); cur.setAttribute("x2", x);
+      cur.setAttribute("visibility", "visible");
+      showTip(i, ev);
+    });
+    hit.addEventListener("mouseleave", function () { cur.setAttribute("visibility", "hidden"); tip.hidden = true; });
+    hit.addEventListener("mousedown", function (ev) { dragFrom = svgX(ev); ev.preventDefault(); });
+    window.addEventListener("mouseup", function (ev) {
+      if (dragFrom === null) return;
+      var sx = svgX(ev), a = Math.min(dragFrom, sx), b = Math.max(dragFrom, sx);
+      dragFrom = null;
+      brush.setAttribute("visibility", "hidden");
+      if (!n) return;
+      if (b - a < 4) { jump(posAt(sx)); return; }
+      var i0 = posAt(a), i1 = posAt(b);
+      if (i1 - i0 < 2) return;
+      x0 = i0 - 0.5; xw = i1 - i0 + 1;
+      place();
+    });
+    hit.addEventListener("dblclick", function () { x0 = -0.5; xw = Math.max(n, 1); place(); });
+    place();
+  }
+})();
+`

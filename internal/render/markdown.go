@@ -1,0 +1,201 @@
+package render
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"fp16audit/report"
+)
+
+// MarkdownLimit is the most bytes Markdown writes. GitHub refuses comments
+// over 65 536 characters; the margin leaves room for a CI job's own text.
+const MarkdownLimit = 60000
+
+// auditMarkdown writes r as GitHub-flavoured Markdown for a pull-request comment
+// or a CI job summary: the verdict, the origins, the verified fixes, the
+// findings and the flagged nodes. Table rows that would take the document
+// over MarkdownLimit are cut, and a note says how many.
+func auditMarkdown(w io.Writer, r *report.Report) error {
+	var b strings.Builder
+	mark := "❌"
+	if r.Verdict == report.VerdictHealthy {
+		mark = "✅"
+	}
+	fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", mark, r.Verdict)
+	fmt.Fprintf(&b, "**%s**\n\n", mdText(r.VerdictText))
+	fmt.Fprintf(&b, "Model %s: %d nodes, producer %s %s, opsets %s. Policy `%s`, passes %s, %d batch(es), ONNX Runtime %s on %s, fp16audit %s.\n",
+		mdCode(r.Model.Path), r.Model.NodeCount, mdText(r.Model.Producer), mdText(r.Model.ProducerVersion), mdText(opsetString(r.Model.Opsets)),
+		r.Policy, mdText(strings.Join(r.Passes, ", ")), len(r.Batches), mdText(r.Tool.ORTVersion), mdText(r.Tool.Device), mdText(r.Tool.Version))
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "\n> **Note:** %s\n", mdText(n))
+	}
+
+	if len(r.Origins) > 0 {
+		b.WriteString("\n### Origin\n\n")
+		b.WriteString("| pass | node | op | module | precision | fp32 max \\|x\\| | headroom (fp16 max 65504) | non-finite | reached |\n")
+		b.WriteString("|---|---|---|---|---|--:|--:|--:|---|\n")
+		for _, o := range r.Origins {
+			reached := fmt.Sprintf("%d node(s); graph outputs: %s", len(o.Affected), mdCodeList(o.AffectedOutputs))
+			op := mdText(o.OpType)
+			if o.ExplicitCast {
+				op += " (explicit half cast)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", mdText(o.Pass), mdCode(o.Node), op, mdCode(moduleOrModel(o.Module)),
+				mdText(o.Precision), formatMag(o.FP32MaxAbs), headroomText(o.HeadroomBits), o.NonFinite, reached)
+		}
+	}
+
+	if len(r.Fixes) > 0 {
+		b.WriteString("\n### Fixes, verified by rerun\n\n")
+		b.WriteString("| fix | result | non-finite values before → after | what to do |\n|---|---|--:|---|\n")
+		for _, f := range r.Fixes {
+			res := "❌ does not work"
+			if f.Works {
+				res = "✅ works"
+			}
+			fmt.Fprintf(&b, "| `%s` | %s | %d → %d | %s |\n", f.Kind, res, f.NonFiniteBefore, f.NonFiniteAfter, mdText(f.Summary))
+		}
+		for _, f := range r.Fixes {
+			for _, n := range f.Normalize {
+				if n.Fastai == "" {
+					continue
+				}
+				fmt.Fprintf(&b, "\nStandardize input %s (mean %s, std %s) in the DataLoaders' `batch_tfms`:\n\n```python\n%s\n```\n",
+					mdCode(n.Input), floats(n.Mean), floats(n.Std), n.Fastai)
+			}
+			if f.Kind == report.FixKeepFP32 && len(f.Modules) > 0 {
+				fmt.Fprintf(&b, "\nModules to keep in fp32: %s (ONNX nodes for `node_block_list`: %s).\n", mdCodeList(f.Modules), mdCodeList(f.Nodes))
+			}
+		}
+	}
+
+	// The two tables share what is left; findings may use at most half so
+	// the flagged nodes always show.
+	const reserve = 600
+	if len(r.Findings) > 0 {
+		b.WriteString("\n### Findings\n\n")
+		head := "| severity | check | message |\n|---|---|---|\n"
+		var rows []string
+		for _, f := range r.Findings {
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s |\n", f.Severity, f.Check, mdText(f.Message)))
+		}
+		budget := b.Len() + (MarkdownLimit-b.Len()-2*reserve)/2
+		writeRows(&b, head, rows, budget, "findings")
+	}
+
+	passes := emulatedPasses(r)
+	var flagged []report.NodeReport
+	for _, n := range r.Nodes {
+		if n.Flagged {
+			flagged = append(flagged, n)
+		}
+	}
+	fmt.Fprintf(&b, "\n### Flagged nodes (%d of %d)\n\n", len(flagged), len(r.Nodes))
+	if len(flagged) == 0 {
+		b.WriteString("No node produced NaN or Inf in any pass.\n")
+	} else {
+		var head strings.Builder
+		head.WriteString("| # | node | op | module | prec | output | fp32 max \\|x\\| | headroom |")
+		for _, p := range passes {
+			fmt.Fprintf(&head, " %s max \\|x\\| | %s NaN/Inf |", p, p)
+		}
+		head.WriteString("\n|--:|---|---|---|---|---|--:|--:|" + strings.Repeat("--:|--:|", len(passes)) + "\n")
+		var rows []string
+		for _, n := range flagged {
+			for _, o := range n.Outputs {
+				rows = append(rows, markdownNodeRow(n, o, passes))
+			}
+			if len(n.Outputs) == 0 {
+				rows = append(rows, markdownNodeRow(n, report.ValueReport{Name: "-"}, passes))
+			}
+		}
+		writeRows(&b, head.String(), rows, MarkdownLimit-reserve, "flagged node rows")
+	}
+	if r.Summary.MinHeadroomBits != nil {
+		fmt.Fprintf(&b, "\nSmallest fp32 headroom: %.1f bits at %s.\n", *r.Summary.MinHeadroomBits, mdCode(r.Summary.MinHeadroomValue))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeRows writes a table's head and as many rows as keep b within
+// budget bytes, then a note naming what was cut.
+func writeRows(b *strings.Builder, head string, rows []string, budget int, what string) {
+	b.WriteString(head)
+	for i, row := range rows {
+		if b.Len()+len(row) > budget {
+			fmt.Fprintf(b, "\n_%d of %d %s cut to keep this under %d characters; `fp16audit render REPORT.json --format html` shows them all._\n",
+				len(rows)-i, len(rows), what, MarkdownLimit)
+			return
+		}
+		b.WriteString(row)
+	}
+}
+
+func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string) string {
+	var b strings.Builder
+	name := n.Name
+	if name == "" {
+		name = fmt.Sprintf("%s#%d", n.OpType, n.Index)
+	}
+	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, mdCode(shorten(name, 80)), mdText(n.OpType), mdCode(moduleOrModel(n.Module)),
+		mdText(n.Precision), mdCode(shorten(o.Name, 60)))
+	if ref, ok := o.Stats[report.PassFP32]; ok {
+		fmt.Fprintf(&b, " %s | %s |", formatMag(ref.MaxAbs), headroomText(ref.HeadroomBits))
+	} else {
+		b.WriteString(" | |")
+	}
+	for _, p := range passes {
+		if s, ok := o.Stats[p]; ok {
+			nf := fmt.Sprint(s.NonFinite())
+			if s.NonFinite() > 0 {
+				nf = "**" + nf + "**"
+			}
+			fmt.Fprintf(&b, " %s | %s |", formatMag(s.MaxAbs), nf)
+		} else {
+			b.WriteString(" | |")
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// emulatedPasses are the report's passes other than the fp32 reference.
+func emulatedPasses(r *report.Report) []string {
+	var ps []string
+	for _, p := range r.Passes {
+		if p != report.PassFP32 {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+var mdEscaper = strings.NewReplacer(`\`, `\\`, "|", `\|`, "<", "&lt;", ">", "&gt;", "*", `\*`, "_", `\_`, "`", "\\`", "[", `\[`, "]", `\]`, "\n", " ")
+
+// mdText escapes s for a Markdown table cell or paragraph.
+func mdText(s string) string { return mdEscaper.Replace(s) }
+
+// mdCode writes s as a code span; inside a table a pipe still needs its
+// backslash.
+func mdCode(s string) string {
+	if s == "" {
+		return ""
+	}
+	if strings.Contains(s, "`") {
+		return mdText(s)
+	}
+	return "`" + strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") + "`"
+}
+
+func mdCodeList(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(s))
+	for i, x := range s {
+		parts[i] = mdCode(x)
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,170 @@
+// Package render turns a finished fp16audit document (package report) into
+// bytes: text for the terminal, JSON, GitHub-flavoured Markdown, a
+// self-contained HTML page and SARIF for code-scanning services. Every
+// command — run, lint, scales and render — writes through one Formatter, so
+// a format behaves the same whichever command made the document.
+//
+// Renderers compute nothing: everything they show is in the document. The
+// package imports only report and checks, so rendering a saved report
+// needs neither cgo nor ONNX Runtime.
+package render
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"fp16audit/report"
+)
+
+// Options are the rendering choices the command line passes through.
+type Options struct {
+	Text TextOptions
+}
+
+// TextOptions controls the text of an audit report.
+type TextOptions struct {
+	// Pass selects the statistics shown per node; "" means the policy's
+	// emulated pass when there is one, else fp32.
+	Pass string
+	// OnlyFlagged lists only nodes with non-finite values or findings.
+	OnlyFlagged bool
+	// Color adds ANSI colours. The command line sets it only when stdout is
+	// a terminal, NO_COLOR is unset and --no-color is not given.
+	Color bool
+	// Width is the number of columns the report should fit (the terminal's
+	// width): prose is wrapped and the node table's name columns shortened
+	// in the middle. 0 means no limit; names are then cut at 60 and 40
+	// characters.
+	Width int
+}
+
+// Formatter writes documents in one output format.
+type Formatter interface {
+	// Name is the --format value.
+	Name() string
+	// Render writes doc. A document kind the format has no rendering for
+	// is an error naming the formats that have one.
+	Render(w io.Writer, doc report.Document) error
+}
+
+// format is one output format: a renderer per document kind it supports.
+type format struct {
+	name   string
+	audit  func(io.Writer, *report.Report, Options) error
+	lint   func(io.Writer, *report.LintReport, Options) error
+	scales func(io.Writer, *report.ScalesReport, Options) error
+}
+
+var formats = []*format{
+	{name: "text",
+		audit:  func(w io.Writer, r *report.Report, o Options) error { return auditText(w, r, o.Text) },
+		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return lintText(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesText(w, r) }},
+	{name: "json",
+		audit:  func(w io.Writer, r *report.Report, _ Options) error { return writeJSON(w, r) },
+		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return writeJSON(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return writeJSON(w, r) }},
+	{name: "markdown",
+		audit: func(w io.Writer, r *report.Report, _ Options) error { return auditMarkdown(w, r) }},
+	{name: "html",
+		audit: func(w io.Writer, r *report.Report, _ Options) error { return auditHTML(w, r) }},
+	{name: "sarif",
+		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lintSARIF(w, r) }},
+}
+
+func (f *format) supports(k report.Kind) bool {
+	switch k {
+	case report.KindAudit:
+		return f.audit != nil
+	case report.KindLint:
+		return f.lint != nil
+	case report.KindScales:
+		return f.scales != nil
+	}
+	return false
+}
+
+// Formats lists the formats that render documents of kind k, in the order
+// --help shows them.
+func Formats(k report.Kind) []string {
+	var names []string
+	for _, f := range formats {
+		if f.supports(k) {
+			names = append(names, f.name)
+		}
+	}
+	return names
+}
+
+// New returns the formatter for the named format, or an error listing the
+// formats that render documents of kind k.
+func New(name string, k report.Kind, opt Options) (Formatter, error) {
+	for _, f := range formats {
+		if f.name == name && f.supports(k) {
+			return &formatter{f: f, opt: opt}, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown format %q (want %s)", name, strings.Join(Formats(k), ", "))
+}
+
+type formatter struct {
+	f   *format
+	opt Options
+}
+
+func (x *formatter) Name() string { return x.f.name }
+
+func (x *formatter) Render(w io.Writer, doc report.Document) error {
+	if !x.f.supports(doc.Kind()) {
+		return fmt.Errorf("format %s has no %s rendering (want %s)", x.f.name, doc.Kind(), strings.Join(Formats(doc.Kind()), ", "))
+	}
+	switch d := doc.(type) {
+	case *report.Report:
+		return x.f.audit(w, d, x.opt)
+	case *report.LintReport:
+		return x.f.lint(w, d, x.opt)
+	case *report.ScalesReport:
+		return x.f.scales(w, d, x.opt)
+	}
+	return fmt.Errorf("render: unknown document type %T", doc)
+}
+
+// Render writes doc in the named format.
+func Render(w io.Writer, doc report.Document, name string, opt Options) error {
+	f, err := New(name, doc.Kind(), opt)
+	if err != nil {
+		return err
+	}
+	return f.Render(w, doc)
+}
+
+// IsFormat reports whether name is a format for documents of kind k.
+func IsFormat(name string, k report.Kind) bool { return slices.Contains(Formats(k), name) }
+
+// writeJSON writes a document as indented JSON in its documented schema.
+func writeJSON(w io.Writer, doc any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(doc)
+}
+
+// errWriter remembers the first write error, so that a renderer can print
+// line after line and check once at the end.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }

@@ -1,0 +1,136 @@
+package rewrite
+
+import (
+	"fmt"
+
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
+)
+
+// elem* are the ONNX element types the rewrites turn values into.
+const (
+	elemFloat  = int32(onnx.TensorProto_FLOAT)
+	elemDouble = int32(onnx.TensorProto_DOUBLE)
+)
+
+// Graph rewrites shared by every pass. None of them mutates the loaded
+// model: a rewritten graph gets new node and value slices, and only the nodes
+// and tensors it changes are copied; initializers it leaves alone are shared.
+
+// upcastTensor converts a FLOAT16 or BFLOAT16 tensor to FLOAT.
+func upcastTensor(t *onnx.TensorProto, dir string) (*onnx.TensorProto, error) {
+	dense, err := onnx.DecodeTensor(t, dir)
+	if err != nil {
+		return nil, err
+	}
+	vals, err := dense.Float32s()
+	if err != nil {
+		return nil, err
+	}
+	out := onnx.EncodeTensor(tensor.FromFloat32s(t.Name, dense.Shape, vals))
+	out.DocString = t.DocString
+	return out, nil
+}
+
+// Upcast returns a model that computes in fp32 wherever the model itself asks
+// for half precision: Cast to FLOAT16/BFLOAT16 becomes Cast to FLOAT, half
+// initializers, constants and value types become FLOAT, and half graph inputs
+// keep their declared type with a Cast to FLOAT behind them. It also reports
+// the explicit half casts it found (node indices), which the emulated passes
+// restore. dir is the model's folder, for external data. The main graph is
+// rewritten; subgraphs of control-flow nodes are left as they are.
+func Upcast(m *onnx.ModelProto, dir string) (*onnx.ModelProto, []int, error) {
+	out := onnx.ShallowCopy(m)
+	g := out.Graph
+	var halfCasts []int
+	for i, n := range g.Node {
+		if n.Domain != "" && n.Domain != "ai.onnx" {
+			continue
+		}
+		var changed *onnx.NodeProto
+		for ai, a := range n.Attribute {
+			var na *onnx.AttributeProto
+			switch {
+			case n.OpType == "Cast" && a.Name == "to" && onnx.IsHalfType(int32(a.I)):
+				halfCasts = append(halfCasts, i)
+				na = onnx.AttrInt("to", int64(elemFloat))
+			case a.Name == "dtype" && onnx.IsHalfType(int32(a.I)):
+				na = onnx.AttrInt("dtype", int64(elemFloat))
+			case a.Type == onnx.AttributeProto_TENSOR && a.T != nil && onnx.IsHalfType(a.T.DataType):
+				t, err := upcastTensor(a.T, dir)
+				if err != nil {
+					return nil, nil, fmt.Errorf("node %q attribute %s: %w", n.Name, a.Name, err)
+				}
+				na = onnx.AttrTensor(a.Name, t)
+			}
+			if na != nil {
+				if changed == nil {
+					changed = onnx.CloneNode(n)
+				}
+				changed.Attribute[ai] = na
+			}
+		}
+		if changed != nil {
+			g.Node[i] = changed
+		}
+	}
+	for i, t := range g.Initializer {
+		if onnx.IsHalfType(t.DataType) {
+			nt, err := upcastTensor(t, dir)
+			if err != nil {
+				return nil, nil, fmt.Errorf("initializer %q: %w", t.Name, err)
+			}
+			g.Initializer[i] = nt
+		}
+	}
+	for i, vi := range g.ValueInfo {
+		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) {
+			g.ValueInfo[i] = onnx.WithElemType(vi, elemFloat)
+		}
+	}
+	for i, vi := range g.Output {
+		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) {
+			g.Output[i] = onnx.WithElemType(vi, elemFloat)
+		}
+	}
+	// Half graph inputs: the caller feeds half data; everything behind the
+	// boundary Cast sees FLOAT.
+	rename := map[string]string{}
+	var boundary []*onnx.NodeProto
+	for _, vi := range g.Input {
+		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) && !isInitializerName(g, vi.Name) {
+			up := onnx.InternalName(vi.Name, "up")
+			rename[vi.Name] = up
+			boundary = append(boundary, onnx.Node("Cast", up, []string{vi.Name}, []string{up}, onnx.AttrInt("to", int64(elemFloat))))
+		}
+	}
+	if len(rename) > 0 {
+		for i, n := range g.Node {
+			var changed *onnx.NodeProto
+			for j, in := range n.Input {
+				if r, ok := rename[in]; ok {
+					if changed == nil {
+						changed = onnx.CloneNode(n)
+					}
+					changed.Input[j] = r
+				}
+			}
+			if changed != nil {
+				g.Node[i] = changed
+			}
+		}
+		// Boundary casts go last so node indices stay those of the model;
+		// the topological order puts them first.
+		g.Node = append(g.Node, boundary...)
+	}
+	return out, halfCasts, nil
+}
+
+func isInitializerName(g *onnx.GraphProto, name string) bool {
+	for _, t := range g.Initializer {
+		if t.Name == name {
+			return true
+		}
+	}
+	return false
+}

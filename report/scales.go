@@ -1,0 +1,267 @@
+package report
+
+import (
+	"fmt"
+	"math"
+
+	"fp16audit/checks"
+)
+
+// ScalesSchema names the JSON shape of ScalesReport. It changes only when a field
+// is removed or changes meaning; new fields may appear within a version.
+const ScalesSchema = "fp16audit.scales/v1"
+
+// Verdict identifiers of `fp16audit scales`, in the order the diagnosis tests
+// them. They are
+// stable: scripts may branch on them.
+const (
+	// ScalesEarlyNaN: the loss is NaN/Inf within the first epoch (or the
+	// first EarlySteps steps): a forward overflow or poisoned data (FP5001).
+	ScalesEarlyNaN = "early-nan"
+	// ScalesGradientOverflowNaN: NaN mid-training right after the loss
+	// scale collapsed: chronic gradient overflow, divergence (FP5002).
+	ScalesGradientOverflowNaN = "gradient-overflow-nan"
+	// ScalesForwardOverflowNaN: NaN mid-training with a healthy scale: the
+	// forward pass began to overflow as the weights grew (FP5003).
+	ScalesForwardOverflowNaN = "forward-overflow-nan"
+	// ScalesLateNaN: NaN mid-training in a log without scales, so the
+	// cause cannot be told (FP5004).
+	ScalesLateNaN = "late-nan"
+	// ScalesPlateauUnderflow: the run ends above the fp32 baseline beyond
+	// the tolerance, with many skipped steps or a scale pinned low (FP5005).
+	ScalesPlateauUnderflow = "plateau-underflow"
+	// ScalesPlateauUnexplained: the run ends above the fp32 baseline
+	// beyond the tolerance, but the scale history is clean (FP5006).
+	ScalesPlateauUnexplained = "plateau-unexplained"
+	// ScalesWastedWarmup: the first steps were all skipped while the scale
+	// came down from init_scale (FP5008).
+	ScalesWastedWarmup = "wasted-warmup"
+	// ScalesFP16Noise: a gap to the fp32 baseline within the tolerance and
+	// no sign of skipping or underflow (FP5007).
+	ScalesFP16Noise = "fp16-noise"
+	// ScalesHealthy: none of the above; warnings may remain (FP5009,
+	// FP5010) when there is no baseline to judge their cost.
+	ScalesHealthy = "healthy"
+)
+
+// ScalesVerdicts lists every verdict identifier of the scales diagnosis in
+// decision order.
+func ScalesVerdicts() []string {
+	return []string{ScalesEarlyNaN, ScalesGradientOverflowNaN, ScalesForwardOverflowNaN, ScalesLateNaN,
+		ScalesPlateauUnderflow, ScalesPlateauUnexplained, ScalesWastedWarmup, ScalesFP16Noise, ScalesHealthy}
+}
+
+// ScalesReport is the finished diagnosis of a training log (`fp16audit
+// scales`). Renderers read it
+// and compute nothing. Steps are numbered as in the log (a CSV's step
+// column, from 0 in JSON).
+type ScalesReport struct {
+	Schema   string   `json:"schema"`
+	Run      RunInfo  `json:"run"`
+	Baseline *RunInfo `json:"baseline,omitempty"`
+	// GradScaler is the configuration the reconstruction used; absent
+	// without scales.
+	GradScaler *ScalerInfo      `json:"grad_scaler,omitempty"`
+	Thresholds ScalesThresholds `json:"thresholds"`
+	// Verdict is one of the identifiers in ScalesVerdicts.
+	Verdict     string `json:"verdict"`
+	VerdictText string `json:"verdict_text"`
+	Fix         string `json:"fix,omitempty"`
+	// Scales is the reconstruction from the scale series; absent without
+	// scales.
+	Scales *ScaleStats `json:"scales,omitempty"`
+	// Losses summarizes the loss series; absent without losses.
+	Losses *LossStats `json:"losses,omitempty"`
+	// Comparison sets the run against the fp32 baseline; absent without a
+	// baseline or when the run has no losses.
+	Comparison *Comparison `json:"comparison,omitempty"`
+	// Epochs holds the skip count per epoch when epochs and scales are
+	// known.
+	Epochs []EpochStats `json:"epochs,omitempty"`
+	// Series is the history in at most 120 buckets of
+	// consecutive steps, for plots.
+	Series   []Bucket         `json:"series"`
+	Findings []checks.Finding `json:"findings"`
+	// NotDerived names what the log did not allow to derive, and why.
+	NotDerived []string `json:"not_derived"`
+	// Notes are facts about how the log was read that a reader must know.
+	Notes []string `json:"notes"`
+}
+
+// RunInfo describes one input log.
+type RunInfo struct {
+	Path          string `json:"path"`
+	Steps         int    `json:"steps"`
+	FirstStep     int    `json:"first_step"`
+	HasLosses     bool   `json:"has_losses"`
+	HasScales     bool   `json:"has_scales"`
+	Epochs        int    `json:"epochs,omitempty"`
+	StepsPerEpoch int    `json:"steps_per_epoch,omitempty"`
+}
+
+// ScalerInfo is the GradScaler configuration used for the reconstruction
+// and where each value came from: "log", "inferred" (from the series) or
+// "default" (PyTorch's).
+type ScalerInfo struct {
+	ScalerConfig
+	InitScaleFrom      string `json:"init_scale_from"`
+	GrowthIntervalFrom string `json:"growth_interval_from"`
+}
+
+// ScaleStats is what the scale series says about the scaler.
+type ScaleStats struct {
+	// Skipped counts every step whose scale backed off: its gradients held
+	// Inf/NaN and the optimizer step was skipped.
+	Skipped  int     `json:"skipped_steps"`
+	SkipRate float64 `json:"skip_rate"`
+	// SkippedAt lists the skipped steps, at most 1000 of them.
+	SkippedAt          []int `json:"skipped_at"`
+	SkippedAtTruncated bool  `json:"skipped_at_truncated,omitempty"`
+	// WarmupSkipped counts the consecutive skipped steps at the very start
+	// and WarmupScale is the scale they ended at (the first that worked).
+	WarmupSkipped int     `json:"warmup_skipped"`
+	WarmupScale   float64 `json:"warmup_scale,omitempty"`
+	// SkipRateAfterWarmup is the skip rate of the steps after the warm-up
+	// run and before the first NaN: the rate the diagnosis judges.
+	SkipRateAfterWarmup float64 `json:"skip_rate_after_warmup"`
+	// LongestBackoffRun is the longest run of consecutive skipped steps.
+	LongestBackoffRun      int     `json:"longest_backoff_run"`
+	LongestBackoffRunStart int     `json:"longest_backoff_run_start"`
+	MinScale               float64 `json:"min_scale"`
+	MinScaleStep           int     `json:"min_scale_step"`
+	MaxScale               float64 `json:"max_scale"`
+	FinalScale             float64 `json:"final_scale"`
+	Growths                int     `json:"growths"`
+	// LongestNoGrowth is the longest stretch before the first NaN without a
+	// growth of the scale, with its start and the backoffs inside it.
+	LongestNoGrowth         int `json:"longest_no_growth_steps"`
+	LongestNoGrowthStart    int `json:"longest_no_growth_start"`
+	LongestNoGrowthBackoffs int `json:"longest_no_growth_backoffs"`
+	// Pinned is set when that stretch spans PinnedIntervals growth
+	// intervals with at least as many backoffs; PinnedScale is the scale at
+	// its end.
+	Pinned      bool    `json:"pinned"`
+	PinnedScale float64 `json:"pinned_scale,omitempty"`
+	// InferredNaNStep is set for a log without losses whose last steps
+	// were all skipped (at least eight): non-finite gradients on every
+	// step, which is what a NaN loss does. The diagnosis takes it as the
+	// first NaN.
+	InferredNaNStep *int `json:"inferred_nan_step,omitempty"`
+	// ScaleAtFirstNaN is the scale in effect at the step of the first
+	// non-finite loss (the scale after the previous step's update).
+	ScaleAtFirstNaN *float64 `json:"scale_at_first_nan,omitempty"`
+	// CollapseBits is how far the scale fell, in powers of two, from its
+	// highest value in the window before the first NaN to ScaleAtFirstNaN;
+	// BackoffsBeforeNaN counts the skipped steps in that window.
+	CollapseBits      *float64 `json:"collapse_bits,omitempty"`
+	CollapseWindow    int      `json:"collapse_window,omitempty"`
+	BackoffsBeforeNaN int      `json:"backoffs_before_nan,omitempty"`
+}
+
+// LossStats summarizes the loss series.
+type LossStats struct {
+	NonFinite int `json:"nonfinite"`
+	// FirstNonFiniteStep is the step of the first NaN/Inf loss, absent
+	// when every loss is finite. Inferred is set when the log has no
+	// losses and the step was inferred from the scale halving on every
+	// step to the end of the log.
+	FirstNonFiniteStep  *int   `json:"first_nonfinite_step,omitempty"`
+	FirstNonFiniteValue string `json:"first_nonfinite_value,omitempty"`
+	Inferred            bool   `json:"inferred,omitempty"`
+	// FirstLoss and FinalLoss are means of the first and last windows of
+	// finite losses (FinalWindow steps, before any NaN).
+	FirstLoss   *float64 `json:"first_loss,omitempty"`
+	FinalLoss   *float64 `json:"final_loss,omitempty"`
+	FinalWindow int      `json:"final_window"`
+}
+
+// Comparison sets the run's final loss against the fp32 baseline's over the
+// same steps.
+type Comparison struct {
+	// Steps is the number of steps both logs cover; both final losses are
+	// means over the Window steps that end there.
+	Steps        int     `json:"steps"`
+	Window       int     `json:"window"`
+	RunLoss      float64 `json:"run_loss"`
+	BaselineLoss float64 `json:"baseline_loss"`
+	// Gap is (run - baseline) / |baseline|.
+	Gap       float64 `json:"gap"`
+	Tolerance float64 `json:"tolerance"`
+}
+
+// EpochStats counts the skipped steps of one epoch.
+type EpochStats struct {
+	Epoch    int     `json:"epoch"`
+	Steps    int     `json:"steps"`
+	Skipped  int     `json:"skipped"`
+	SkipRate float64 `json:"skip_rate"`
+}
+
+// Bucket summarizes consecutive steps From..To for plots: the mean of the
+// finite losses, the non-finite losses, log2 of the scale's range and the
+// skipped steps.
+type Bucket struct {
+	From         int      `json:"from"`
+	To           int      `json:"to"`
+	Loss         *float64 `json:"loss,omitempty"`
+	NonFinite    int      `json:"nonfinite,omitempty"`
+	Log2ScaleMin *float64 `json:"log2_scale_min,omitempty"`
+	Log2ScaleMax *float64 `json:"log2_scale_max,omitempty"`
+	Skipped      int      `json:"skipped,omitempty"`
+}
+
+// MaxSeverity is the highest severity among the findings, -1 when none.
+func (r *ScalesReport) MaxSeverity() checks.Severity {
+	s := checks.Severity(-1)
+	for _, f := range r.Findings {
+		s = max(s, f.Severity)
+	}
+	return s
+}
+
+// ScalesThresholds are the thresholds of the scales diagnosis.
+type ScalesThresholds struct {
+	// PlateauTolerance is the relative gap between the run's and the
+	// baseline's final loss above which the run has plateaued.
+	PlateauTolerance float64 `json:"plateau_tolerance"`
+	// EarlySteps bounds an early NaN when the log does not say how long an
+	// epoch is; otherwise the first epoch does.
+	EarlySteps int `json:"early_steps"`
+	// SkipRate is the lowest skip rate that counts as high; the threshold
+	// is never below two skips per growth interval.
+	SkipRate float64 `json:"skip_rate"`
+	// LowScale is the scale at or below which a pinned scale is low.
+	LowScale float64 `json:"low_scale"`
+	// PinnedIntervals is how many growth intervals without growth (and with
+	// as many backoffs) make a pinned scale.
+	PinnedIntervals int `json:"pinned_intervals"`
+	// CollapseBits is how many powers of two the scale must fall in the
+	// window before a NaN for the NaN to follow a collapse.
+	CollapseBits float64 `json:"collapse_bits"`
+	// WarmupSkips is the smallest number of skipped steps at the start
+	// that is reported as wasted warm-up.
+	WarmupSkips int `json:"warmup_skips"`
+}
+
+// ScalerConfig is GradScaler's configuration. Zero values mean unknown.
+type ScalerConfig struct {
+	InitScale      float64 `json:"init_scale,omitempty"`
+	GrowthFactor   float64 `json:"growth_factor,omitempty"`
+	BackoffFactor  float64 `json:"backoff_factor,omitempty"`
+	GrowthInterval int     `json:"growth_interval,omitempty"`
+}
+
+// FormatScale writes a loss scale for people: a power of two as "2^16
+// (65536)", anything else with four significant digits.
+func FormatScale(s float64) string {
+	if s <= 0 {
+		return fmt.Sprint(s)
+	}
+	if frac, exp := math.Frexp(s); frac == 0.5 {
+		if s < 1 {
+			return fmt.Sprintf("2^%d (%.3g)", exp-1, s)
+		}
+		return fmt.Sprintf("2^%d (%g)", exp-1, s)
+	}
+	return fmt.Sprintf("%.4g", s)
+}
