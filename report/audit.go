@@ -4,7 +4,20 @@ import "fp16audit/checks"
 
 // ReportSchema names the JSON shape of Report. It changes only when a field
 // is removed or changes meaning; new fields may appear within a version.
-const ReportSchema = "fp16audit.report/v1"
+//
+// v1.1 (fp16audit 0.3): statistics of a value without finite elements say
+// so — max_abs, min_nonzero, mean and rms are null there instead of 0, and
+// "finite" counts the finite elements; rel_err is left out when no element
+// is finite in both passes ("compared" counts those that are). Origins carry
+// a cause (and the input and samples of a poisoned batch), values and nodes
+// held in reduced precision carry their provenance, inputs have the kinds
+// audio, sequence and tokens, and the summary's headroom counts only values
+// held in reduced precision, against that format's limit.
+const ReportSchema = "fp16audit.report/v1.1"
+
+// ReportSchemaV1 is the schema of reports written by fp16audit 0.2, which
+// `fp16audit render` still reads.
+const ReportSchemaV1 = "fp16audit.report/v1"
 
 // Report is the finished result of an audit. Renderers read it and compute
 // nothing; `fp16audit render` re-renders one saved as JSON.
@@ -19,8 +32,8 @@ type Report struct {
 	// conversions applied to inputs, synthetic data, ops of unknown precision.
 	Notes []string `json:"notes"`
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
-	// explicit-half-cast, unnormalized-input, oversized-logits,
-	// overflowing-op, healthy.
+	// explicit-half-cast, unsafe-constant, unnormalized-input,
+	// oversized-logits, overflowing-op, healthy.
 	Verdict     string           `json:"verdict"`
 	VerdictText string           `json:"verdict_text"`
 	Origins     []Origin         `json:"origins"`
@@ -46,18 +59,40 @@ const (
 	VerdictPoisoned     = "poisoned-input"
 	VerdictFP32Broken   = "fp32-broken"
 	VerdictHalfCast     = "explicit-half-cast"
+	VerdictConstant     = "unsafe-constant"
 	VerdictUnnormalized = "unnormalized-input"
 	VerdictLogits       = "oversized-logits"
 	VerdictOverflow     = "overflowing-op"
 	VerdictHealthy      = "healthy"
 )
 
-// Origin is a node where NaN/Inf first appear in a pass: its output holds
-// non-finite values while all of its inputs are finite.
+// Origin causes, the reason NaN/Inf start where an origin is.
+const (
+	// CauseInput: the batch itself holds NaN/Inf (Input names it).
+	CauseInput = "input"
+	// CauseOverflow: an op's result leaves the range of the format it is
+	// held in.
+	CauseOverflow = "overflow"
+	// CauseConstant: a constant beyond the format's range is written into
+	// a value held in reduced precision (a mask fill, an additive mask).
+	CauseConstant = "constant"
+	// CauseFP32: the fp32 reference itself produces NaN/Inf.
+	CauseFP32 = "fp32"
+)
+
+// Origin is where NaN/Inf first appear in a pass: a node whose output holds
+// non-finite values while all of its inputs are finite, or a graph input
+// whose batch already holds them (Index -1, Input set).
 type Origin struct {
-	Pass      string `json:"pass"`
+	Pass string `json:"pass"`
+	// Cause is one of the Cause constants.
+	Cause     string `json:"cause"`
 	Node      string `json:"node"`
 	Index     int    `json:"index"`
+	// Input and Samples name a poisoned graph input and where its NaN/Inf
+	// are (at most 20 samples).
+	Input   string   `json:"input,omitempty"`
+	Samples []Sample `json:"samples,omitempty"`
 	OpType    string `json:"op_type"`
 	Module    string `json:"module"`
 	Precision string `json:"precision"`
@@ -66,13 +101,51 @@ type Origin struct {
 	FP32MaxAbs   float64  `json:"fp32_max_abs"`
 	HeadroomBits *float64 `json:"headroom_bits,omitempty"`
 	NonFinite    int64    `json:"nonfinite"`
-	// ExplicitCast is set when the node is a Cast to FLOAT16/BFLOAT16 that
-	// the model itself contains.
-	ExplicitCast bool `json:"explicit_cast,omitempty"`
+	// ExplicitCast is set when the value is in reduced precision because of
+	// a Cast to FLOAT16/BFLOAT16 the model itself contains (Provenance
+	// names them).
+	ExplicitCast bool        `json:"explicit_cast,omitempty"`
+	Provenance   *Provenance `json:"provenance,omitempty"`
+	// Constant names the out-of-range constant written into the value
+	// (cause constant) and ConstantValue is its most extreme element.
+	Constant      string   `json:"constant,omitempty"`
+	ConstantValue *float64 `json:"constant_value,omitempty"`
 	// Affected lists the downstream nodes whose outputs became NaN/Inf, and
 	// AffectedOutputs the graph outputs among their values.
 	Affected        []string `json:"affected"`
 	AffectedOutputs []string `json:"affected_outputs"`
+}
+
+// Sample is one sample of a batch that holds NaN/Inf: its batch (in the
+// order of Report.Batches), its index along the batch dimension, and how
+// many of its elements are non-finite.
+type Sample struct {
+	Batch     int   `json:"batch"`
+	Index     int64 `json:"index"`
+	NonFinite int64 `json:"nonfinite"`
+}
+
+// Provenance reasons: why a value is held in reduced precision.
+const (
+	// ReasonAutocast: an op on autocast's lower-precision list (Conv,
+	// MatMul, Linear...) produced it, or it inherits that precision.
+	ReasonAutocast = "autocast"
+	// ReasonHalfPolicy: the half policy (model.half()) holds it in fp16.
+	ReasonHalfPolicy = "half-policy"
+	// ReasonExplicitCast: the model's own Cast/CastLike to half made it, or
+	// made an input that it inherits its precision from.
+	ReasonExplicitCast = "explicit-cast"
+	// ReasonHalfModel: the model stores half weights or inputs (exported
+	// after .half()).
+	ReasonHalfModel = "fp16-model"
+)
+
+// Provenance says why a value is held in reduced precision: the reasons
+// that made it so (several when its inputs differ), and the model's own
+// half casts among them.
+type Provenance struct {
+	Reasons []string `json:"reasons"`
+	Casts   []string `json:"casts,omitempty"`
 }
 
 // Fix kinds.
@@ -80,6 +153,12 @@ const (
 	FixStandardize = "standardize-inputs"
 	FixBF16        = "bf16"
 	FixKeepFP32    = "keep-fp32"
+	// FixRemoveCast verifies that removing the model's own half casts
+	// removes the overflow.
+	FixRemoveCast = "remove-cast"
+	// FixConstant verifies that constants within the format's range
+	// (torch.finfo(dtype).min) remove the NaN/Inf.
+	FixConstant = "finfo-constant"
 )
 
 // Fix is a remedy fp16audit tried by re-running the emulated pass.
@@ -94,7 +173,10 @@ type Fix struct {
 	NonFiniteAfter  int64 `json:"nonfinite_after"`
 	// Normalize holds the per-channel statistics used (standardize-inputs).
 	Normalize []NormalizeStats `json:"normalize,omitempty"`
-	// Modules and Nodes are the smallest set kept in fp32 (keep-fp32).
+	// Inputs names the inputs standardized (standardize-inputs).
+	Inputs []string `json:"inputs,omitempty"`
+	// Modules and Nodes are the smallest set kept in fp32 (keep-fp32), the
+	// casts removed (remove-cast) or the constants' readers (finfo-constant).
 	Modules    []string `json:"modules,omitempty"`
 	Nodes      []string `json:"nodes,omitempty"`
 	Iterations int      `json:"iterations,omitempty"`
@@ -105,16 +187,33 @@ type NormalizeStats struct {
 	Input string    `json:"input"`
 	Mean  []float64 `json:"mean"`
 	Std   []float64 `json:"std"`
-	// Fastai is a ready-to-paste fastai call; for raw 0–255 pixels the
-	// statistics are divided by 255 because fastai's IntToFloatTensor
-	// scales pixels to [0,1] before Normalize.
+	// Fastai is a ready-to-paste fastai call for the input's kind: for
+	// images Normalize.from_stats (for raw 0–255 pixels the statistics are
+	// divided by 255, because fastai's IntToFloatTensor scales pixels to
+	// [0,1] before Normalize), for tables procs=[Normalize]; empty for
+	// other kinds, which fastai does not normalize for you.
 	Fastai string `json:"fastai"`
+	// Torch is the plain PyTorch standardization of the input.
+	Torch string `json:"torch"`
 }
+
+// Input kinds, decided once per input from its dtype, shape and name; the
+// advice for an input uses its kind's API.
+const (
+	KindImage    = "image"    // rank 4, NCHW with 1–4 channels (or NHWC)
+	KindTabular  = "tabular"  // rank 2 float: rows × columns
+	KindAudio    = "audio"    // float waveforms: rank 2 or 3 with a long last axis
+	KindSequence = "sequence" // float sequence features: rank 3 (batch, time, features)
+	KindTokens   = "tokens"   // integer ids fed to an embedding
+	KindInteger  = "integer"  // other integers (masks, indices)
+	KindOther    = "other"    // any other float input
+)
 
 // InputReport is one graph input: its statistics over all batches and, for
 // image and tabular inputs, per channel or column.
 type InputReport struct {
 	ValueReport
+	// Kind is one of the Kind constants.
 	Kind      string          `json:"kind"`
 	RawPixels bool            `json:"raw_pixels,omitempty"`
 	Channels  []ChannelReport `json:"channels,omitempty"`
@@ -173,8 +272,10 @@ type NodeReport struct {
 	OpType string `json:"op_type"`
 	Domain string `json:"domain,omitempty"`
 	Module string `json:"module"`
-	// Precision is what the node computes in under the report's policy.
-	Precision string `json:"precision"`
+	// Precision is what the node computes in under the report's policy, and
+	// Provenance why, when that is a reduced precision.
+	Precision  string      `json:"precision"`
+	Provenance *Provenance `json:"provenance,omitempty"`
 	// Flagged marks an origin or a node with non-finite outputs in any pass.
 	Flagged bool          `json:"flagged,omitempty"`
 	Outputs []ValueReport `json:"outputs"`
@@ -189,16 +290,21 @@ type ValueReport struct {
 	Stats map[string]StatsReport `json:"stats"`
 }
 
-// StatsReport is the JSON form of Stats. Fields that would be infinite are
-// omitted (HeadroomBits of an all-zero tensor).
+// StatsReport is the statistics of one value in one pass. Magnitudes are
+// null where the value has no finite element (max_abs, mean, rms) or no
+// nonzero finite one (min_nonzero); headroom_bits is left out where it
+// would be infinite (no nonzero finite element) and is measured against
+// fp16's 65504 in every pass.
 type StatsReport struct {
-	Count         int64    `json:"count"`
-	MaxAbs        float64  `json:"max_abs"`
+	Count int64 `json:"count"`
+	// Finite counts the finite elements, zeros included.
+	Finite        int64    `json:"finite"`
+	MaxAbs        *float64 `json:"max_abs"`
 	ArgMaxBatch   int      `json:"argmax_batch"`
 	ArgMax        int64    `json:"argmax"`
-	MinNonzero    float64  `json:"min_nonzero"`
-	Mean          float64  `json:"mean"`
-	RMS           float64  `json:"rms"`
+	MinNonzero    *float64 `json:"min_nonzero"`
+	Mean          *float64 `json:"mean"`
+	RMS           *float64 `json:"rms"`
 	HeadroomBits  *float64 `json:"headroom_bits,omitempty"`
 	NaN           int64    `json:"nan"`
 	PosInf        int64    `json:"pos_inf"`
@@ -207,7 +313,10 @@ type StatsReport struct {
 	AboveFP16Max  int64    `json:"above_fp16_max"`
 	FP16Subnormal int64    `json:"fp16_subnormal"`
 	FP16Flush     int64    `json:"fp16_flush"`
-	// Comparison with the fp32 pass, for emulated passes only.
+	// Comparison with the fp32 pass, for emulated passes only: Compared
+	// counts the elements finite in both passes, RelErr is ‖y − y32‖/‖y32‖
+	// over them (left out when there are none).
+	Compared        int64    `json:"compared,omitempty"`
 	RelErr          *float64 `json:"rel_err,omitempty"`
 	NewNonFinite    int64    `json:"new_nonfinite,omitempty"`
 	FlushedFraction float64  `json:"flushed_fraction,omitempty"`
@@ -220,10 +329,14 @@ func (s StatsReport) NonFinite() int64 { return s.NaN + s.PosInf + s.NegInf }
 type Summary struct {
 	FloatValues   int `json:"float_values"`
 	NonFiniteFP32 int `json:"nonfinite_values_fp32"`
-	// MinHeadroomBits is the smallest fp32 headroom over all node outputs;
-	// omitted when every value is zero.
+	// MinHeadroomBits is the smallest headroom, log2(limit/fp32 max |x|),
+	// over the node outputs the policy holds in reduced precision, against
+	// that format's largest value (HeadroomLimit: 65504 for fp16, about
+	// 3.39e38 for bf16); omitted when no such value has a nonzero finite
+	// element.
 	MinHeadroomBits  *float64 `json:"min_headroom_bits,omitempty"`
 	MinHeadroomValue string   `json:"min_headroom_value,omitempty"`
+	HeadroomLimit    float64  `json:"headroom_limit,omitempty"`
 }
 
 // MaxSeverity returns the highest severity among the findings, or -1 when

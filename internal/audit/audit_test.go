@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -182,7 +183,7 @@ func TestBatchFormatsAgree(t *testing.T) {
 		for i, n := range r.Nodes {
 			for j, o := range n.Outputs {
 				a, b := o.Stats["fp32"], ref.Nodes[i].Outputs[j].Stats["fp32"]
-				if a.MaxAbs != b.MaxAbs || a.Mean != b.Mean || a.Count != b.Count {
+				if !reflect.DeepEqual(a, b) {
 					t.Fatalf("%s: %s differs from cnn.npy: %+v vs %+v", in, o.Name, a, b)
 				}
 			}

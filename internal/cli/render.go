@@ -76,7 +76,7 @@ func readReport(path string) (*report.Report, error) {
 	if err := json.Unmarshal(data, &head); err != nil {
 		return nil, fmt.Errorf("read report %s: %w (want a report written by 'fp16audit run --format json')", path, err)
 	}
-	if head.Schema == nil || *head.Schema != report.ReportSchema {
+	if head.Schema == nil || (*head.Schema != report.ReportSchema && *head.Schema != report.ReportSchemaV1) {
 		found := "no schema field"
 		if head.Schema != nil {
 			found = fmt.Sprintf("schema %q", *head.Schema)
@@ -88,7 +88,37 @@ func readReport(path string) (*report.Report, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("read report %s: %w", path, err)
 	}
+	if r.Schema == report.ReportSchemaV1 {
+		upgradeV1(&r)
+	}
 	return &r, nil
+}
+
+// upgradeV1 reads a v1 report's statistics as v1.1 says them: v1 wrote 0
+// for the magnitudes of a value without finite elements, and had no count
+// of finite elements.
+func upgradeV1(r *report.Report) {
+	fix := func(vs []report.ValueReport) {
+		for _, v := range vs {
+			for p, s := range v.Stats {
+				s.Finite = s.Count - s.NonFinite()
+				if s.Finite == 0 {
+					s.MaxAbs, s.Mean, s.RMS = nil, nil, nil
+				}
+				if s.MinNonzero != nil && *s.MinNonzero == 0 {
+					s.MinNonzero = nil
+				}
+				v.Stats[p] = s
+			}
+		}
+	}
+	for _, n := range r.Nodes {
+		fix(n.Outputs)
+	}
+	for _, in := range r.Inputs {
+		fix([]report.ValueReport{in.ValueReport})
+	}
+	r.Schema = report.ReportSchema
 }
 
 // terminalStyle decides the text report's colour and width for w: colour

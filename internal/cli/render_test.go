@@ -18,7 +18,7 @@ func TestRenderFormats(t *testing.T) {
 		{"text", []string{"verdict: unnormalized-input", "origin (fp16 pass): /conv1/Conv", "per-node statistics"}},
 		{"markdown", []string{"## fp16audit: ❌ `unnormalized-input`", "### Flagged nodes (13 of 13)"}},
 		{"html", []string{"<!DOCTYPE html>", `<svg id="chart"`, "unnormalized-input"}},
-		{"json", []string{`"schema": "fp16audit.report/v1"`}},
+		{"json", []string{`"schema": "fp16audit.report/v1.1"`}},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := Main([]string{"render", savedReport, "--format", c.format}, &stdout, &stderr); code != exitOK {
@@ -64,8 +64,8 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{[]string{"render"}, "want exactly one REPORT.json argument, got 0"},
 		{[]string{"render", savedReport, "--format", "pdf"}, `--format "pdf": want one of text, json, markdown, html`},
-		{[]string{"render", other}, `want schema "fp16audit.report/v1", found schema "fp16audit.report/v0"; re-create it`},
-		{[]string{"render", none}, `want schema "fp16audit.report/v1", found no schema field`},
+		{[]string{"render", other}, `want schema "fp16audit.report/v1.1", found schema "fp16audit.report/v0"; re-create it`},
+		{[]string{"render", none}, `want schema "fp16audit.report/v1.1", found no schema field`},
 		{[]string{"render", broken}, "want a report written by 'fp16audit run --format json'"},
 		{[]string{"render", filepath.Join(dir, "missing.json")}, "no such file"},
 		{[]string{"render", savedReport, "--pass", "fp8"}, `--pass "fp8": the report has passes fp32, fp16, bf16`},

@@ -10,15 +10,21 @@ import (
 // nil). Magnitudes that would be infinite are left out.
 func StatsReport(s observe.Stats, d *observe.Diff) report.StatsReport {
 	r := report.StatsReport{
-		Count: s.Count, MaxAbs: float64(s.MaxAbs), ArgMaxBatch: s.ArgMaxBatch, ArgMax: s.ArgMax,
-		MinNonzero: float64(s.MinNonzero), Mean: s.Mean(), RMS: s.RMS(),
+		Count: s.Count, Finite: s.Finite, ArgMaxBatch: s.ArgMaxBatch, ArgMax: s.ArgMax,
 		NaN: s.NaN, PosInf: s.PosInf, NegInf: s.NegInf, Zeros: s.Zeros,
 		AboveFP16Max: s.AboveFP16Max, FP16Subnormal: s.FP16Subnormal, FP16Flush: s.FP16Flush,
 	}
-	if h := s.HeadroomBits(); !isInfOrNaN(h) {
+	if s.Finite > 0 {
+		r.MaxAbs, r.Mean, r.RMS = ptr(float64(s.MaxAbs)), ptr(s.Mean()), ptr(s.RMS())
+	}
+	if s.MinNonzero != 0 {
+		r.MinNonzero = ptr(float64(s.MinNonzero))
+	}
+	if h := s.HeadroomBits(); s.Finite > 0 && !isInfOrNaN(h) {
 		r.HeadroomBits = &h
 	}
 	if d != nil {
+		r.Compared = d.BothFinite
 		if re := d.RelErr(); !isInfOrNaN(re) {
 			r.RelErr = &re
 		}
@@ -27,3 +33,5 @@ func StatsReport(s observe.Stats, d *observe.Diff) report.StatsReport {
 	}
 	return r
 }
+
+func ptr(x float64) *float64 { return &x }

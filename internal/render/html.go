@@ -109,7 +109,11 @@ func htmlData(r *report.Report) (string, error) {
 				if !ok {
 					continue
 				}
-				st := []any{num(s.MaxAbs), s.NaN, s.PosInf, s.NegInf}
+				var mx any
+				if s.MaxAbs != nil {
+					mx = num(*s.MaxAbs)
+				}
+				st := []any{mx, s.NaN, s.PosInf, s.NegInf}
 				if ps == report.PassFP32 {
 					var head any
 					if s.HeadroomBits != nil {
@@ -200,8 +204,8 @@ func chartSVG(r *report.Report) string {
 				if s.AboveFP16Max > 0 {
 					pt.overflow = true
 				}
-				if s.MaxAbs > 0 {
-					pt.y = math.Max(pt.y, math.Log2(s.MaxAbs))
+				if s.MaxAbs != nil && *s.MaxAbs > 0 {
+					pt.y = math.Max(pt.y, math.Log2(*s.MaxAbs))
 				}
 			}
 			if !math.IsInf(pt.y, -1) {

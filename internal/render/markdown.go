@@ -142,7 +142,7 @@ func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string)
 	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, mdCode(shorten(name, 80)), mdText(n.OpType), mdCode(moduleOrModel(n.Module)),
 		mdText(n.Precision), mdCode(shorten(o.Name, 60)))
 	if ref, ok := o.Stats[report.PassFP32]; ok {
-		fmt.Fprintf(&b, " %s | %s |", formatMag(ref.MaxAbs), headroomText(ref.HeadroomBits))
+		fmt.Fprintf(&b, " %s | %s |", formatOpt(ref.MaxAbs), headroomText(ref.HeadroomBits))
 	} else {
 		b.WriteString(" | |")
 	}
@@ -152,7 +152,7 @@ func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string)
 			if s.NonFinite() > 0 {
 				nf = "**" + nf + "**"
 			}
-			fmt.Fprintf(&b, " %s | %s |", formatMag(s.MaxAbs), nf)
+			fmt.Fprintf(&b, " %s | %s |", formatOpt(s.MaxAbs), nf)
 		} else {
 			b.WriteString(" | |")
 		}

@@ -45,7 +45,7 @@ func syntheticReport(n int) *report.Report {
 		}
 		mx := math.Exp2(lg)
 		stats := func(pass string) report.StatsReport {
-			s := report.StatsReport{Count: 8 * 512 * 768, MaxAbs: mx}
+			s := report.StatsReport{Count: 8 * 512 * 768, Finite: 8 * 512 * 768, MaxAbs: &mx}
 			h := math.Log2(65504 / mx)
 			if pass == "fp32" {
 				s.HeadroomBits = &h
@@ -54,7 +54,7 @@ func syntheticReport(n int) *report.Report {
 				}
 			}
 			if pass == "fp16" && i >= origin {
-				s.MaxAbs, s.NaN, s.PosInf = 0, s.Count-7, 7
+				s.MaxAbs, s.Finite, s.NaN, s.PosInf = nil, 0, s.Count-7, 7
 			}
 			return s
 		}
@@ -69,6 +69,6 @@ func syntheticReport(n int) *report.Report {
 	}
 	on := r.Nodes[origin]
 	r.Origins = []report.Origin{{Pass: "fp16", Node: on.Name, Index: origin, OpType: on.OpType, Module: on.Module, Precision: "fp16",
-		Value: on.Outputs[0].Name, FP32MaxAbs: on.Outputs[0].Stats["fp32"].MaxAbs, NonFinite: 7}}
+		Value: on.Outputs[0].Name, FP32MaxAbs: *on.Outputs[0].Stats["fp32"].MaxAbs, NonFinite: 7, Cause: report.CauseOverflow}}
 	return r
 }

@@ -304,7 +304,7 @@ func valueCells(index, node, op, prec string, v report.ValueReport, pass string,
 		}
 		return cell{"0", ansiDim}
 	}
-	return append(row, cell{formatMag(ref.MaxAbs), ""}, cell{head, headStyle}, cell{formatMag(s.MaxAbs), ""},
+	return append(row, cell{formatOpt(ref.MaxAbs), ""}, cell{head, headStyle}, cell{formatOpt(s.MaxAbs), ""},
 		count(s.NaN), count(s.PosInf), count(s.NegInf))
 }
 
@@ -393,6 +393,15 @@ func floats(xs []float64) string {
 }
 
 // formatMag prints a magnitude compactly: 3 significant digits.
+// formatOpt writes a magnitude that may be absent: "none" when the value
+// had no finite element.
+func formatOpt(x *float64) string {
+	if x == nil {
+		return "none"
+	}
+	return formatMag(*x)
+}
+
 func formatMag(x float64) string {
 	switch {
 	case x == 0:
