@@ -86,17 +86,17 @@ const (
 type Origin struct {
 	Pass string `json:"pass"`
 	// Cause is one of the Cause constants.
-	Cause     string `json:"cause"`
-	Node      string `json:"node"`
-	Index     int    `json:"index"`
+	Cause string `json:"cause"`
+	Node  string `json:"node"`
+	Index int    `json:"index"`
 	// Input and Samples name a poisoned graph input and where its NaN/Inf
 	// are (at most 20 samples).
-	Input   string   `json:"input,omitempty"`
-	Samples []Sample `json:"samples,omitempty"`
-	OpType    string `json:"op_type"`
-	Module    string `json:"module"`
-	Precision string `json:"precision"`
-	Value     string `json:"value"`
+	Input     string   `json:"input,omitempty"`
+	Samples   []Sample `json:"samples,omitempty"`
+	OpType    string   `json:"op_type"`
+	Module    string   `json:"module"`
+	Precision string   `json:"precision"`
+	Value     string   `json:"value"`
 	// FP32MaxAbs is the largest |x| of the value in the fp32 pass.
 	FP32MaxAbs   float64  `json:"fp32_max_abs"`
 	HeadroomBits *float64 `json:"headroom_bits,omitempty"`
