@@ -1,0 +1,171 @@
+"""A CPU stand-in for torch.cuda.amp.GradScaler.
+
+torch 1.13's GradScaler works only on CUDA (on a machine without it, it
+warns and disables itself), and on a CPU nothing overflows anyway: the
+backward pass runs in fp32. EmulatedGradScaler follows GradScaler's
+documented behaviour so that recorders, callbacks and tests can run the real
+control flow on a CPU:
+
+- scale(outputs) multiplies by the current scale;
+- unscale_(optimizer) divides the gradients of the optimizer's parameters by
+  the scale and notes whether any of them overflowed;
+- step(optimizer) unscales (if not done yet) and calls optimizer.step() only
+  when nothing overflowed;
+- update() multiplies the scale by backoff_factor after a step that
+  overflowed, and by growth_factor after growth_interval clean steps in a
+  row; the scale is a float32, as GradScaler keeps it.
+
+What counts as "overflowed" is where the emulation comes in. A gradient
+overflows when, before unscaling, it holds Inf/NaN, or (with half_check) it
+does once cast to float16: that is the scaled gradient out of fp16 range,
+which is what an fp16 GEMM would have produced on a GPU. Checks registered
+with watch() are asked too; GradTelemetry.overflowed is one: under autocast
+an Inf in an fp16 activation gradient flows on into the parameter gradients,
+and watching the telemetry reproduces that.
+"""
+
+import struct
+
+import torch
+
+
+def _f32(x):
+    return struct.unpack("f", struct.pack("f", float(x)))[0]
+
+
+class _Watch:
+    def __init__(self, owner, check):
+        self._owner, self.check = owner, check
+
+    def remove(self):
+        if self in self._owner._watches:
+            self._owner._watches.remove(self)
+
+
+class EmulatedGradScaler:
+    """GradScaler's interface and update rule, on any device; see the module docstring."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True, half_check=True):
+        # The same argument checks as GradScaler: a scaler that cannot back
+        # off or grow would make skipped steps invisible in the scale history.
+        if not growth_factor > 1.0:
+            raise ValueError("growth_factor should be > 1")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError("backoff_factor should be in (0, 1)")
+        if not (isinstance(growth_interval, int) and growth_interval > 0):
+            raise ValueError("growth_interval should be a positive integer")
+        self._enabled = bool(enabled)
+        self._init_scale = _f32(init_scale)
+        self._scale = self._init_scale
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = growth_interval
+        self._growth_tracker = 0
+        self.half_check = half_check
+        # id(optimizer) -> {"found_inf": bool, "stepped": bool}, since the last update()
+        self._per_opt = {}
+        self._watches = []
+
+    def is_enabled(self):
+        return self._enabled
+
+    def get_scale(self):
+        return self._scale if self._enabled else 1.0
+
+    def get_growth_factor(self):
+        return self._growth_factor
+
+    def get_backoff_factor(self):
+        return self._backoff_factor
+
+    def get_growth_interval(self):
+        return self._growth_interval
+
+    def watch(self, check):
+        """Also count a step as overflowed when check() returns True at unscale time; returns a handle with remove()."""
+        w = _Watch(self, check)
+        self._watches.append(w)
+        return w
+
+    def scale(self, outputs):
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs * self._scale
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        raise ValueError("outputs must be a Tensor or a list or tuple of Tensors")
+
+    def unscale_(self, optimizer):
+        if not self._enabled:
+            return
+        state = self._per_opt.get(id(optimizer))
+        if state is not None:
+            if state["stepped"]:
+                raise RuntimeError("unscale_() is being called after step().")
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        found = False
+        inv = 1.0 / self._scale if self._scale != 0 else float("inf")
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    g = p.grad
+                    if not bool(torch.isfinite(g).all()):
+                        found = True
+                    elif self.half_check and g.dtype != torch.float16 and not bool(torch.isfinite(g.to(torch.float16)).all()):
+                        found = True
+                    g.mul_(inv)
+        for w in list(self._watches):
+            if w.check():
+                found = True
+        self._per_opt[id(optimizer)] = {"found_inf": found, "stepped": False}
+
+    def step(self, optimizer, *args, **kwargs):
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        state = self._per_opt.get(id(optimizer))
+        if state is not None and state["stepped"]:
+            raise RuntimeError("step() has already been called since the last update().")
+        if state is None:
+            self.unscale_(optimizer)
+            state = self._per_opt[id(optimizer)]
+        state["stepped"] = True
+        if state["found_inf"]:
+            return None
+        return optimizer.step(*args, **kwargs)
+
+    def update(self, new_scale=None):
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            self._scale = _f32(new_scale)
+        else:
+            if not self._per_opt:
+                raise RuntimeError("No inf checks were recorded prior to update.")
+            if any(st["found_inf"] for st in self._per_opt.values()):
+                self._scale = _f32(self._scale * self._backoff_factor)
+                self._growth_tracker = 0
+            else:
+                self._growth_tracker += 1
+                if self._growth_tracker == self._growth_interval:
+                    self._scale = _f32(self._scale * self._growth_factor)
+                    self._growth_tracker = 0
+        self._per_opt = {}
+
+    def state_dict(self):
+        if not self._enabled:
+            return {}
+        return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
+                "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state):
+        if not state:
+            raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.")
+        self._scale = _f32(state["scale"])
+        self._growth_factor = float(state["growth_factor"])
+        self._backoff_factor = float(state["backoff_factor"])
+        self._growth_interval = int(state["growth_interval"])
+        self._growth_tracker = int(state["_growth_tracker"])
