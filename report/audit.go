@@ -32,8 +32,10 @@ type Report struct {
 	// conversions applied to inputs, synthetic data, ops of unknown precision.
 	Notes []string `json:"notes"`
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
-	// explicit-half-cast, unsafe-constant, unnormalized-input,
-	// oversized-logits, overflowing-op, healthy.
+	// explicit-half-cast, unnormalized-input, oversized-logits,
+	// overflowing-op, healthy. It follows what reaches the graph outputs;
+	// an error-level finding may stand beside a healthy verdict (a
+	// masked_fill PyTorch refuses, whose -Inf the softmax would absorb).
 	Verdict     string           `json:"verdict"`
 	VerdictText string           `json:"verdict_text"`
 	Origins     []Origin         `json:"origins"`
@@ -59,7 +61,6 @@ const (
 	VerdictPoisoned     = "poisoned-input"
 	VerdictFP32Broken   = "fp32-broken"
 	VerdictHalfCast     = "explicit-half-cast"
-	VerdictConstant     = "unsafe-constant"
 	VerdictUnnormalized = "unnormalized-input"
 	VerdictLogits       = "oversized-logits"
 	VerdictOverflow     = "overflowing-op"

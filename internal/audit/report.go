@@ -96,6 +96,15 @@ func (a *audit) nodeReports() []report.NodeReport {
 		nr := report.NodeReport{Index: ni, Name: n.Name, OpType: n.OpType, Domain: n.Domain,
 			Module: onnx.ModulePath(n), Precision: a.static.Assign.Node[ni].String(), Outputs: []report.ValueReport{}}
 		for _, o := range n.Output {
+			if w := a.static.Assign.Why[o]; w != 0 {
+				nr.Provenance = &report.Provenance{Reasons: w.Names()}
+				for _, c := range a.static.Assign.Casts[o] {
+					nr.Provenance.Casts = append(nr.Provenance.Casts, onnx.NodeName(g, c))
+				}
+				break
+			}
+		}
+		for _, o := range n.Output {
 			var vr *report.ValueReport
 			for _, p := range a.report.Passes {
 				res := a.passes[p]
@@ -122,7 +131,9 @@ func (a *audit) nodeReports() []report.NodeReport {
 	return nodes
 }
 
-func summarize(r *report.Report) report.Summary {
+// summarize condenses the node statistics; the headroom is over the values
+// held in reduced precision, against their format's limit.
+func summarize(r *report.Report, f *diagnose.Facts) report.Summary {
 	var s report.Summary
 	for _, n := range r.Nodes {
 		for _, o := range n.Outputs {
@@ -134,12 +145,10 @@ func summarize(r *report.Report) report.Summary {
 			if st.NonFinite() > 0 {
 				s.NonFiniteFP32++
 			}
-			if h := st.HeadroomBits; h != nil && (s.MinHeadroomBits == nil || *h < *s.MinHeadroomBits) {
-				v := *h
-				s.MinHeadroomBits = &v
-				s.MinHeadroomValue = o.Name
-			}
 		}
+	}
+	if bits, v, limit, ok := f.MinHeadroom(); ok {
+		s.MinHeadroomBits, s.MinHeadroomValue, s.HeadroomLimit = &bits, v, limit
 	}
 	return s
 }
