@@ -116,7 +116,7 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *Round
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.sess, err = NewSession(l.res, sessionOptions, extra...)
+	l.sess, err = NewSession(l.res, sessionOptions, append(l.res.Outputs(), extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,5 +363,113 @@ func TestAutocastRounding(t *testing.T) {
 		if over != c.overflow {
 			t.Errorf("scale 2^%d: logits gradient overflow %v, want %v", c.exp, over, c.overflow)
 		}
+	}
+}
+
+// TestSummaries: the in-session summaries of each rounded gradient equal
+// the statistics computed from the fetched tensors, and a session that
+// fetches the summaries alone returns the same numbers.
+func TestSummaries(t *testing.T) {
+	var e fixtureEntry
+	for _, f := range readManifest(t).Fixtures {
+		if f.Name == "transformer_o17" {
+			e = f
+		}
+	}
+	requireORT(t)
+	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := loadFixture(t, e, nil)
+	l.sess.Close()
+	facts, err := Probe(m.Proto, l.inputs, sessionOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Rounding{Values: map[string]int32{}}
+	for _, mod := range e.Experiment.Modules {
+		r.Values[mod.Value] = elemFloat16
+	}
+	res, err := Build(m.Proto, facts, Options{Loss: Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r, Summaries: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := NewSession(res, sessionOptions, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	var names []string
+	for _, g := range res.Grads {
+		names = append(names, g.Summary.MaxAbs, g.Summary.NonFinite, g.Summary.NonZero)
+		if g.Summary.Flushed != "" {
+			names = append(names, g.Summary.Flushed)
+		}
+	}
+	small, err := NewSession(res, sessionOptions, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	flushedSeen := false
+	for _, exp := range []int{0, 10, 20} {
+		scale := float32(math.Ldexp(1, exp))
+		a, err := full.Run(l.inputs, l.target, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := small.Run(l.inputs, l.target, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f32 := func(o Outputs, name string) float64 { return float64(floats(t, o[name])[0]) }
+		for _, g := range res.Grads {
+			raw := g.Name
+			if g.Raw != "" {
+				raw = g.Raw
+			}
+			rv, gv := floats(t, a[raw]), floats(t, a[g.Name])
+			mx, nan := 0.0, false
+			nonfinite, nonzero, flushed := false, 0.0, 0.0
+			for i, v := range rv {
+				nan = nan || math.IsNaN(float64(v))
+				mx = math.Max(mx, math.Abs(float64(v)))
+				nonfinite = nonfinite || math.IsInf(float64(gv[i]), 0) || math.IsNaN(float64(gv[i]))
+				if v != 0 {
+					nonzero++
+					if gv[i] == 0 {
+						flushed++
+					}
+				}
+			}
+			s := g.Summary
+			if got := f32(a, s.MaxAbs); got != mx && !(nan && math.IsNaN(got)) && !(nan && math.IsInf(mx, 0)) {
+				t.Errorf("2^%d %s: max %g, tensor says %g", exp, g.Value, got, mx)
+			}
+			if got := a[s.NonFinite].Data[0] != 0; got != nonfinite {
+				t.Errorf("2^%d %s: nonfinite %v, tensor says %v", exp, g.Value, got, nonfinite)
+			}
+			if !nan {
+				if got := f32(a, s.NonZero); got != nonzero {
+					t.Errorf("2^%d %s: nonzero %g, tensor says %g", exp, g.Value, got, nonzero)
+				}
+				if s.Flushed != "" && f32(a, s.Flushed) != flushed {
+					t.Errorf("2^%d %s: flushed %g, tensor says %g", exp, g.Value, f32(a, s.Flushed), flushed)
+				}
+			}
+			flushedSeen = flushedSeen || flushed > 0
+			for _, name := range []string{s.MaxAbs, s.NonZero, s.Flushed} {
+				if name == "" {
+					continue
+				}
+				if x, y := f32(a, name), f32(b, name); x != y && !(math.IsNaN(x) && math.IsNaN(y)) {
+					t.Errorf("2^%d %s: summaries-only session says %s = %g, full session %g", exp, g.Value, name, y, x)
+				}
+			}
+		}
+	}
+	if !flushedSeen {
+		t.Error("no gradient flushed at 2^0: the fixture no longer exercises Flushed")
 	}
 }

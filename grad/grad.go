@@ -37,7 +37,14 @@
 // in half precision; each passes through Cast(FLOAT16)→Cast(FLOAT) (or
 // BFLOAT16), as the forward emulation does for activations, and the
 // unrounded value is exposed beside it, so a caller can count overflow and
-// flush-to-zero per value from one run.
+// flush-to-zero per value from one run. With Options.Summaries the counts
+// are made inside the session, and a Session can fetch those few scalars
+// per gradient instead of the tensors.
+//
+// Typical use: facts := Probe(model, batch); res := Build(model, facts,
+// Options{Loss: MSE, Rounding: AutocastRounding(graph, assignment)});
+// s := NewSession(res, opts, nil); outs := s.Run(batch, target, 65536);
+// then res.Grads maps each forward value to its gradient output.
 package grad
 
 import (
@@ -121,6 +128,30 @@ type Options struct {
 	InputGrads bool
 	// Rounding names the gradients held in 16 bits (nil: none).
 	Rounding *Rounding
+	// Summaries adds scalar outputs that summarize each gradient and each
+	// Site inside the session (Grad.Summary, Site.Summary), so that a
+	// caller can fetch a few numbers per value instead of every tensor.
+	Summaries bool
+}
+
+// Summary names the scalar graph outputs that summarize one gradient. For
+// a rounded gradient the counts compare the value before rounding (Raw)
+// with the value after; otherwise both are the gradient itself. Counts are
+// FLOAT, exact up to 2^24 elements per tensor.
+type Summary struct {
+	// MaxAbs (FLOAT) is max |x| before rounding: against 65504 it says
+	// how close an fp16 gradient is to overflowing. It is NaN or Inf when
+	// the unrounded gradient already holds NaN or Inf.
+	MaxAbs string
+	// NonFinite (BOOL) is set when an element after rounding is Inf or
+	// NaN: the gradient overflowed, and a GradScaler skips the step.
+	NonFinite string
+	// NonZero (FLOAT) counts the nonzero elements before rounding.
+	NonZero string
+	// Flushed (FLOAT) counts the elements nonzero before rounding and zero
+	// after: the gradient fp16 (or bf16) loses to underflow. "" when the
+	// gradient is not rounded.
+	Flushed string
 }
 
 // Kind tells what a gradient's forward value is.
@@ -166,6 +197,13 @@ type Grad struct {
 	Node int
 	// Shape is the gradient's (and Value's) shape.
 	Shape []int64
+	// Summary names the outputs summarizing the gradient (nil without
+	// Options.Summaries).
+	Summary *Summary
+	// Partial is set when the gradient misses the share of a consumer
+	// the rules could not differentiate (see Result.Unsupported), directly
+	// or through the values downstream of Value.
+	Partial bool
 }
 
 // Site is one gradient contribution rounded to 16 bits because the op that
@@ -182,6 +220,9 @@ type Site struct {
 	Raw, Rounded string
 	// ElemType is the 16-bit ONNX type rounded to.
 	ElemType int32
+	// Summary names the outputs summarizing the contribution (nil without
+	// Options.Summaries).
+	Summary *Summary
 }
 
 // Unsupported is a forward node whose gradient could not be generated; the
@@ -233,6 +274,17 @@ func (r *Result) GradOf(value string) (Grad, bool) {
 		}
 	}
 	return Grad{}, false
+}
+
+// Outputs returns the names of every graph output of Model: the forward
+// outputs, the loss and seed, every gradient (and its unrounded value) and
+// every Site and Summary output.
+func (r *Result) Outputs() []string {
+	out := make([]string, len(r.Model.Graph.Output))
+	for i, vi := range r.Model.Graph.Output {
+		out[i] = vi.Name
+	}
+	return out
 }
 
 // minOpset is the oldest default-domain opset Build reads: Softmax and
@@ -313,12 +365,16 @@ type driver struct {
 	// (an unsupported op), so that a value left without any
 	// contribution can be told apart from one whose gradient is zero.
 	stopped map[string]bool
+	// partial holds values whose gradient misses a share: a consumer
+	// was unsupported, or a contribution came from a partial gradient.
+	partial map[string]bool
 }
 
 func (d *driver) run(out, seed string) error {
 	g := d.b.src
 	d.markActive(out)
 	d.stopped = map[string]bool{}
+	d.partial = map[string]bool{}
 	d.contrib[out] = append(d.contrib[out], seed)
 
 	order := d.ix.Order()
@@ -376,9 +432,13 @@ func (d *driver) run(out, seed string) error {
 			c.rollback()
 			continue
 		}
+		fromPartial := slices.ContainsFunc(n.Output, func(o string) bool { return o != "" && d.partial[o] })
 		for j, dx := range c.dx {
 			if dx == "" || !need[j] {
 				continue
+			}
+			if fromPartial {
+				d.partial[n.Input[j]] = true
 			}
 			d.contrib[n.Input[j]] = append(d.contrib[n.Input[j]], d.roundSite(i, j, n.Input[j], dx))
 		}
@@ -480,6 +540,9 @@ func (d *driver) finalize(v string, kind Kind, node int) string {
 		}
 		return ""
 	}
+	if d.stopped[v] {
+		d.partial[v] = true
+	}
 	b := d.b
 	name := v + GradSuffix
 	et := d.opt.Rounding.value(v)
@@ -493,13 +556,16 @@ func (d *driver) finalize(v string, kind Kind, node int) string {
 	} else {
 		b.emitTo("Sum", cs, target)
 	}
-	gr := Grad{Value: v, Name: name, Kind: kind, Node: node, Shape: b.mustShape(v)}
+	gr := Grad{Value: v, Name: name, Kind: kind, Node: node, Shape: b.mustShape(v), Partial: d.partial[v]}
 	if et != 0 {
 		b.round(target, name, et)
 		gr.Raw = target
 		b.output(target, gr.Shape)
 	}
 	b.output(name, gr.Shape)
+	if d.opt.Summaries {
+		gr.Summary = b.summarize(target, name, name)
+	}
 	d.res.Grads = append(d.res.Grads, gr)
 	return name
 }
@@ -520,7 +586,11 @@ func (d *driver) roundSite(i, j int, v, dx string) string {
 	shape := b.mustShape(v)
 	b.output(raw, shape)
 	b.output(rounded, shape)
-	d.res.Sites = append(d.res.Sites, Site{Node: i, Input: j, Value: v, Raw: raw, Rounded: rounded, ElemType: et})
+	site := Site{Node: i, Input: j, Value: v, Raw: raw, Rounded: rounded, ElemType: et}
+	if d.opt.Summaries {
+		site.Summary = b.summarize(raw, rounded, rounded)
+	}
+	d.res.Sites = append(d.res.Sites, site)
 	return rounded
 }
 

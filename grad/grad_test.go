@@ -71,7 +71,7 @@ func TestUnsupportedOpIsNamed(t *testing.T) {
 	}
 	// The part after the unsupported op is still covered and right:
 	// mse on y = a·w2 gives dL/dw2 = aᵀ · 2(y − t)/4.
-	s, err := NewSession(res, sessionOptions, "a")
+	s, err := NewSession(res, sessionOptions, append(res.Outputs(), "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestDropoutTraining(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewSession(res, sessionOptions)
+	s, err := NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestRoundingSites(t *testing.T) {
 	if len(res.Sites) != 2 || res.Sites[0].Value != "fc.weight" && res.Sites[1].Value != "fc.weight" {
 		t.Fatalf("sites = %+v, want fc.weight and fc.bias", res.Sites)
 	}
-	s, err := NewSession(res, sessionOptions)
+	s, err := NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestUpgradeBatchNormalization9(t *testing.T) {
 	target := tensor.FromFloat32s("t", []int64{3, 2, 2}, make([]float32, 12))
 	var grads [2][]float32
 	for k, res := range []*Result{old, cur} {
-		s, err := NewSession(res, sessionOptions)
+		s, err := NewSession(res, sessionOptions, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -404,5 +404,45 @@ func TestDocumentedOps(t *testing.T) {
 	slices.Sort(listed)
 	if !slices.Equal(listed, Ops()) {
 		t.Errorf("documented %v\nregistered %v", listed, Ops())
+	}
+}
+
+// TestPartialGradient: h feeds a supported path and an unsupported one;
+// its gradient, and w1's behind it, miss the unsupported share and say so.
+func TestPartialGradient(t *testing.T) {
+	g := &onnx.GraphProto{
+		Name: "partial",
+		Node: []*onnx.NodeProto{
+			onnx.Node("MatMul", "/fc1/MatMul", []string{"x", "w1"}, []string{"h"}),
+			onnx.Node("Cos", "/cos/Cos", []string{"h"}, []string{"c"}),
+			onnx.Node("Relu", "/relu/Relu", []string{"h"}, []string{"r"}),
+			onnx.Node("Add", "/Add", []string{"c", "r"}, []string{"a"}),
+			onnx.Node("MatMul", "/fc2/MatMul", []string{"a", "w2"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("w1", []int64{3, 4}, make([]float32, 12)), onnx.FloatTensor("w2", []int64{4, 2}, make([]float32, 8))},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 3)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 2, 2)},
+	}
+	shapes := map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "y": {2, 2}}
+	for _, v := range []string{"h", "c", "r", "a"} {
+		shapes[v] = []int64{2, 4}
+	}
+	res, err := Build(onnx.NewModel(g, 17), &Facts{Shapes: shapes}, Options{Loss: MSE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"y": false, "a": false, "r": false, "c": false, "h": true, "w1": true, "w2": false}
+	for v, partial := range want {
+		gr, ok := res.GradOf(v)
+		if !ok {
+			t.Errorf("%s: no gradient", v)
+			continue
+		}
+		if gr.Partial != partial {
+			t.Errorf("%s: partial %v, want %v", v, gr.Partial, partial)
+		}
+	}
+	if len(res.Blocked) != 0 {
+		t.Errorf("blocked %v, want none", res.Blocked)
 	}
 }

@@ -173,7 +173,7 @@ func checkNumeric(t *testing.T, c tiny) {
 	if len(res.Unsupported) > 0 {
 		t.Fatalf("unsupported: %+v", res.Unsupported)
 	}
-	s, err := NewSession(res, sessionOptions)
+	s, err := NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

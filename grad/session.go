@@ -20,10 +20,13 @@ type Session struct {
 	outputs []string
 }
 
-// NewSession creates a session for res that returns every graph output of
-// res.Model plus the forward values named in extra (activations a caller
-// wants next to their gradients). The caller has initialized ONNX Runtime.
-func NewSession(res *Result, opt onnxrt.SessionOptions, extra ...string) (*Session, error) {
+// NewSession creates a session for res that fetches the named outputs, or
+// every graph output of res.Model when outputs is nil. A name that is not a
+// graph output (a forward activation a caller wants next to its gradient)
+// becomes one. ONNX Runtime computes only what the fetched outputs need,
+// so fetching Summary outputs alone copies a few numbers per gradient
+// instead of every tensor. The caller has initialized ONNX Runtime.
+func NewSession(res *Result, opt onnxrt.SessionOptions, outputs []string) (*Session, error) {
 	m := res.Model
 	g := m.Graph
 	ix, err := onnx.NewIndex(g)
@@ -41,24 +44,32 @@ func NewSession(res *Result, opt onnxrt.SessionOptions, extra ...string) (*Sessi
 		s.inputs = append(s.inputs, res.Target)
 	}
 	s.inputs = append(s.inputs, res.Scale)
-	seen := map[string]bool{}
+	declared := map[string]bool{}
 	for _, vi := range g.Output {
-		s.outputs = append(s.outputs, vi.Name)
-		seen[vi.Name] = true
+		declared[vi.Name] = true
+	}
+	if outputs == nil {
+		for _, vi := range g.Output {
+			s.outputs = append(s.outputs, vi.Name)
+		}
+	}
+	var extra []*onnx.ValueInfoProto
+	seen := map[string]bool{}
+	for _, v := range outputs {
+		if seen[v] {
+			continue
+		}
+		seen[v] = true
+		s.outputs = append(s.outputs, v)
+		if !declared[v] {
+			extra = append(extra, &onnx.ValueInfoProto{Name: v, Type: &onnx.TypeProto{Value: &onnx.TypeProto_TensorType{
+				TensorType: &onnx.TypeProto_Tensor{ElemType: ix.ElemType(v)}}}})
+		}
 	}
 	if len(extra) > 0 {
 		ng := &onnx.GraphProto{Node: g.Node, Name: g.Name, Initializer: g.Initializer,
 			SparseInitializer: g.SparseInitializer, Input: g.Input, ValueInfo: g.ValueInfo,
-			Output: append([]*onnx.ValueInfoProto(nil), g.Output...)}
-		for _, v := range extra {
-			if seen[v] {
-				continue
-			}
-			seen[v] = true
-			ng.Output = append(ng.Output, &onnx.ValueInfoProto{Name: v, Type: &onnx.TypeProto{Value: &onnx.TypeProto_TensorType{
-				TensorType: &onnx.TypeProto_Tensor{ElemType: ix.ElemType(v)}}}})
-			s.outputs = append(s.outputs, v)
-		}
+			Output: append(append([]*onnx.ValueInfoProto(nil), g.Output...), extra...)}
 		m = &onnx.ModelProto{IrVersion: m.IrVersion, OpsetImport: m.OpsetImport, Graph: ng, Functions: m.Functions}
 	}
 	data, err := onnx.Marshal(m)
