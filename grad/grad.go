@@ -345,9 +345,7 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 		return nil, err
 	}
 	d := &driver{b: b, ix: ix, opt: opt, res: res, contrib: map[string][]string{}}
-	if err := d.run(out, seed); err != nil {
-		return nil, err
-	}
+	d.run(out, seed)
 	b.finish(res)
 	return res, nil
 }
@@ -370,7 +368,7 @@ type driver struct {
 	partial map[string]bool
 }
 
-func (d *driver) run(out, seed string) error {
+func (d *driver) run(out, seed string) {
 	g := d.b.src
 	d.markActive(out)
 	d.stopped = map[string]bool{}
@@ -378,22 +376,19 @@ func (d *driver) run(out, seed string) error {
 	d.contrib[out] = append(d.contrib[out], seed)
 
 	order := d.ix.Order()
-	final := map[string]string{}
 	for k := len(order) - 1; k >= 0; k-- {
 		i := order[k]
 		n := g.Node[i]
 		gy := make([]string, len(n.Output))
-		any := false
+		hasGrad := false
 		for j, o := range n.Output {
 			if o == "" || !d.active[o] {
 				continue
 			}
-			name := d.finalize(o, Activation, i)
-			final[o] = name
-			gy[j] = name
-			any = any || name != ""
+			gy[j] = d.finalize(o, Activation, i)
+			hasGrad = hasGrad || gy[j] != ""
 		}
-		if !any {
+		if !hasGrad {
 			continue
 		}
 		need := make([]bool, len(n.Input))
@@ -465,7 +460,6 @@ func (d *driver) run(out, seed string) error {
 	sort.SliceStable(d.res.Grads, func(a, b int) bool {
 		return pos[d.res.Grads[a].Value] < pos[d.res.Grads[b].Value]
 	})
-	return nil
 }
 
 // markActive computes which values need a gradient: float values that
