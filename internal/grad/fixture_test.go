@@ -21,7 +21,7 @@ import (
 // the outputs of the leaf modules. The backward graph must reproduce all of
 // them in fp32.
 
-const fixtureDir = "../fixtures/torch/train"
+const fixtureDir = "../../fixtures/torch/train"
 
 // autogradTol bounds max|ours − torch| / max|torch| per tensor: fp32
 // rounding differences between two implementations of the same formulas
