@@ -1,4 +1,4 @@
-package grad
+package grad_test
 
 import (
 	"syscall"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"fp16audit/fixtures"
+	"fp16audit/internal/execute/backward"
+	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/precision"
@@ -17,22 +19,22 @@ import (
 func benchModels() []struct {
 	name string
 	f    *fixtures.Fixture
-	loss Loss
+	loss grad.Loss
 } {
 	return []struct {
 		name string
 		f    *fixtures.Fixture
-		loss Loss
+		loss grad.Loss
 	}{
-		{"resnet18_64px_b8", fixtures.BigResNet(64, 8), CrossEntropy},
-		{"transformer_2x256_seq64_b4", fixtures.BigTransformer(2, 256, 64, 4), MSE},
-		{"mlp_512x3_b256", fixtures.MLP(256, 512, 10, 3, 256), CrossEntropy},
+		{"resnet18_64px_b8", fixtures.BigResNet(64, 8), grad.CrossEntropy},
+		{"transformer_2x256_seq64_b4", fixtures.BigTransformer(2, 256, 64, 4), grad.MSE},
+		{"mlp_512x3_b256", fixtures.MLP(256, 512, 10, 3, 256), grad.CrossEntropy},
 	}
 }
 
 // target returns a target of the shape and type res expects: class 1
 // everywhere, or zeros.
-func target(res *Result) *tensor.Tensor {
+func target(res *grad.Result) *tensor.Tensor {
 	n := numel(res.TargetShape)
 	if res.TargetType == elemInt64 {
 		data := make([]byte, 8*n)
@@ -51,17 +53,17 @@ func TestBenchmarkModelsCovered(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		f    *fixtures.Fixture
-		loss Loss
+		loss grad.Loss
 	}{
-		{"resnet18", fixtures.BigResNet(32, 2), CrossEntropy},
-		{"transformer", fixtures.BigTransformer(1, 128, 8, 2), MSE},
+		{"resnet18", fixtures.BigResNet(32, 2), grad.CrossEntropy},
+		{"transformer", fixtures.BigTransformer(1, 128, 8, 2), grad.MSE},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			facts, err := Probe(c.f.Model, c.f.Batches[0].Inputs, sessionOptions)
+			facts, err := backward.Probe(c.f.Model, c.f.Batches[0].Inputs, sessionOptions)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := Build(c.f.Model, facts, Options{Loss: c.loss})
+			res, err := grad.Build(c.f.Model, facts, grad.Options{Loss: c.loss})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +72,7 @@ func TestBenchmarkModelsCovered(t *testing.T) {
 			}
 			params := 0
 			for _, g := range res.Grads {
-				if g.Kind == Parameter {
+				if g.Kind == grad.Parameter {
 					params++
 				}
 			}
@@ -127,15 +129,15 @@ func BenchmarkGradient(b *testing.B) {
 			loop(b, func() error { _, err := s.Run(inputs); return err })
 		})
 		b.Run(c.name+"/backward", func(b *testing.B) {
-			facts, err := Probe(c.f.Model, inputs, opt)
+			facts, err := backward.Probe(c.f.Model, inputs, opt)
 			if err != nil {
 				b.Fatal(err)
 			}
-			res, err := Build(c.f.Model, facts, Options{Loss: c.loss})
+			res, err := grad.Build(c.f.Model, facts, grad.Options{Loss: c.loss})
 			if err != nil {
 				b.Fatal(err)
 			}
-			s, err := NewSession(res, opt, nil)
+			s, err := backward.NewSession(res, opt, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -146,7 +148,7 @@ func BenchmarkGradient(b *testing.B) {
 		// The fp16 backward audit: autocast's rounding, and only the
 		// in-session summaries of every gradient and Site fetched.
 		b.Run(c.name+"/backward-fp16-summaries", func(b *testing.B) {
-			facts, err := Probe(c.f.Model, inputs, opt)
+			facts, err := backward.Probe(c.f.Model, inputs, opt)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -159,12 +161,12 @@ func BenchmarkGradient(b *testing.B) {
 				b.Fatal(err)
 			}
 			a := precision.Assign(pol, c.f.Model.Graph, ix.Order(), ix.ElemType)
-			res, err := Build(c.f.Model, facts, Options{Loss: c.loss, Rounding: AutocastRounding(c.f.Model.Graph, a), Summaries: true})
+			res, err := grad.Build(c.f.Model, facts, grad.Options{Loss: c.loss, Rounding: grad.AutocastRounding(c.f.Model.Graph, a), Summaries: true})
 			if err != nil {
 				b.Fatal(err)
 			}
 			var names []string
-			add := func(s *Summary) {
+			add := func(s *grad.Summary) {
 				names = append(names, s.MaxAbs, s.NonFinite, s.NonZero)
 				if s.Flushed != "" {
 					names = append(names, s.Flushed)
@@ -176,7 +178,7 @@ func BenchmarkGradient(b *testing.B) {
 			for _, st := range res.Sites {
 				add(st.Summary)
 			}
-			s, err := NewSession(res, opt, names)
+			s, err := backward.NewSession(res, opt, names)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package grad
+package grad_test
 
 import (
 	"encoding/json"
@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"fp16audit/internal/batch"
+	"fp16audit/internal/execute/backward"
+	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
@@ -81,11 +83,11 @@ type loaded struct {
 	arrays map[string]*tensor.Tensor
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
-	res    *Result
-	sess   *Session
+	res    *grad.Result
+	sess   *backward.Session
 }
 
-func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *Rounding, extra ...string) *loaded {
+func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.Rounding, extra ...string) *loaded {
 	t.Helper()
 	requireORT(t)
 	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
@@ -104,19 +106,19 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *Round
 		l.inputs = append(l.inputs, l.arrays[in.Key])
 	}
 	l.target = l.arrays[e.Target]
-	facts, err := Probe(m.Proto, l.inputs, sessionOptions)
+	facts, err := backward.Probe(m.Proto, l.inputs, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt := Options{Loss: Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape}
+	opt := grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape}
 	if rounding != nil {
 		opt.Rounding = rounding(m)
 	}
-	l.res, err = Build(m.Proto, facts, opt)
+	l.res, err = grad.Build(m.Proto, facts, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.sess, err = NewSession(l.res, sessionOptions, append(l.res.Outputs(), extra...))
+	l.sess, err = backward.NewSession(l.res, sessionOptions, append(l.res.Outputs(), extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,8 +232,8 @@ func TestFP16Experiment(t *testing.T) {
 			continue
 		}
 		t.Run(e.Name, func(t *testing.T) {
-			round := func(*onnx.Model) *Rounding {
-				r := &Rounding{Values: map[string]int32{}}
+			round := func(*onnx.Model) *grad.Rounding {
+				r := &grad.Rounding{Values: map[string]int32{}}
 				for _, m := range e.Experiment.Modules {
 					r.Values[m.Value] = elemFloat16
 				}
@@ -326,13 +328,13 @@ func TestAutocastRounding(t *testing.T) {
 			e = f
 		}
 	}
-	round := func(m *onnx.Model) *Rounding {
+	round := func(m *onnx.Model) *grad.Rounding {
 		pol, err := precision.PolicyByName("autocast-fp16")
 		if err != nil {
 			t.Fatal(err)
 		}
 		a := precision.Assign(pol, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
-		return AutocastRounding(m.Proto.Graph, a)
+		return grad.AutocastRounding(m.Proto.Graph, a)
 	}
 	l := loadFixture(t, e, round)
 	defer l.sess.Close()
@@ -383,19 +385,19 @@ func TestSummaries(t *testing.T) {
 	}
 	l := loadFixture(t, e, nil)
 	l.sess.Close()
-	facts, err := Probe(m.Proto, l.inputs, sessionOptions)
+	facts, err := backward.Probe(m.Proto, l.inputs, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Rounding{Values: map[string]int32{}}
+	r := &grad.Rounding{Values: map[string]int32{}}
 	for _, mod := range e.Experiment.Modules {
 		r.Values[mod.Value] = elemFloat16
 	}
-	res, err := Build(m.Proto, facts, Options{Loss: Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r, Summaries: true})
+	res, err := grad.Build(m.Proto, facts, grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r, Summaries: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, err := NewSession(res, sessionOptions, nil)
+	full, err := backward.NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +409,7 @@ func TestSummaries(t *testing.T) {
 			names = append(names, g.Summary.Flushed)
 		}
 	}
-	small, err := NewSession(res, sessionOptions, names)
+	small, err := backward.NewSession(res, sessionOptions, names)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +425,7 @@ func TestSummaries(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f32 := func(o Outputs, name string) float64 { return float64(floats(t, o[name])[0]) }
+		f32 := func(o backward.Outputs, name string) float64 { return float64(floats(t, o[name])[0]) }
 		for _, g := range res.Grads {
 			raw := g.Name
 			if g.Raw != "" {

@@ -6,12 +6,12 @@
 // activation and every float initializer. ONNX Runtime then runs forward and
 // backward in one session.
 //
-// The generated graph is specialised to one set of input shapes: Probe runs
-// the forward model once on a batch and records the shape of every value
-// (and the contents of the small integer values that shape arithmetic
-// computes), and the rules use those static shapes to sum broadcast
+// The generated graph is specialised to one set of input shapes: a probe
+// (backward.Probe, next to the execution stage) runs the forward model once
+// on a batch and records the shape of every value (and the contents of the
+// small integer values that shape arithmetic computes), and the rules use those static shapes to sum broadcast
 // gradients back, to undo slicing and padding, and to size the transposed
-// convolutions. A batch of another shape needs a new Probe and Build.
+// convolutions. A batch of another shape needs a new probe and Build.
 //
 // Rules (vector–Jacobian products) exist for these default-domain ops, at
 // opsets 13 and newer (the reductions' axes are read as an attribute or an
@@ -38,13 +38,18 @@
 // BFLOAT16), as the forward emulation does for activations, and the
 // unrounded value is exposed beside it, so a caller can count overflow and
 // flush-to-zero per value from one run. With Options.Summaries the counts
-// are made inside the session, and a Session can fetch those few scalars
-// per gradient instead of the tensors.
+// are made inside the session, and a backward.Session can fetch those few
+// scalars per gradient instead of the tensors.
 //
-// Typical use: facts := Probe(model, batch); res := Build(model, facts,
-// Options{Loss: MSE, Rounding: AutocastRounding(graph, assignment)});
-// s := NewSession(res, opts, nil); outs := s.Run(batch, target, 65536);
-// then res.Grads maps each forward value to its gradient output.
+// The nodes themselves — the rules, the loss and the summaries — are
+// emitted by package vjp; this package walks the graph and says where each
+// gradient goes.
+//
+// Typical use: facts := backward.Probe(model, batch);
+// res := Build(model, facts, Options{Loss: MSE, Rounding:
+// AutocastRounding(graph, assignment)}); s := backward.NewSession(res,
+// opts, nil); outs := s.Run(batch, target, 65536); then res.Grads maps
+// each forward value to its gradient output.
 package grad
 
 import (
@@ -53,61 +58,40 @@ import (
 	"slices"
 	"sort"
 
+	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
 )
 
 // Loss is the loss applied to the prediction output, computed as fastai's
-// flat losses compute it, with mean reduction.
-type Loss string
+// flat losses compute it, with mean reduction (see vjp.Loss).
+type Loss = vjp.Loss
 
 // Supported losses.
 const (
-	// CrossEntropy is CrossEntropyLossFlat (F.cross_entropy): the output
-	// holds logits [N, C, d...] and the target int64 class indices [N,
-	// d...]; the mean runs over the N·d... positions. Class weights,
-	// label smoothing and ignore_index are not modelled.
-	CrossEntropy Loss = "cross-entropy"
-	// BCE is BCEWithLogitsLossFlat (F.binary_cross_entropy_with_logits),
-	// fastai's default multi-label loss: the output holds logits and the
-	// target float 0/1 labels with as many elements.
-	BCE Loss = "bce"
-	// MSE is MSELossFlat: mean((pred - target)²) over all elements.
-	MSE Loss = "mse"
-	// L1 is L1LossFlat: mean(|pred - target|) over all elements.
-	L1 Loss = "l1"
-	// ModelOutput means the output already is the loss (a model that
-	// returns its loss): the seed is scale × ones, so a non-scalar output
-	// is treated as summed.
-	ModelOutput Loss = "output"
+	CrossEntropy = vjp.CrossEntropy
+	BCE          = vjp.BCE
+	MSE          = vjp.MSE
+	L1           = vjp.L1
+	ModelOutput  = vjp.ModelOutput
 )
 
 // Losses lists the losses Build accepts, in the order a help text shows
 // them.
-func Losses() []Loss { return []Loss{CrossEntropy, BCE, MSE, L1, ModelOutput} }
+func Losses() []Loss { return vjp.Losses() }
 
-// Names the generated graph adds. Gradient outputs are named after the
-// forward value: value + GradSuffix, and value + GradSuffix + RawSuffix for
-// the unrounded gradient of a rounded one.
+// Names the generated graph adds (see vjp for each).
 const (
-	// GradSuffix is appended to a forward value's name to name the graph
-	// output holding scale × dL/dvalue.
-	GradSuffix = "::grad"
-	// RawSuffix is appended to a gradient's name to name its value before
-	// rounding to 16 bits.
-	RawSuffix = "::raw"
-	// LossOutput is the graph output holding the (unscaled) mean loss.
-	LossOutput = "loss::fp16audit"
-	// SeedOutput is the graph output holding scale × dL/dpred in fp32,
-	// before any rounding.
-	SeedOutput = "seed::fp16audit"
-	// ScaleInput is the scalar float graph input holding the loss scale.
-	ScaleInput = "loss_scale::fp16audit"
-	// TargetInput is the graph input holding the target of the loss.
-	TargetInput = "target::fp16audit"
+	GradSuffix  = vjp.GradSuffix
+	RawSuffix   = vjp.RawSuffix
+	LossOutput  = vjp.LossOutput
+	SeedOutput  = vjp.SeedOutput
+	ScaleInput  = vjp.ScaleInput
+	TargetInput = vjp.TargetInput
 )
 
-// internal marks every intermediate name the backward graph invents.
-const internal = "::fp16audit"
+// Facts are what Build needs to know about one batch that the model file
+// does not say (see vjp.Facts); backward.Probe records them.
+type Facts = vjp.Facts
 
 // Options configures Build.
 type Options struct {
@@ -134,25 +118,9 @@ type Options struct {
 	Summaries bool
 }
 
-// Summary names the scalar graph outputs that summarize one gradient. For
-// a rounded gradient the counts compare the value before rounding (Raw)
-// with the value after; otherwise both are the gradient itself. Counts are
-// FLOAT, exact up to 2^24 elements per tensor.
-type Summary struct {
-	// MaxAbs (FLOAT) is max |x| before rounding: against 65504 it says
-	// how close an fp16 gradient is to overflowing. It is NaN or Inf when
-	// the unrounded gradient already holds NaN or Inf.
-	MaxAbs string
-	// NonFinite (BOOL) is set when an element after rounding is Inf or
-	// NaN: the gradient overflowed, and a GradScaler skips the step.
-	NonFinite string
-	// NonZero (FLOAT) counts the nonzero elements before rounding.
-	NonZero string
-	// Flushed (FLOAT) counts the elements nonzero before rounding and zero
-	// after: the gradient fp16 (or bf16) loses to underflow. "" when the
-	// gradient is not rounded.
-	Flushed string
-}
+// Summary names the scalar graph outputs that summarize one gradient (see
+// vjp.Summary).
+type Summary = vjp.Summary
 
 // Kind tells what a gradient's forward value is.
 type Kind int
@@ -299,13 +267,13 @@ const emitOpset = 16
 
 // Build generates the backward graph of m (an fp32 model: run the model
 // through an upcast first if it holds half values) for the loss in opt.
-// facts must come from Probe on the same model. m is not modified.
+// facts must come from backward.Probe on the same model. m is not modified.
 func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 	if m.GetGraph() == nil {
 		return nil, errors.New("grad: model has no graph")
 	}
 	if facts == nil {
-		return nil, errors.New("grad: no facts; run Probe on a batch first")
+		return nil, errors.New("grad: no facts; run backward.Probe on a batch first")
 	}
 	if !slices.Contains(Losses(), opt.Loss) {
 		return nil, fmt.Errorf("grad: loss %q: want one of cross-entropy, bce, mse, l1, output", opt.Loss)
@@ -333,27 +301,28 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 		return nil, fmt.Errorf("grad: output %q is %s; the loss needs a FLOAT output (upcast the model first)", out, onnx.DataTypeName(t))
 	}
 
-	b := newBuilder(m, ix, facts, max(opset, emitOpset))
-	res := &Result{Output: out, Scale: ScaleInput, Target: TargetInput, Loss: LossOutput, Seed: SeedOutput, Opset: b.opset}
-	if err := b.checkNames(); err != nil {
+	b := vjp.NewBuilder(m, ix, facts, max(opset, emitOpset))
+	res := &Result{Output: out, Scale: ScaleInput, Loss: LossOutput, Seed: SeedOutput, Opset: b.Opset()}
+	if err := b.CheckNames(); err != nil {
 		return nil, err
 	}
-	b.upgrade(opset)
+	b.Upgrade(opset)
 
-	seed, err := b.loss(opt, res)
+	tg, err := b.Loss(opt.Loss, out, opt.TargetShape)
 	if err != nil {
 		return nil, err
 	}
+	res.Target, res.TargetShape, res.TargetType = tg.Name, tg.Shape, tg.Type
 	d := &driver{b: b, ix: ix, opt: opt, res: res, contrib: map[string][]string{}}
-	d.run(out, seed)
-	b.finish(res)
+	d.run(out, SeedOutput)
+	res.Model = b.Model()
 	return res, nil
 }
 
 // driver walks the forward graph backwards, calling each node's rule and
 // accumulating the contributions every value receives.
 type driver struct {
-	b       *builder
+	b       *vjp.Builder
 	ix      *onnx.Index
 	opt     Options
 	res     *Result
@@ -369,7 +338,7 @@ type driver struct {
 }
 
 func (d *driver) run(out, seed string) {
-	g := d.b.src
+	g := d.b.Graph()
 	d.markActive(out)
 	d.stopped = map[string]bool{}
 	d.partial = map[string]bool{}
@@ -400,22 +369,10 @@ func (d *driver) run(out, seed string) {
 		if !anyNeed {
 			continue
 		}
-		c := &call{b: d.b, n: n, i: i, gy: gy, need: need, dx: make([]string, len(n.Input))}
-		d.b.label = nodeLabel(n, i)
-		c.mark()
-		r, ok := rules[n.OpType]
-		if n.Domain != "" && n.Domain != "ai.onnx" {
-			ok = false
-		}
-		var err error
-		if !ok {
-			err = errNoRule
-		} else {
-			err = r(c)
-		}
+		dxs, err := d.b.Apply(i, gy, need)
 		if err != nil {
 			reason := err.Error()
-			if errors.Is(err, errNoRule) {
+			if errors.Is(err, vjp.ErrNoRule) {
 				reason = "no gradient rule for " + n.OpType
 			}
 			d.res.Unsupported = append(d.res.Unsupported, Unsupported{Node: i, Name: n.Name, OpType: n.OpType, Reason: reason})
@@ -424,11 +381,10 @@ func (d *driver) run(out, seed string) {
 					d.stopped[in] = true
 				}
 			}
-			c.rollback()
 			continue
 		}
 		fromPartial := slices.ContainsFunc(n.Output, func(o string) bool { return o != "" && d.partial[o] })
-		for j, dx := range c.dx {
+		for j, dx := range dxs {
 			if dx == "" || !need[j] {
 				continue
 			}
@@ -466,7 +422,7 @@ func (d *driver) run(out, seed string) {
 // depend on a parameter (or, with InputGrads, a float input) and on which
 // the loss depends.
 func (d *driver) markActive(out string) {
-	g := d.b.src
+	g := d.b.Graph()
 	req := map[string]bool{}
 	for _, t := range g.Initializer {
 		if t.DataType == elemFloat {
@@ -494,7 +450,7 @@ func (d *driver) markActive(out string) {
 			continue
 		}
 		for _, o := range n.Output {
-			if o != "" && d.b.isFloat(o) {
+			if o != "" && d.b.IsFloat(o) {
 				req[o] = true
 			}
 		}
@@ -517,7 +473,7 @@ func (d *driver) markActive(out string) {
 	}
 	d.active = map[string]bool{}
 	for v := range req {
-		if reach[v] && d.b.isFloat(v) {
+		if reach[v] && d.b.IsFloat(v) {
 			d.active[v] = true
 		}
 	}
@@ -544,21 +500,21 @@ func (d *driver) finalize(v string, kind Kind, node int) string {
 	if et != 0 {
 		target = name + RawSuffix
 	}
-	b.label = v
+	b.SetLabel(v)
 	if len(cs) == 1 {
-		b.rename(cs[0], target)
+		b.Rename(cs[0], target)
 	} else {
-		b.emitTo("Sum", cs, target)
+		b.Sum(cs, target)
 	}
-	gr := Grad{Value: v, Name: name, Kind: kind, Node: node, Shape: b.mustShape(v), Partial: d.partial[v]}
+	gr := Grad{Value: v, Name: name, Kind: kind, Node: node, Shape: b.Shape(v), Partial: d.partial[v]}
 	if et != 0 {
-		b.round(target, name, et)
+		b.Round(target, name, et)
 		gr.Raw = target
-		b.output(target, gr.Shape)
+		b.Output(target, gr.Shape)
 	}
-	b.output(name, gr.Shape)
+	b.Output(name, gr.Shape)
 	if d.opt.Summaries {
-		gr.Summary = b.summarize(target, name, name)
+		gr.Summary = b.Summarize(target, name, name)
 	}
 	d.res.Grads = append(d.res.Grads, gr)
 	return name
@@ -572,17 +528,17 @@ func (d *driver) roundSite(i, j int, v, dx string) string {
 		return dx
 	}
 	b := d.b
-	n := b.src.Node[i]
-	raw := fmt.Sprintf("%s%s@%s%s", v, GradSuffix, nodeLabel(n, i), RawSuffix)
-	rounded := fmt.Sprintf("%s%s@%s", v, GradSuffix, nodeLabel(n, i))
-	b.rename(dx, raw)
-	b.round(raw, rounded, et)
-	shape := b.mustShape(v)
-	b.output(raw, shape)
-	b.output(rounded, shape)
+	label := vjp.NodeLabel(b.Graph().Node[i], i)
+	raw := fmt.Sprintf("%s%s@%s%s", v, GradSuffix, label, RawSuffix)
+	rounded := fmt.Sprintf("%s%s@%s", v, GradSuffix, label)
+	b.Rename(dx, raw)
+	b.Round(raw, rounded, et)
+	shape := b.Shape(v)
+	b.Output(raw, shape)
+	b.Output(rounded, shape)
 	site := Site{Node: i, Input: j, Value: v, Raw: raw, Rounded: rounded, ElemType: et}
 	if d.opt.Summaries {
-		site.Summary = b.summarize(raw, rounded, rounded)
+		site.Summary = b.Summarize(raw, rounded, rounded)
 	}
 	d.res.Sites = append(d.res.Sites, site)
 	return rounded
@@ -611,9 +567,7 @@ func defaultOpset(m *onnx.ModelProto) int64 {
 	return 0
 }
 
-func nodeLabel(n *onnx.NodeProto, i int) string {
-	if n.Name != "" {
-		return n.Name
-	}
-	return fmt.Sprintf("%s#%d", n.OpType, i)
-}
+const elemFloat = int32(onnx.TensorProto_FLOAT)
+
+// Ops returns the op types that have a gradient rule, sorted.
+func Ops() []string { return vjp.Ops() }

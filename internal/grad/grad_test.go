@@ -1,4 +1,4 @@
-package grad
+package grad_test
 
 import (
 	"math"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"fp16audit/internal/execute/backward"
+	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
@@ -51,11 +53,11 @@ func TestUnsupportedOpIsNamed(t *testing.T) {
 	requireORT(t)
 	m := chain("Cos", "")
 	x := tensor.FromFloat32s("x", []int64{2, 3}, []float32{1, -2, 0.5, 0.3, 2, -1})
-	facts, err := Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Build(m, facts, Options{Loss: MSE})
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +73,7 @@ func TestUnsupportedOpIsNamed(t *testing.T) {
 	}
 	// The part after the unsupported op is still covered and right:
 	// mse on y = a·w2 gives dL/dw2 = aᵀ · 2(y − t)/4.
-	s, err := NewSession(res, sessionOptions, append(res.Outputs(), "a"))
+	s, err := backward.NewSession(res, sessionOptions, append(res.Outputs(), "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,8 +104,8 @@ func TestUnsupportedOpIsNamed(t *testing.T) {
 
 func TestCustomDomainOpIsNamed(t *testing.T) {
 	m := chain("Relu", "com.example")
-	facts := &Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a": {2, 4}, "y": {2, 2}}}
-	res, err := Build(m, facts, Options{Loss: L1})
+	facts := &grad.Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a": {2, 4}, "y": {2, 2}}}
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.L1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +119,7 @@ func TestCustomDomainOpIsNamed(t *testing.T) {
 
 func TestBuildErrors(t *testing.T) {
 	m := chain("Relu", "")
-	facts := &Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a": {2, 4}, "y": {2, 2}}}
+	facts := &grad.Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a": {2, 4}, "y": {2, 2}}}
 	old := onnx.NewModel(chain("Relu", "").Graph, 12)
 	renamed := chain("Relu", "")
 	renamed.Graph.Node[1].Output[0] = "a::grad"
@@ -125,20 +127,20 @@ func TestBuildErrors(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		m     *onnx.ModelProto
-		opt   Options
-		facts *Facts
+		opt   grad.Options
+		facts *grad.Facts
 		want  string
 	}{
-		{"unknown loss", m, Options{Loss: "hinge"}, facts, `loss "hinge"`},
-		{"old opset", old, Options{Loss: MSE}, facts, "opset 12"},
-		{"not an output", m, Options{Loss: MSE, Output: "h"}, facts, "not a graph output"},
-		{"no facts", m, Options{Loss: MSE}, nil, "Probe"},
-		{"target size", m, Options{Loss: MSE, TargetShape: []int64{3}}, facts, "target shape [3]"},
-		{"cross-entropy on 1-D", m, Options{Loss: CrossEntropy}, &Facts{Shapes: map[string][]int64{"y": {4}}}, "logits [N, C, ...]"},
-		{"reserved name", renamed, Options{Loss: MSE}, facts, "reserved"},
+		{"unknown loss", m, grad.Options{Loss: "hinge"}, facts, `loss "hinge"`},
+		{"old opset", old, grad.Options{Loss: grad.MSE}, facts, "opset 12"},
+		{"not an output", m, grad.Options{Loss: grad.MSE, Output: "h"}, facts, "not a graph output"},
+		{"no facts", m, grad.Options{Loss: grad.MSE}, nil, "Probe"},
+		{"target size", m, grad.Options{Loss: grad.MSE, TargetShape: []int64{3}}, facts, "target shape [3]"},
+		{"cross-entropy on 1-D", m, grad.Options{Loss: grad.CrossEntropy}, &grad.Facts{Shapes: map[string][]int64{"y": {4}}}, "logits [N, C, ...]"},
+		{"reserved name", renamed, grad.Options{Loss: grad.MSE}, facts, "reserved"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Build(c.m, c.facts, c.opt)
+			_, err := grad.Build(c.m, c.facts, c.opt)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want one containing %q", err, c.want)
 			}
@@ -161,8 +163,8 @@ func TestBuildLeavesModelAlone(t *testing.T) {
 	}
 	m := onnx.NewModel(g, 17)
 	before, _ := onnx.Marshal(m)
-	facts := &Facts{Shapes: map[string][]int64{"x": {1, 1, 4, 4}, "w": {1, 1, 1, 1}, "c": {1, 1, 4, 4}, "y": {1, 1, 2, 2}}}
-	res, err := Build(m, facts, Options{Loss: MSE})
+	facts := &grad.Facts{Shapes: map[string][]int64{"x": {1, 1, 4, 4}, "w": {1, 1, 1, 1}, "c": {1, 1, 4, 4}, "y": {1, 1, 2, 2}}}
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,15 +198,15 @@ func TestDropoutTraining(t *testing.T) {
 		xs[i] = float32(i%7) + 1
 	}
 	x := tensor.FromFloat32s("x", []int64{64}, xs)
-	facts, err := Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Build(m, facts, Options{Loss: ModelOutput})
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.ModelOutput})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewSession(res, sessionOptions, nil)
+	s, err := backward.NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,23 +266,23 @@ func TestRoundingSites(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := precision.Assign(pol, g, ix.Order(), ix.ElemType)
-	r := AutocastRounding(g, a)
+	r := grad.AutocastRounding(g, a)
 	if r.Values["y"] != elemFloat16 {
 		t.Errorf("y is not held in fp16: %v", r.Values)
 	}
 	x := tensor.FromFloat32s("x", []int64{2, 4}, []float32{1, 2, 3, 4, 5, 6, 7, 8})
-	facts, err := Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Build(m, facts, Options{Loss: MSE, Rounding: r})
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE, Rounding: r})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Sites) != 2 || res.Sites[0].Value != "fc.weight" && res.Sites[1].Value != "fc.weight" {
 		t.Fatalf("sites = %+v, want fc.weight and fc.bias", res.Sites)
 	}
-	s, err := NewSession(res, sessionOptions, nil)
+	s, err := backward.NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +325,7 @@ func TestRoundingSites(t *testing.T) {
 // of the same node written at opset 15.
 func TestUpgradeBatchNormalization9(t *testing.T) {
 	requireORT(t)
-	build := func(opset int64, outs []string, attrs ...*onnx.AttributeProto) (*Result, []*tensor.Tensor) {
+	build := func(opset int64, outs []string, attrs ...*onnx.AttributeProto) (*grad.Result, []*tensor.Tensor) {
 		g := &onnx.GraphProto{
 			Name: "bn",
 			Node: []*onnx.NodeProto{
@@ -341,8 +343,8 @@ func TestUpgradeBatchNormalization9(t *testing.T) {
 			xs[i] = float32((i*7)%11) - 4
 		}
 		x := []*tensor.Tensor{tensor.FromFloat32s("x", []int64{3, 2, 2}, xs)}
-		facts := &Facts{Shapes: map[string][]int64{"x": {3, 2, 2}, "y": {3, 2, 2}}}
-		res, err := Build(onnx.NewModel(g, opset), facts, Options{Loss: MSE})
+		facts := &grad.Facts{Shapes: map[string][]int64{"x": {3, 2, 2}, "y": {3, 2, 2}}}
+		res, err := grad.Build(onnx.NewModel(g, opset), facts, grad.Options{Loss: grad.MSE})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,14 +355,14 @@ func TestUpgradeBatchNormalization9(t *testing.T) {
 		t.Errorf("opset %d, want 16", old.Opset)
 	}
 	bn := old.Model.Graph.Node[0]
-	if len(bn.Output) != 3 || attrInt(bn, "training_mode", 0) != 1 {
-		t.Fatalf("upgraded node: outputs %v, training_mode %d", bn.Output, attrInt(bn, "training_mode", 0))
+	if len(bn.Output) != 3 || onnx.IntAttr(bn, "training_mode", 0) != 1 {
+		t.Fatalf("upgraded node: outputs %v, training_mode %d", bn.Output, onnx.IntAttr(bn, "training_mode", 0))
 	}
 	cur, _ := build(15, []string{"y", "m", "v"}, onnx.AttrInt("training_mode", 1))
 	target := tensor.FromFloat32s("t", []int64{3, 2, 2}, make([]float32, 12))
 	var grads [2][]float32
-	for k, res := range []*Result{old, cur} {
-		s, err := NewSession(res, sessionOptions, nil)
+	for k, res := range []*grad.Result{old, cur} {
+		s, err := backward.NewSession(res, sessionOptions, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,8 +404,8 @@ func TestDocumentedOps(t *testing.T) {
 		listed = append(listed, strings.Fields(line)...)
 	}
 	slices.Sort(listed)
-	if !slices.Equal(listed, Ops()) {
-		t.Errorf("documented %v\nregistered %v", listed, Ops())
+	if !slices.Equal(listed, grad.Ops()) {
+		t.Errorf("documented %v\nregistered %v", listed, grad.Ops())
 	}
 }
 
@@ -427,7 +429,7 @@ func TestPartialGradient(t *testing.T) {
 	for _, v := range []string{"h", "c", "r", "a"} {
 		shapes[v] = []int64{2, 4}
 	}
-	res, err := Build(onnx.NewModel(g, 17), &Facts{Shapes: shapes}, Options{Loss: MSE})
+	res, err := grad.Build(onnx.NewModel(g, 17), &grad.Facts{Shapes: shapes}, grad.Options{Loss: grad.MSE})
 	if err != nil {
 		t.Fatal(err)
 	}

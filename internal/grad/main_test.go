@@ -1,4 +1,4 @@
-package grad
+package grad_test
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
 )
@@ -75,4 +76,18 @@ func maxAbs(x []float32) (int, float64) {
 		}
 	}
 	return at, m
+}
+
+const (
+	elemFloat   = int32(onnx.TensorProto_FLOAT)
+	elemFloat16 = int32(onnx.TensorProto_FLOAT16)
+	elemInt64   = int32(onnx.TensorProto_INT64)
+)
+
+func numel(s []int64) int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= d
+	}
+	return n
 }

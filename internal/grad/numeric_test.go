@@ -1,4 +1,4 @@
-package grad
+package grad_test
 
 import (
 	"hash/fnv"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"fp16audit/internal/execute/backward"
+	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
@@ -162,18 +164,18 @@ func checkNumeric(t *testing.T, c tiny) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := Probe(m, feeds, sessionOptions)
+	facts, err := backward.Probe(m, feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Build(m, facts, Options{Loss: ModelOutput, Output: "L", InputGrads: true})
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.ModelOutput, Output: "L", InputGrads: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Unsupported) > 0 {
 		t.Fatalf("unsupported: %+v", res.Unsupported)
 	}
-	s, err := NewSession(res, sessionOptions, nil)
+	s, err := backward.NewSession(res, sessionOptions, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +206,7 @@ func checkNumeric(t *testing.T, c tiny) {
 			t.Errorf("input %s: no gradient", ti.name)
 			continue
 		}
-		if !equalShape(gr.Shape, ti.shape) {
+		if !slices.Equal(gr.Shape, ti.shape) {
 			t.Errorf("input %s: gradient shape %v, want %v", ti.name, gr.Shape, ti.shape)
 		}
 		got := floats(t, outs[gr.Name])
@@ -309,11 +311,11 @@ func TestWhereConditionGetsNoGradient(t *testing.T) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := Probe(m, feeds, sessionOptions)
+	facts, err := backward.Probe(m, feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Build(m, facts, Options{Loss: ModelOutput, Output: "L", InputGrads: true})
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.ModelOutput, Output: "L", InputGrads: true})
 	if err != nil {
 		t.Fatal(err)
 	}

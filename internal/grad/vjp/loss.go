@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"fmt"
@@ -7,16 +7,27 @@ import (
 	"fp16audit/internal/onnx"
 )
 
-// loss adds the target and scale inputs, the loss output and the seed
-// gradient scale × dL/dpred, and returns the seed's name. The seed is
-// written in closed form, as PyTorch's loss backward kernels compute it,
-// rather than differentiated through the loss nodes: it is what autograd
-// hands to the model's last op.
-func (b *builder) loss(opt Options, res *Result) (string, error) {
-	pred := res.Output
+// Target describes the target input a loss added: its shape and ONNX
+// element type. Name is "" for ModelOutput, which takes no target.
+type Target struct {
+	Name  string
+	Shape []int64
+	Type  int32
+}
+
+// Loss adds the target and scale inputs, the loss output (LossOutput) and
+// the seed gradient scale × dL/dpred (SeedOutput) for the loss kind
+// applied to the forward value pred, and returns the target it added.
+// targetShape is the shape the caller's target has (nil: derived from
+// pred's shape, see grad.Options). The seed is written in closed form, as
+// PyTorch's loss backward kernels compute it, rather than differentiated
+// through the loss nodes: it is what autograd hands to the model's last
+// op.
+func (b *Builder) Loss(kind Loss, pred string, targetShape []int64) (Target, error) {
+	tg := Target{Name: TargetInput}
 	ps, err := b.shape(pred)
 	if err != nil {
-		return "", fmt.Errorf("grad: %w", err)
+		return tg, fmt.Errorf("grad: %w", err)
 	}
 	b.label = "loss"
 	b.inputs = append(b.inputs, onnx.TensorValueInfo(ScaleInput, onnx.TensorProto_FLOAT))
@@ -24,22 +35,22 @@ func (b *builder) loss(opt Options, res *Result) (string, error) {
 	n := numel(ps)
 
 	var loss, seed string
-	switch opt.Loss {
+	switch kind {
 	case ModelOutput:
-		res.TargetShape, res.TargetType, res.Target = nil, 0, ""
+		tg = Target{}
 		loss = b.sumAll(pred)
 		seed = b.expandTo(scale, ps)
 	case CrossEntropy:
 		if len(ps) < 2 {
-			return "", fmt.Errorf("grad: cross-entropy needs logits [N, C, ...], output %q has shape %v", pred, ps)
+			return tg, fmt.Errorf("grad: cross-entropy needs logits [N, C, ...], output %q has shape %v", pred, ps)
 		}
 		classes := ps[1]
 		ts := append([]int64{ps[0]}, ps[2:]...)
-		if err := b.target(opt, res, ts, elemInt64); err != nil {
-			return "", err
+		if err := b.target(kind, pred, targetShape, &tg, ts, elemInt64); err != nil {
+			return tg, err
 		}
-		t := res.Target
-		if !equalShape(res.TargetShape, ts) {
+		t := tg.Name
+		if !equalShape(tg.Shape, ts) {
 			t = b.reshape(t, ts)
 		}
 		m := float64(n / classes)
@@ -51,15 +62,15 @@ func (b *builder) loss(opt Options, res *Result) (string, error) {
 		// (exp(logp) − onehot) · scale/M
 		seed = b.mul(b.sub(b.op("Exp", []string{logp}), onehot), b.scale(scale, 1/m))
 	case BCE, MSE, L1:
-		if err := b.target(opt, res, ps, elemFloat); err != nil {
-			return "", err
+		if err := b.target(kind, pred, targetShape, &tg, ps, elemFloat); err != nil {
+			return tg, err
 		}
-		t := res.Target
-		if !equalShape(res.TargetShape, ps) {
+		t := tg.Name
+		if !equalShape(tg.Shape, ps) {
 			t = b.reshape(t, ps)
 		}
 		m := float64(n)
-		switch opt.Loss {
+		switch kind {
 		case BCE:
 			// max(x,0) − x·t + log(1 + exp(−|x|)), stable for any x
 			soft := b.op("Log", []string{b.add(b.scalar(1), b.op("Exp", []string{b.neg(b.op("Abs", []string{pred}))}))})
@@ -80,25 +91,25 @@ func (b *builder) loss(opt Options, res *Result) (string, error) {
 	b.output(LossOutput, []int64{})
 	b.rename(seed, SeedOutput)
 	b.output(SeedOutput, ps)
-	return SeedOutput, nil
+	return tg, nil
 }
 
-// target declares the target input: of opt.TargetShape when given (it must
+// target declares the target input: of shape given when not nil (it must
 // hold as many elements as want), else of shape want.
-func (b *builder) target(opt Options, res *Result, want []int64, et int32) error {
+func (b *Builder) target(kind Loss, pred string, given []int64, tg *Target, want []int64, et int32) error {
 	ts := want
-	if opt.TargetShape != nil {
-		if numel(opt.TargetShape) != numel(want) {
+	if given != nil {
+		if numel(given) != numel(want) {
 			return fmt.Errorf("grad: target shape %v has %d elements, the %s loss on output %q wants %d (shape %v)",
-				opt.TargetShape, numel(opt.TargetShape), opt.Loss, res.Output, numel(want), want)
+				given, numel(given), kind, pred, numel(want), want)
 		}
-		ts = slices.Clone(opt.TargetShape)
+		ts = slices.Clone(given)
 	}
 	dims := make([]any, len(ts))
 	for i, d := range ts {
 		dims[i] = d
 	}
 	b.inputs = append(b.inputs, onnx.TensorValueInfo(TargetInput, onnx.TensorProto_DataType(et), dims...))
-	res.TargetShape, res.TargetType = ts, et
+	tg.Shape, tg.Type = ts, et
 	return nil
 }

@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"math"
@@ -152,7 +152,7 @@ func unary(c *call) error {
 
 // geluDerivative returns dGELU/dx: Φ(x) + x·φ(x) exactly, or the derivative
 // of the tanh approximation 0.5x(1 + tanh(k(x + 0.044715x³))).
-func geluDerivative(b *builder, x, approx string) string {
+func geluDerivative(b *Builder, x, approx string) string {
 	half, one := b.scalar(0.5), b.scalar(1)
 	if approx == "tanh" {
 		k := math.Sqrt(2 / math.Pi)

@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"slices"

@@ -1,10 +1,11 @@
-package grad
+package backward
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 
+	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
@@ -14,7 +15,7 @@ import (
 // computes the forward pass, the loss and every gradient output.
 type Session struct {
 	s       *onnxrt.Session
-	res     *Result
+	res     *grad.Result
 	feeds   int
 	inputs  []string
 	outputs []string
@@ -26,7 +27,7 @@ type Session struct {
 // becomes one. ONNX Runtime computes only what the fetched outputs need,
 // so fetching Summary outputs alone copies a few numbers per gradient
 // instead of every tensor. The caller has initialized ONNX Runtime.
-func NewSession(res *Result, opt onnxrt.SessionOptions, outputs []string) (*Session, error) {
+func NewSession(res *grad.Result, opt onnxrt.SessionOptions, outputs []string) (*Session, error) {
 	m := res.Model
 	g := m.Graph
 	ix, err := onnx.NewIndex(g)

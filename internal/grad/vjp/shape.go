@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"math"
@@ -188,7 +188,7 @@ func sliceBack(c *call) error {
 
 // normIndices maps negative indices into [0, dim) as Gather reads them,
 // so the scatter sees what the gather took.
-func normIndices(b *builder, idx string, dim int64) string {
+func normIndices(b *Builder, idx string, dim int64) string {
 	cast := b.op("Cast", []string{idx}, onnx.AttrInt("to", int64(elemInt64)))
 	// 0-d constants, so that a scalar index stays a scalar
 	neg := b.op("Less", []string{cast, b.int0(0)})

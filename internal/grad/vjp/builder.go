@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ const (
 // builder accumulates the backward graph: the forward graph (nodes cloned
 // where a rule needs an extra output of a forward op), the appended nodes,
 // the constants they use and the declared outputs.
-type builder struct {
+type Builder struct {
 	m     *onnx.ModelProto
 	src   *onnx.GraphProto // shallow copy of the forward graph
 	ix    *onnx.Index      // of the forward graph as given
@@ -46,7 +46,10 @@ type builder struct {
 	count int
 }
 
-func newBuilder(m *onnx.ModelProto, ix *onnx.Index, facts *Facts, opset int64) *builder {
+// NewBuilder starts the backward graph of m (indexed by ix) for the probed
+// facts, emitting nodes of the given default-domain opset. m is never
+// modified: a forward node a rule must change is cloned first.
+func NewBuilder(m *onnx.ModelProto, ix *onnx.Index, facts *Facts, opset int64) *Builder {
 	g := m.Graph
 	src := &onnx.GraphProto{
 		Node:              append([]*onnx.NodeProto(nil), g.Node...),
@@ -59,14 +62,14 @@ func newBuilder(m *onnx.ModelProto, ix *onnx.Index, facts *Facts, opset int64) *
 		ValueInfo:         g.ValueInfo,
 		MetadataProps:     g.MetadataProps,
 	}
-	return &builder{m: m, src: src, ix: ix, facts: facts, opset: opset,
+	return &Builder{m: m, src: src, ix: ix, facts: facts, opset: opset,
 		produced: map[string]*onnx.NodeProto{}, used: map[string]bool{},
 		declared: map[string]bool{}, consts: map[string]string{}, cloned: map[int]bool{}}
 }
 
-// checkNames refuses models whose own names could collide with the names
+// CheckNames refuses models whose own names could collide with the names
 // the backward graph adds.
-func (b *builder) checkNames() error {
+func (b *Builder) CheckNames() error {
 	check := func(name string) error {
 		if strings.Contains(name, GradSuffix) || strings.HasSuffix(name, internal) {
 			return fmt.Errorf("grad: the model already has a value named %q; names containing %q or ending in %q are reserved for the backward graph", name, GradSuffix, internal)
@@ -93,12 +96,12 @@ func (b *builder) checkNames() error {
 	return nil
 }
 
-// upgrade lifts the forward nodes from opset from to b.opset where their
+// Upgrade lifts the forward nodes from opset from to b.opset where their
 // meaning would otherwise change: BatchNormalization before 14 signalled
 // training by its extra outputs, and RoiAlign's default
 // coordinate_transformation_mode changed at 16. Every other op between 13
 // and 16 only gained types or optional attributes.
-func (b *builder) upgrade(from int64) {
+func (b *Builder) Upgrade(from int64) {
 	if from >= b.opset {
 		return
 	}
@@ -124,7 +127,7 @@ func (b *builder) upgrade(from int64) {
 
 // fwd returns forward node i for modification: a clone, so the caller's
 // model is left as it is.
-func (b *builder) fwd(i int) *onnx.NodeProto {
+func (b *Builder) fwd(i int) *onnx.NodeProto {
 	if !b.cloned[i] {
 		n := b.src.Node[i]
 		b.src.Node[i] = &onnx.NodeProto{
@@ -139,24 +142,24 @@ func (b *builder) fwd(i int) *onnx.NodeProto {
 }
 
 // fresh returns a new intermediate name.
-func (b *builder) fresh() string {
+func (b *Builder) fresh() string {
 	b.count++
 	return fmt.Sprintf("%s::bw%d%s", b.label, b.count, internal)
 }
 
 // op appends a single-output node and returns its output.
-func (b *builder) op(opType string, inputs []string, attrs ...*onnx.AttributeProto) string {
+func (b *Builder) op(opType string, inputs []string, attrs ...*onnx.AttributeProto) string {
 	out := b.fresh()
 	b.emit(opType, inputs, []string{out}, attrs...)
 	return out
 }
 
 // emitTo appends a single-output node writing to out.
-func (b *builder) emitTo(opType string, inputs []string, out string, attrs ...*onnx.AttributeProto) {
+func (b *Builder) emitTo(opType string, inputs []string, out string, attrs ...*onnx.AttributeProto) {
 	b.emit(opType, inputs, []string{out}, attrs...)
 }
 
-func (b *builder) emit(opType string, inputs, outputs []string, attrs ...*onnx.AttributeProto) *onnx.NodeProto {
+func (b *Builder) emit(opType string, inputs, outputs []string, attrs ...*onnx.AttributeProto) *onnx.NodeProto {
 	n := onnx.Node(opType, outputs[0], inputs, outputs, attrs...)
 	b.nodes = append(b.nodes, n)
 	for _, in := range inputs {
@@ -170,7 +173,7 @@ func (b *builder) emit(opType string, inputs, outputs []string, attrs ...*onnx.A
 
 // rename gives the value from the name to: in place when an appended node
 // produced it and nothing reads it yet, else through an Identity.
-func (b *builder) rename(from, to string) {
+func (b *Builder) rename(from, to string) {
 	if n, ok := b.produced[from]; ok && !b.used[from] && !b.declared[from] {
 		for k, o := range n.Output {
 			if o == from {
@@ -185,7 +188,7 @@ func (b *builder) rename(from, to string) {
 }
 
 // round writes src rounded through the 16-bit type et to dst.
-func (b *builder) round(src, dst string, et int32) {
+func (b *Builder) round(src, dst string, et int32) {
 	mid := dst + "::" + onnx.DataTypeName(et) + internal
 	b.emitTo("Cast", []string{src}, mid, onnx.AttrInt("to", int64(et)))
 	b.emitTo("Cast", []string{mid}, dst, onnx.AttrInt("to", int64(elemFloat)))
@@ -193,7 +196,7 @@ func (b *builder) round(src, dst string, et int32) {
 
 // output declares name a FLOAT graph output of the given shape (unknown
 // when nil).
-func (b *builder) output(name string, shape []int64) {
+func (b *Builder) output(name string, shape []int64) {
 	if b.declared[name] {
 		return
 	}
@@ -213,7 +216,7 @@ func (b *builder) output(name string, shape []int64) {
 }
 
 // ints returns a 1-D INT64 constant.
-func (b *builder) ints(v ...int64) string {
+func (b *Builder) ints(v ...int64) string {
 	key := fmt.Sprint("i", v)
 	if name, ok := b.consts[key]; ok {
 		return name
@@ -225,7 +228,7 @@ func (b *builder) ints(v ...int64) string {
 }
 
 // int0 returns a 0-d INT64 constant.
-func (b *builder) int0(v int64) string {
+func (b *Builder) int0(v int64) string {
 	key := fmt.Sprint("i0 ", v)
 	if name, ok := b.consts[key]; ok {
 		return name
@@ -237,7 +240,7 @@ func (b *builder) int0(v int64) string {
 }
 
 // scalar returns a 0-d FLOAT constant.
-func (b *builder) scalar(v float32) string {
+func (b *Builder) scalar(v float32) string {
 	key := fmt.Sprint("f", math.Float32bits(v))
 	if name, ok := b.consts[key]; ok {
 		return name
@@ -249,7 +252,7 @@ func (b *builder) scalar(v float32) string {
 }
 
 // floats returns a FLOAT constant of the given shape.
-func (b *builder) floats(dims []int64, v []float32) string {
+func (b *Builder) floats(dims []int64, v []float32) string {
 	name := fmt.Sprintf("const%d%s", len(b.consts), internal)
 	b.consts[name] = name
 	b.inits = append(b.inits, onnx.FloatTensor(name, dims, v))
@@ -257,10 +260,10 @@ func (b *builder) floats(dims []int64, v []float32) string {
 }
 
 // isFloat reports whether a forward value is FLOAT.
-func (b *builder) isFloat(v string) bool { return b.ix.ElemType(v) == elemFloat }
+func (b *Builder) isFloat(v string) bool { return b.ix.ElemType(v) == elemFloat }
 
 // shape returns the static shape of a forward value.
-func (b *builder) shape(v string) ([]int64, error) {
+func (b *Builder) shape(v string) ([]int64, error) {
 	if s, ok := b.facts.Shapes[v]; ok {
 		return s, nil
 	}
@@ -277,7 +280,7 @@ func (b *builder) shape(v string) ([]int64, error) {
 }
 
 // mustShape is shape, with nil for unknown.
-func (b *builder) mustShape(v string) []int64 {
+func (b *Builder) mustShape(v string) []int64 {
 	s, _ := b.shape(v)
 	return s
 }
@@ -285,7 +288,7 @@ func (b *builder) mustShape(v string) []int64 {
 // constant returns the contents of a value fixed for the probed batch: an
 // initializer, a Constant output, or a small integer value the probe
 // recorded.
-func (b *builder) constant(v string) (*tensor.Tensor, error) {
+func (b *Builder) constant(v string) (*tensor.Tensor, error) {
 	if t, err := b.ix.ConstantValue(v); err == nil {
 		return t, nil
 	}
@@ -296,7 +299,7 @@ func (b *builder) constant(v string) (*tensor.Tensor, error) {
 }
 
 // constInts returns a constant's elements as int64.
-func (b *builder) constInts(v string) ([]int64, error) {
+func (b *Builder) constInts(v string) ([]int64, error) {
 	t, err := b.constant(v)
 	if err != nil {
 		return nil, err
@@ -309,7 +312,7 @@ func (b *builder) constInts(v string) ([]int64, error) {
 }
 
 // constFloat returns a scalar constant as float64.
-func (b *builder) constFloat(v string) (float64, error) {
+func (b *Builder) constFloat(v string) (float64, error) {
 	t, err := b.constant(v)
 	if err != nil {
 		return 0, err
@@ -357,24 +360,24 @@ func leUint32(b []byte) uint32 {
 
 // Helpers for the ops rules emit most.
 
-func (b *builder) mul(x, y string) string { return b.op("Mul", []string{x, y}) }
-func (b *builder) add(x, y string) string { return b.op("Add", []string{x, y}) }
-func (b *builder) sub(x, y string) string { return b.op("Sub", []string{x, y}) }
-func (b *builder) div(x, y string) string { return b.op("Div", []string{x, y}) }
-func (b *builder) neg(x string) string    { return b.op("Neg", []string{x}) }
+func (b *Builder) mul(x, y string) string { return b.op("Mul", []string{x, y}) }
+func (b *Builder) add(x, y string) string { return b.op("Add", []string{x, y}) }
+func (b *Builder) sub(x, y string) string { return b.op("Sub", []string{x, y}) }
+func (b *Builder) div(x, y string) string { return b.op("Div", []string{x, y}) }
+func (b *Builder) neg(x string) string    { return b.op("Neg", []string{x}) }
 
-func (b *builder) scale(x string, k float64) string { return b.mul(x, b.scalar(float32(k))) }
+func (b *Builder) scale(x string, k float64) string { return b.mul(x, b.scalar(float32(k))) }
 
-func (b *builder) reshape(x string, shape []int64) string {
+func (b *Builder) reshape(x string, shape []int64) string {
 	return b.op("Reshape", []string{x, b.ints(shape...)})
 }
 
-func (b *builder) transpose(x string, perm []int64) string {
+func (b *Builder) transpose(x string, perm []int64) string {
 	return b.op("Transpose", []string{x}, onnx.AttrInts("perm", perm...))
 }
 
 // reduceSum sums x over axes (ReduceSum takes axes as an input from 13 on).
-func (b *builder) reduceSum(x string, axes []int64, keepdims bool) string {
+func (b *Builder) reduceSum(x string, axes []int64, keepdims bool) string {
 	k := int64(0)
 	if keepdims {
 		k = 1
@@ -383,28 +386,28 @@ func (b *builder) reduceSum(x string, axes []int64, keepdims bool) string {
 }
 
 // sumAll sums every element to a scalar.
-func (b *builder) sumAll(x string) string {
+func (b *Builder) sumAll(x string) string {
 	return b.op("ReduceSum", []string{x}, onnx.AttrInt("keepdims", 0))
 }
 
 // expandTo broadcasts x to shape.
-func (b *builder) expandTo(x string, shape []int64) string {
+func (b *Builder) expandTo(x string, shape []int64) string {
 	return b.op("Expand", []string{x, b.ints(shape...)})
 }
 
 // zeros returns a FLOAT zero tensor of shape.
-func (b *builder) zeros(shape []int64) string {
+func (b *Builder) zeros(shape []int64) string {
 	return b.op("ConstantOfShape", []string{b.ints(shape...)})
 }
 
 // slice takes [start, end) of x along axis.
-func (b *builder) slice(x string, axis, start, end int64) string {
+func (b *Builder) slice(x string, axis, start, end int64) string {
 	return b.op("Slice", []string{x, b.ints(start), b.ints(end), b.ints(axis)})
 }
 
 // unbroadcast sums a gradient g of shape gs back to the shape xs of an input
 // that numpy-style broadcasting stretched to gs.
-func (b *builder) unbroadcast(g string, gs, xs []int64) string {
+func (b *Builder) unbroadcast(g string, gs, xs []int64) string {
 	if equalShape(gs, xs) {
 		return g
 	}
@@ -446,8 +449,9 @@ func numel(s []int64) int64 {
 	return n
 }
 
-// finish assembles the result model.
-func (b *builder) finish(res *Result) {
+// Model assembles the forward graph, every appended node, constant, input
+// and output into the backward model.
+func (b *Builder) Model() *onnx.ModelProto {
 	g := b.src
 	ng := &onnx.GraphProto{
 		Node:              append(append([]*onnx.NodeProto(nil), g.Node...), b.nodes...),
@@ -473,7 +477,7 @@ func (b *builder) finish(res *Result) {
 		// opset 16 needs IR version 8
 		ir = 8
 	}
-	res.Model = &onnx.ModelProto{
+	return &onnx.ModelProto{
 		IrVersion: ir, OpsetImport: ops, ProducerName: m.ProducerName,
 		ProducerVersion: m.ProducerVersion, Domain: m.Domain, ModelVersion: m.ModelVersion,
 		DocString: m.DocString, Graph: ng, MetadataProps: m.MetadataProps, Functions: m.Functions,
@@ -529,7 +533,7 @@ func attrString(n *onnx.NodeProto, name, def string) string {
 //   - casting to BOOL and back marks the nonzero elements, and rounding
 //     never makes a zero nonzero, so the flushed ones are the difference
 //     of the counts before and after.
-func (b *builder) summarize(raw, rounded, prefix string) *Summary {
+func (b *Builder) summarize(raw, rounded, prefix string) *Summary {
 	b.label = prefix
 	s := &Summary{MaxAbs: prefix + "::max", NonFinite: prefix + "::nonfinite", NonZero: prefix + "::nonzero"}
 	hi := b.op("ReduceMax", []string{raw}, onnx.AttrInt("keepdims", 0))
@@ -557,7 +561,7 @@ func (b *builder) summarize(raw, rounded, prefix string) *Summary {
 }
 
 // scalarOutput declares a rank-0 graph output.
-func (b *builder) scalarOutput(name string, et onnx.TensorProto_DataType) {
+func (b *Builder) scalarOutput(name string, et onnx.TensorProto_DataType) {
 	b.declared[name] = true
 	b.outputs = append(b.outputs, onnx.TensorValueInfo(name, et))
 }

@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"slices"
@@ -244,7 +244,7 @@ func layerNorm(c *call) error {
 
 // sumTo sums v (shape xs) over the leading axes and then back to the
 // broadcast shape ts of a parameter.
-func sumTo(b *builder, v string, xs, lead, ts []int64) string {
+func sumTo(b *Builder, v string, xs, lead, ts []int64) string {
 	rest := xs[len(lead):]
 	if len(lead) > 0 {
 		v = b.reduceSum(v, lead, false)

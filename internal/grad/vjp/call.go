@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ var errNoRule = errors.New("no gradient rule")
 // it differentiates. Inputs a rule leaves at "" get no contribution: an
 // index, a shape, a running statistic.
 type call struct {
-	b    *builder
+	b    *Builder
 	n    *onnx.NodeProto
 	i    int
 	gy   []string
@@ -30,12 +30,12 @@ type call struct {
 }
 
 // vjp is a rule: the vector–Jacobian product of one op type.
-type vjp func(c *call) error
+type rule func(c *call) error
 
 // rules maps op types of the default domain to their rule.
-var rules = map[string]vjp{}
+var rules = map[string]rule{}
 
-func register(r vjp, ops ...string) {
+func register(r rule, ops ...string) {
 	for _, op := range ops {
 		rules[op] = r
 	}

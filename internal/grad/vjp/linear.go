@@ -1,4 +1,4 @@
-package grad
+package vjp
 
 import (
 	"math"
@@ -246,7 +246,7 @@ func conv(c *call) error {
 // product lands in W's layout; otherwise (early layers, where the
 // activations dwarf the weights) each offset gets its own product and one
 // Transpose of the weight-sized result moves the offsets last.
-func convWeightGrad(b *builder, x, g string, xs, ws, ys []int64, groups int64, geo convGeometry) string {
+func convWeightGrad(b *Builder, x, g string, xs, ws, ys []int64, groups int64, geo convGeometry) string {
 	r := len(xs) - 2
 	n, ch, m := xs[0], xs[1], ws[0]
 	cg, mg := ch/groups, m/groups
@@ -321,7 +321,7 @@ func convWeightGrad(b *builder, x, g string, xs, ws, ys []int64, groups int64, g
 // the kernel's extent) it is the ConvTranspose of g with W, whose
 // output_padding restores the input size the forward's floor division
 // lost.
-func convDataGrad(b *builder, g, w string, xs, ws, ys []int64, groups int64, geo convGeometry) string {
+func convDataGrad(b *Builder, g, w string, xs, ws, ys []int64, groups int64, geo convGeometry) string {
 	r := len(xs) - 2
 	kernel := ws[2:]
 	unit := true

@@ -1,42 +1,21 @@
-package grad
+package backward
 
 import (
 	"fmt"
 
+	"fp16audit/internal/grad"
+	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
 )
-
-// Facts are what Build needs to know about one batch that the model file
-// does not say: the shape of every value, and the contents of the small
-// values that shape arithmetic computes (the starts and ends of a Slice
-// after torch.chunk, a Pad's pads, a Dropout's training flag).
-type Facts struct {
-	// Shapes maps every value to its shape.
-	Shapes map[string][]int64
-	// Values maps the non-constant inputs that rules read as parameters
-	// to their contents.
-	Values map[string]*tensor.Tensor
-}
-
-// paramInputs lists, per op, the input slots a rule reads as fixed
-// parameters rather than as data.
-var paramInputs = map[string][]int{
-	"Slice":      {1, 2, 3, 4},
-	"Pad":        {1, 3},
-	"Tile":       {1},
-	"ReduceSum":  {1},
-	"ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceSumSquare": {1}, "ReduceL2": {1},
-	"Dropout": {1, 2},
-}
 
 // Probe runs the forward model once on inputs (in the order of the graph
 // inputs that need feeding) and returns the Facts of that batch: it adds a
 // Shape node per value and the parameter inputs of the rules as outputs,
 // so nothing but shapes and a few integers leaves ONNX Runtime. opt
 // configures the session; the caller has initialized ONNX Runtime.
-func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*Facts, error) {
+func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*grad.Facts, error) {
 	ix, err := onnx.NewIndex(m.Graph)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
@@ -45,7 +24,7 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 	if len(inputs) != len(feeds) {
 		return nil, fmt.Errorf("probe: the model takes %d inputs, got %d", len(feeds), len(inputs))
 	}
-	f := &Facts{Shapes: map[string][]int64{}, Values: map[string]*tensor.Tensor{}}
+	f := &grad.Facts{Shapes: map[string][]int64{}, Values: map[string]*tensor.Tensor{}}
 	var inNames []string
 	for k, vi := range feeds {
 		inNames = append(inNames, vi.Name)
@@ -76,7 +55,7 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 				continue
 			}
 			seen[o] = true
-			s := o + "::shape" + internal
+			s := o + "::shape" + vjp.Internal
 			g.Node = append(g.Node, onnx.Node("Shape", s, []string{o}, []string{s}))
 			g.Output = append(g.Output, onnx.TensorValueInfo(s, onnx.TensorProto_INT64, -1))
 			outNames = append(outNames, s)
@@ -84,7 +63,7 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 		}
 	}
 	for _, n := range m.Graph.Node {
-		for _, k := range paramInputs[n.OpType] {
+		for _, k := range vjp.ParamInputs(n.OpType) {
 			if k >= len(n.Input) || n.Input[k] == "" {
 				continue
 			}
@@ -124,7 +103,7 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 	}
 	for k, t := range outs {
 		if v := shapeOf[k]; v != "" {
-			dims, err := int64s(t)
+			dims, err := vjp.Int64s(t)
 			if err != nil {
 				return nil, fmt.Errorf("probe: shape of %q: %w", v, err)
 			}
