@@ -1,6 +1,7 @@
 // Package checks is the identity of every finding fp16audit reports: a
 // stable ID (never reused; FP1xxx input data, FP2xxx forward overflow,
-// FP3xxx underflow, FP4xxx static graph hazards, FP5xxx training logs), a
+// FP3xxx underflow, FP4xxx static graph hazards, FP5xxx training logs,
+// FP6xxx the training audit: train-mode forward and backward pass), a
 // short lowercase title, the documentation `fp16audit explain` prints and a
 // default severity. The dynamic audit, the static lint and the training-log
 // diagnosis declare their checks here; findings carry the ID.
@@ -181,9 +182,9 @@ func (r selectRule) matches(id string) bool {
 }
 
 // validID reports whether id has the form of a check ID: FP and four
-// digits, the first 1 to 5.
+// digits, the first 1 to 6.
 func validID(id string) bool {
-	if len(id) != 6 || !strings.HasPrefix(id, "FP") || id[2] < '1' || id[2] > '5' {
+	if len(id) != 6 || !strings.HasPrefix(id, "FP") || id[2] < '1' || id[2] > '6' {
 		return false
 	}
 	for _, c := range id[3:] {
@@ -204,12 +205,12 @@ func validPrefix(p string) bool {
 }
 
 // Validate checks a declaration against the registry's conventions: an ID
-// of the form FP1xxx to FP5xxx, a short lowercase title without a trailing
+// of the form FP1xxx to FP6xxx, a short lowercase title without a trailing
 // period, and a doc text. The registry test runs it over every check.
 func Validate(c *Check) error {
 	switch {
 	case !validID(c.ID):
-		return fmt.Errorf("check %q: want an ID FP1000 to FP5999", c.ID)
+		return fmt.Errorf("check %q: want an ID FP1000 to FP6999", c.ID)
 	case c.Title == "" || c.Title != strings.ToLower(c.Title) || strings.HasSuffix(c.Title, "."):
 		return fmt.Errorf("check %s: title %q: want a lowercase phrase without a trailing period", c.ID, c.Title)
 	case strings.TrimSpace(c.Doc) == "":

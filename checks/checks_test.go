@@ -5,14 +5,15 @@ import (
 	"testing"
 
 	"fp16audit/checks"
-	_ "fp16audit/internal/diagnose" // the dynamic checks
+	_ "fp16audit/internal/diagnose"          // the dynamic checks
+	_ "fp16audit/internal/diagnose/training" // the training audit's checks
 	_ "fp16audit/internal/lint"     // the static checks
 	"fp16audit/internal/precision"
 	_ "fp16audit/internal/trainlog" // the training-log checks
 )
 
 // TestRegistry validates every check the program declares: IDs of the form
-// FP1xxx-FP5xxx and unique (Register panics on a duplicate, so linking both
+// FP1xxx-FP6xxx and unique (Register panics on a duplicate, so linking both
 // packages above already proves it), lowercase titles without a trailing
 // period, doc text, and policies that exist.
 func TestRegistry(t *testing.T) {
@@ -54,7 +55,7 @@ func TestRegisterDuplicatePanics(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	for _, c := range []checks.Check{
-		{ID: "FP6001", Title: "x", Doc: "d"},
+		{ID: "FP7001", Title: "x", Doc: "d"},
 		{ID: "FP401", Title: "x", Doc: "d"},
 		{ID: "fp4001", Title: "x", Doc: "d"},
 		{ID: "FP4901", Title: "Upper case", Doc: "d"},

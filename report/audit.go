@@ -44,6 +44,9 @@ type Report struct {
 	Nodes       []NodeReport     `json:"nodes"`
 	Findings    []checks.Finding `json:"findings"`
 	Summary     Summary          `json:"summary"`
+	// Training is the training audit (mode, BatchNorm, the backward
+	// pass); see TrainingReport. Absent from reports of fp16audit 0.3.
+	Training *TrainingReport `json:"training,omitempty"`
 }
 
 // Pass names: the keys of ValueReport.Stats and the entries of

@@ -65,6 +65,10 @@ type Config struct {
 	MaxMemory int64
 
 	Progress execute.Progress
+
+	// Train is the training side: the forward passes' mode and the
+	// backward audit (train.go).
+	Train TrainConfig
 }
 
 // audit is the state of one run.
@@ -82,6 +86,7 @@ type audit struct {
 	// halfCast marks the model's own Cast-to-half nodes.
 	halfCast map[int]bool
 	report   *report.Report
+	train    *trainer
 }
 
 // Run audits one model: it loads the model and its batches, runs the fp32
@@ -109,6 +114,10 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
 	}
 	a := &audit{cfg: cfg, model: m, policy: policy, passes: map[string]*observe.PassResult{}}
+	if err := a.applyMode(); err != nil {
+		return nil, err
+	}
+	m = a.model
 	a.specs = batch.Specs(m.Proto.Graph, m.Index)
 	batches, notes, err := batch.Load(a.specs, batch.Options{
 		Args: cfg.Inputs, Shapes: cfg.Shapes, Seed: cfg.Seed, SyntheticBatches: cfg.SyntheticBatches,
@@ -155,6 +164,9 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
 	a.report.Notes = append(a.report.Notes, d.Notes...)
+	if err := a.auditTraining(); err != nil {
+		return nil, a.runError(err)
+	}
 	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()
 	return a.report, nil
 }

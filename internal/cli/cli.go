@@ -157,15 +157,17 @@ type runOptions struct {
 	noColor     bool
 	noFixes     bool
 	thresholds  diagnose.Thresholds
+	train       trainFlags
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
 	var o runOptions
 	fs := newFlagSet("run", "fp16audit run MODEL [flags]",
-		"  fp16audit run model.onnx -i input=batch.npy --format json --output render.json", stdout)
+		"  fp16audit run model.onnx -i input=batch.npy --format json --output render.json\n"+
+			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy", stdout)
 	fs.StringArrayVarP(&o.inputs, "input", "i", nil, "batch for an input: NAME=PATH or PATH (in input order); PATH is .npy, .npz, .pb or a folder (repeatable)")
 	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
-	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given")
+	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given, and for Dropout masks in --mode train")
 	fs.IntVar(&o.batches, "synthetic-batches", 1, "number of synthetic batches when no -i is given")
 	fs.StringVar(&o.policy, "policy", precision.DefaultPolicy, "precision policy: "+policyNames())
 	fs.StringVar(&o.checks, "checks", "all", "report only these checks: comma-separated IDs, prefixes such as FP3* and all, each optionally negated with -; later entries win")
@@ -179,6 +181,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
 	fs.Float64Var(&o.thresholds.ColumnScale, "column-scale", o.thresholds.ColumnScale, "flag tabular columns (FP1004) whose |mean| or std exceeds this")
 	fs.IntVar(&o.thresholds.FixIterations, "fix-iterations", o.thresholds.FixIterations, "most reruns of the keep-fp32 fix search")
+	o.train.register(fs)
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
@@ -221,7 +224,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	sel, _ := checks.ParseSelection(o.checks) // checked by applyRunConfig
-	cfg := audit.Config{Checks: sel,
+	train, err := o.train.config()
+	if err != nil {
+		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
+		return exitUsage
+	}
+	cfg := audit.Config{Checks: sel, Train: train,
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
 		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, MaxMemory: maxMem,
 		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,

@@ -133,7 +133,8 @@ func (r Reason) Names() []string {
 //   - BatchNormalization and InstanceNormalization output their X input's
 //     precision (cudnn returns the input type); BatchNormalization computes
 //     in fp32 under half and in X's precision otherwise, and never casts its
-//     parameters.
+//     parameters. A training BatchNormalization's running-statistics
+//     outputs are fp32, as PyTorch's buffers are.
 //   - Every other op, and every op outside the standard domains, follows its
 //     inputs; nodes with subgraphs are not descended into.
 func Assign(p *Policy, g *onnx.GraphProto, order []int, elemType func(name string) int32) *Assignment {
@@ -514,6 +515,16 @@ func (s *assigner) assignNode(i int) {
 		}
 	}
 	s.finish(i, np, out, floatOut)
+	if std && n.OpType == "BatchNormalization" {
+		// The outputs after Y are the updated running statistics (and,
+		// before opset 14, the batch's saved statistics) of a training
+		// step: PyTorch keeps them in fp32 buffers whatever Y's type.
+		for _, name := range n.Output[1:] {
+			if name != "" && s.a.Value[name] != NotFloat {
+				s.a.Value[name] = FP32
+			}
+		}
+	}
 	w, casts := own, ownCasts
 	for _, j := range from {
 		iw, ic := s.why(n.Input[j])

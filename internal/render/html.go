@@ -391,6 +391,7 @@ var htmlFuncs = template.FuncMap{
 		return nil
 	},
 	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 2, 64) },
+	"training": trainingHTML,
 }
 
 var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
@@ -430,7 +431,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <div id="chartbox">{{.Chart}}<div id="tip" hidden></div></div>
 </section>
 
-{{if .R.Findings}}<section class="card">
+{{training .R.Training}}{{if .R.Findings}}<section class="card">
 <h2>Findings ({{len .R.Findings}})</h2>
 <table class="plain"><thead><tr><th>severity</th><th>check</th><th>message</th></tr></thead><tbody>
 {{range .Findings}}<tr class="sev-{{sev .Severity}}"><td>{{sev .Severity}}</td><td><code>{{.Check}}</code></td><td>{{.Message}}</td></tr>

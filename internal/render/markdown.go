@@ -70,6 +70,7 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		}
 	}
 
+	trainingMarkdown(&b, r.Training)
 	// The two tables share what is left; findings may use at most half so
 	// the flagged nodes always show.
 	const reserve = 600

@@ -103,6 +103,7 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 		}
 	}
 
+	t.training(r.Training)
 	t.printf("\n")
 	t.para(t.style(ansiDim, "model: "), fmt.Sprintf("%d nodes, producer %q %s, IR %d, opsets %s", r.Model.NodeCount,
 		r.Model.Producer, r.Model.ProducerVersion, r.Model.IRVersion, opsetString(r.Model.Opsets)), 7)

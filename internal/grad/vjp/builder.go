@@ -3,7 +3,7 @@ package vjp
 import (
 	"fmt"
 	"math"
-	"strings"
+	"regexp"
 
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
@@ -67,12 +67,18 @@ func NewBuilder(m *onnx.ModelProto, ix *onnx.Index, facts *Facts, opset int64) *
 		declared: map[string]bool{}, consts: map[string]string{}, cloned: map[int]bool{}}
 }
 
+// reserved matches the names the backward graph (and a probe) mints: a
+// model value with such a name could collide with one of them. Names the
+// other rewrites mint (an upcast input, private BatchNorm statistics) also
+// end in Internal but never match.
+var reserved = regexp.MustCompile(`::grad|::bw\d+::fp16audit$|^const\d+::fp16audit$|::(shape|mask|indices|FLOAT16|BFLOAT16)::fp16audit$|^(loss|seed|loss_scale|target)::fp16audit$`)
+
 // CheckNames refuses models whose own names could collide with the names
 // the backward graph adds.
 func (b *Builder) CheckNames() error {
 	check := func(name string) error {
-		if strings.Contains(name, GradSuffix) || strings.HasSuffix(name, internal) {
-			return fmt.Errorf("grad: the model already has a value named %q; names containing %q or ending in %q are reserved for the backward graph", name, GradSuffix, internal)
+		if reserved.MatchString(name) {
+			return fmt.Errorf("grad: the model already has a value named %q; names containing %q and a few ending in %q are reserved for the backward graph: rename it in the export", name, GradSuffix, internal)
 		}
 		return nil
 	}

@@ -1,0 +1,333 @@
+package audit_test
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"fp16audit/checks"
+	"fp16audit/internal/audit"
+	"fp16audit/internal/batch"
+	"fp16audit/report"
+)
+
+// The training fixtures come from PyTorch (fixtures/torch/train/gen.py):
+// each has the batch, the target, torch.autograd's gradients of every
+// parameter and, per leaf module, its train-mode forward output's max |x|
+// or an fp16 backward experiment.
+const trainDir = "../../fixtures/torch/train"
+
+type trainFixture struct {
+	Name, Model, Data string
+	ForwardMaxAbs     map[string]float64 `json:"forward_maxabs"`
+	Params            []struct{ Name, Key string }
+	Activations       []struct{ Module, Value string }
+	Experiment        *struct {
+		Verdicts map[string]struct {
+			MaxClean int  `json:"max_clean_exp"`
+			FlushLE  *int `json:"min_exp_flush_le_1pct"`
+		} `json:"verdicts"`
+	} `json:"experiment"`
+}
+
+func trainFixtureByName(t *testing.T, name string) trainFixture {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(trainDir, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ Fixtures []trainFixture }
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range m.Fixtures {
+		if f.Name == name {
+			return f
+		}
+	}
+	t.Fatalf("no training fixture %s", name)
+	return trainFixture{}
+}
+
+// splitFixture writes the fixture's input and target as .npy files and
+// returns their paths and the npz arrays.
+func splitFixture(t *testing.T, f trainFixture) (input, target string, arrays map[string][]float32) {
+	t.Helper()
+	ts, err := batch.ReadNPZ(filepath.Join(trainDir, f.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	arrays = map[string][]float32{}
+	for _, x := range ts {
+		if x.Name == "input_0" || x.Name == "target" {
+			b, err := batch.EncodeNPY(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, x.Name+".npy")
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v, err := x.Float32s(); err == nil {
+			arrays[x.Name] = v
+		}
+	}
+	return filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy"), arrays
+}
+
+func trainAudit(t *testing.T, f trainFixture, tc audit.TrainConfig) *report.Report {
+	t.Helper()
+	in, tg, _ := splitFixture(t, f)
+	if tc.Loss != "" && tc.Target == "" {
+		tc.Target = tg
+	}
+	return runConfig(t, audit.Config{ModelPath: filepath.Join(trainDir, f.Model), Inputs: []string{in}, Threads: 1, Train: tc})
+}
+
+func findingsOf(r *report.Report, id string) []checks.Finding {
+	var out []checks.Finding
+	for _, f := range r.Findings {
+		if f.Check == id {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func fp32MaxAbs(r *report.Report, value string) (float64, bool) {
+	for _, n := range r.Nodes {
+		for _, o := range n.Outputs {
+			if o.Name == value {
+				if st, ok := o.Stats[report.PassFP32]; ok && st.MaxAbs != nil {
+					return *st.MaxAbs, true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestCNNEvalAndTrainModes: the same CNN on raw pixels. The eval export
+// (BatchNorm folded, untrained: the identity) overflows fp16 at conv3 in
+// eval mode; the training export in train mode normalizes every batch, so
+// its forward — checked module by module against torch's train-mode
+// forward — is clean; the training export in eval mode runs the stored
+// running statistics and says that this does not reflect training.
+func TestCNNEvalAndTrainModes(t *testing.T) {
+	eval := trainAudit(t, trainFixtureByName(t, "cnn_bn_eval"), audit.TrainConfig{})
+	if eval.Verdict != report.VerdictUnnormalized || len(eval.Origins) == 0 || eval.Origins[0].Module != "conv3" {
+		t.Errorf("eval export, eval mode: verdict %s, origins %+v; want unnormalized-input at conv3", eval.Verdict, eval.Origins)
+	}
+	if eval.Training == nil || eval.Training.Mode != report.ModeEval || len(eval.Training.Notes) == 0 ||
+		!strings.Contains(strings.Join(eval.Training.Notes, " "), "folded") {
+		t.Errorf("eval export: training section %+v: want eval mode and a note on the folded BatchNorm", eval.Training)
+	}
+
+	f := trainFixtureByName(t, "cnn_bn_train")
+	train := trainAudit(t, f, audit.TrainConfig{Mode: "train"})
+	if train.Verdict != report.VerdictHealthy {
+		t.Errorf("training export, train mode: verdict %s (%s), want healthy", train.Verdict, train.VerdictText)
+	}
+	checked := 0
+	for _, a := range f.Activations {
+		want, ok := f.ForwardMaxAbs[a.Module]
+		got, found := fp32MaxAbs(train, a.Value)
+		if !ok || !found {
+			continue
+		}
+		checked++
+		if math.Abs(got-want) > 1e-4*want {
+			t.Errorf("train mode, module %s (%s): fp32 max |x| %g, torch's train-mode forward %g", a.Module, a.Value, got, want)
+		}
+	}
+	if checked < 10 {
+		t.Errorf("compared %d modules with torch's forward, want every leaf module", checked)
+	}
+	for _, bn := range train.Training.BatchNorms {
+		if bn.Statistics != "batch" {
+			t.Errorf("train mode: %s runs with %s statistics", bn.Node, bn.Statistics)
+		}
+	}
+
+	evalOfTrain := trainAudit(t, f, audit.TrainConfig{Mode: "eval"})
+	fs := findingsOf(evalOfTrain, "FP6001")
+	if len(fs) != 1 || fs[0].Module != "bn1" || !strings.Contains(fs[0].Message, "3 BatchNormalization") {
+		t.Errorf("training export in eval mode: FP6001 %+v, want one finding naming bn1 and the 3 BatchNorm nodes", fs)
+	}
+	if got, _ := fp32MaxAbs(evalOfTrain, "/bn1/BatchNormalization_output_0"); got < 10 {
+		t.Errorf("eval mode bn1 max |x| %g: running statistics one step from the defaults should leave it far from normalized", got)
+	}
+	if len(findingsOf(train, "FP6001")) != 0 {
+		t.Error("FP6001 in train mode, where BatchNorm uses batch statistics")
+	}
+}
+
+// TestCNNBackward: the train-mode CNN's backward at 2^16 is clean; conv1's
+// output gradient, divided by bn1's batch std of about 10^3, flushes below
+// 2^8 as in PyTorch's experiment, and fc's weight gradient (0.305 in
+// torch.autograd, computed in fp16 by the Linear) overflows from 2^18.
+func TestCNNBackward(t *testing.T) {
+	f := trainFixtureByName(t, "cnn_bn_train")
+	r := trainAudit(t, f, audit.TrainConfig{Mode: "train", Loss: "cross-entropy"})
+	b := r.Training.Backward
+	if b == nil {
+		t.Fatal("no backward report")
+	}
+	if b.Verdict != report.BackwardHealthy || b.Window == nil || b.Window.From != 8 || b.Window.To != 17 {
+		t.Fatalf("verdict %s (%s), window %+v; want healthy in 2^8..2^17", b.Verdict, b.VerdictText, b.Window)
+	}
+	_, _, arrays := splitFixture(t, f)
+	for _, p := range f.Params {
+		if p.Name != "fc.weight" {
+			continue
+		}
+		mx := 0.0
+		for _, v := range arrays[p.Key] {
+			mx = math.Max(mx, math.Abs(float64(v)))
+		}
+		if math.Ldexp(mx, 17) >= 65504 || math.Ldexp(mx, 18) < 65520 {
+			t.Errorf("torch.autograd's fc.weight gradient %g does not overflow fp16 first at 2^18", mx)
+		}
+	}
+	want := trainFixtureByName(t, "cnn_bn_train").Experiment.Verdicts["conv1"]
+	for _, m := range b.Modules {
+		if m.Module == "conv1" && (m.FlushFreeExp == nil || want.FlushLE == nil || *m.FlushFreeExp != *want.FlushLE) {
+			t.Errorf("conv1 flush-free from %v, PyTorch's experiment from 2^%v", m.FlushFreeExp, want.FlushLE)
+		}
+	}
+}
+
+// TestRegressionInitScale: MSE on targets near 3000. scale × dL/dpred
+// (max 582.5 = 2·|pred − target|/16) overflows at 2^16; the first fp16
+// gradient to overflow as the scale grows is the head's bias gradient,
+// which torch.autograd puts at 6022: × 2^4 is beyond 65504, × 2^3 is not,
+// so the audit must say clean at 2^3 and init_scale=2.**3.
+func TestRegressionInitScale(t *testing.T) {
+	f := trainFixtureByName(t, "regression")
+	r := trainAudit(t, f, audit.TrainConfig{Mode: "train", Loss: "mse"})
+	b := r.Training.Backward
+	if b.Verdict != report.BackwardInitOverflow || b.MaxCleanExp == nil || *b.MaxCleanExp != 3 ||
+		b.InitScaleAdvice == nil || *b.InitScaleAdvice != 8 {
+		t.Fatalf("verdict %s (%s), max clean %v, advice %v; want init-scale-overflow, 2^3, init_scale 8", b.Verdict, b.VerdictText, b.MaxCleanExp, b.InitScaleAdvice)
+	}
+	if !strings.Contains(b.VerdictText, "scaled loss gradient overflows at 2^16") || !strings.Contains(b.VerdictText, "init_scale=2.**3") {
+		t.Errorf("verdict text %q", b.VerdictText)
+	}
+	fs := findingsOf(r, "FP6004")
+	if len(fs) != 1 || fs[0].Value != "pred" || fs[0].Module != "head" {
+		t.Errorf("FP6004 findings %+v, want one at pred (head)", fs)
+	}
+	_, _, arrays := splitFixture(t, f)
+	for _, p := range f.Params {
+		if p.Name != "head.bias" {
+			continue
+		}
+		g := math.Abs(float64(arrays[p.Key][0]))
+		if math.Ldexp(g, 3) > 65504 || math.Ldexp(g, 4) < 65520 {
+			t.Errorf("torch.autograd's head.bias gradient %g no longer bounds the clean scale at 2^3", g)
+		}
+	}
+	if b.SeedMaxAbs == nil || math.Abs(*b.SeedMaxAbs-582.5) > 0.5 {
+		t.Errorf("max |dL/dpred| %v, want 582.5", b.SeedMaxAbs)
+	}
+	if b.Runs >= 26 {
+		t.Errorf("%d backward runs: the sweep should skip exponents whose neighbours agree", b.Runs)
+	}
+}
+
+// TestDeepMLPUnderflow: 12 sigmoid layers shrink the gradient by 2^-2 to
+// 2^-3 each; the first layer's gradients flush at every scale up to 2^18,
+// past which the head's weight gradient overflows. The audit names the
+// modules, and bf16 (verified by a rerun) keeps them.
+func TestDeepMLPUnderflow(t *testing.T) {
+	r := trainAudit(t, trainFixtureByName(t, "deep_mlp"), audit.TrainConfig{Mode: "train", Loss: "cross-entropy"})
+	b := r.Training.Backward
+	if b.Verdict != report.BackwardUnderflow || !slices.Contains(b.Underflowing, "layers.fc0") || b.MaxCleanExp == nil || *b.MaxCleanExp != 18 {
+		t.Fatalf("verdict %s (%s), underflowing %v, max clean %v; want backward-underflow naming layers.fc0, clean up to 2^18", b.Verdict, b.VerdictText, b.Underflowing, b.MaxCleanExp)
+	}
+	fs := findingsOf(r, "FP6007")
+	if len(fs) == 0 || fs[0].Module != "layers.fc0" || fs[0].Severity != checks.SevError {
+		t.Errorf("FP6007 findings %+v: want an error naming layers.fc0 first", fs)
+	}
+	if len(b.Fixes) != 1 || b.Fixes[0].Kind != report.FixBF16 || !b.Fixes[0].Works {
+		t.Errorf("fixes %+v: want bf16, verified to work", b.Fixes)
+	}
+	if r.MaxSeverity() != checks.SevError {
+		t.Error("an underflow at every scale must fail the run (--fail-on error)")
+	}
+}
+
+// TestTransformerUnderflowNamed: LayerScale 1e-6 makes block 0's branch
+// gradients a millionth of the residual stream's. At init_scale 2^8 the
+// audit names the modules that flush and the scale to start from; PyTorch's
+// experiment puts attn.proj's and mlp.fc2's outputs clean from 2^10.
+func TestTransformerUnderflowNamed(t *testing.T) {
+	f := trainFixtureByName(t, "transformer_o17")
+	r := trainAudit(t, f, audit.TrainConfig{Mode: "train", Loss: "cross-entropy", InitScale: 256})
+	b := r.Training.Backward
+	if b.Verdict != report.BackwardInitUnderflow || b.Window == nil || b.InitScaleAdvice == nil || *b.InitScaleAdvice != math.Ldexp(1, b.Window.From) {
+		t.Fatalf("verdict %s (%s), window %+v; want init-scale-underflow with advice at the window's start", b.Verdict, b.VerdictText, b.Window)
+	}
+	fs := findingsOf(r, "FP6008")
+	if len(fs) != 1 || !strings.Contains(fs[0].Message, "blocks.0.attn.proj") || !strings.Contains(fs[0].Message, "blocks.0.mlp.fc2") {
+		t.Errorf("FP6008 %+v: want one finding naming blocks.0.attn.proj and blocks.0.mlp.fc2", fs)
+	}
+	for _, g := range b.Gradients {
+		for _, mod := range []string{"blocks.0.attn.proj", "blocks.0.mlp.fc2"} {
+			a := f.valueOf(mod)
+			if g.Value == a && g.Kind == report.GradActivation {
+				want := f.Experiment.Verdicts[mod]
+				if g.FlushFreeExp == nil || want.FlushLE == nil || *g.FlushFreeExp != *want.FlushLE {
+					t.Errorf("%s output gradient flush-free from %v, PyTorch's experiment 2^%v", mod, g.FlushFreeExp, want.FlushLE)
+				}
+			}
+		}
+	}
+	healthy := trainAudit(t, f, audit.TrainConfig{Mode: "train", Loss: "cross-entropy"})
+	if hb := healthy.Training.Backward; hb.Verdict != report.BackwardHealthy || hb.Window == nil || hb.Window.To != 18 {
+		t.Errorf("at 2^16: verdict %s (%s), window %+v; want healthy up to 2^18", hb.Verdict, hb.VerdictText, hb.Window)
+	}
+}
+
+func (f trainFixture) valueOf(module string) string {
+	for _, a := range f.Activations {
+		if a.Module == module {
+			return a.Value
+		}
+	}
+	return ""
+}
+
+// TestTrainUsageErrors: what a training audit refuses, with a message
+// that says what to pass.
+func TestTrainUsageErrors(t *testing.T) {
+	f := trainFixtureByName(t, "regression")
+	in, tg, _ := splitFixture(t, f)
+	model := filepath.Join(trainDir, f.Model)
+	for _, c := range []struct {
+		name string
+		tc   audit.TrainConfig
+		want string
+	}{
+		{"no target", audit.TrainConfig{Loss: "mse"}, "--target PATH"},
+		{"target without loss", audit.TrainConfig{Target: tg}, "need --loss"},
+		{"unknown loss", audit.TrainConfig{Loss: "hinge", Target: tg}, `loss "hinge"`},
+		{"unknown mode", audit.TrainConfig{Mode: "test"}, `mode "test"`},
+		{"scale not a power of two", audit.TrainConfig{Loss: "mse", Target: tg, InitScale: 1000}, "power of two"},
+		{"target of another size", audit.TrainConfig{Loss: "mse", Target: in}, "target shape"},
+		{"class indices", audit.TrainConfig{Loss: "cross-entropy", Target: tg}, "class indices"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := audit.Run(t.Context(), audit.Config{ModelPath: model, Inputs: []string{in}, Threads: 1, Train: c.tc})
+			if err == nil || !audit.IsUsage(err) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v: want a usage error mentioning %q", err, c.want)
+			}
+		})
+	}
+}

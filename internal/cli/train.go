@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"fp16audit/internal/audit"
+	"fp16audit/internal/grad"
+	"fp16audit/internal/rewrite"
+)
+
+// trainFlags are the flags of the training audit (`fp16audit run --mode
+// train --loss ...`).
+type trainFlags struct {
+	mode, loss, target, output, initScale string
+	underflow                             float64
+}
+
+func (t *trainFlags) register(fs *pflag.FlagSet) {
+	var losses []string
+	for _, l := range grad.Losses() {
+		losses = append(losses, string(l))
+	}
+	fs.StringVar(&t.mode, "mode", rewrite.ModeEval, "forward mode: eval (inference: BatchNorm running statistics, no dropout) or train (a training step: BatchNorm batch statistics, dropout)")
+	fs.StringVar(&t.loss, "loss", "", "audit the backward pass for this loss: "+strings.Join(losses, ", ")+" (output: the model returns its loss)")
+	fs.StringVar(&t.target, "target", "", "the first batch's targets for --loss, .npy or .npz")
+	fs.StringVar(&t.output, "loss-output", "", "the graph output the loss applies to (default: the only output)")
+	fs.StringVar(&t.initScale, "init-scale", "65536", "the GradScaler's initial loss scale, a power of two: 65536, 2^16 or 2**16")
+	fs.Float64Var(&t.underflow, "grad-underflow-fraction", audit.DefaultGradUnderflowFraction, "a gradient flushing more than this fraction of its nonzero elements to zero in fp16 underflows (FP6007, FP6008)")
+}
+
+// config turns the flags into the audit's TrainConfig.
+func (t *trainFlags) config() (audit.TrainConfig, error) {
+	scale, err := parseScale(t.initScale)
+	if err != nil {
+		return audit.TrainConfig{}, fmt.Errorf("--init-scale: %w", err)
+	}
+	return audit.TrainConfig{Mode: t.mode, Loss: t.loss, Target: t.target, Output: t.output,
+		InitScale: scale, UnderflowFraction: t.underflow}, nil
+}
+
+// parseScale reads a loss scale written as a number (65536) or a power of
+// two (2^16, 2**16, 2.**16).
+func parseScale(s string) (float64, error) {
+	s = strings.TrimSpace(s)
+	for _, sep := range []string{"**", "^"} {
+		if base, exp, ok := strings.Cut(s, sep); ok {
+			if b, err := strconv.ParseFloat(base, 64); err != nil || b != 2 {
+				return 0, fmt.Errorf("%q: want a power of two such as 2^16", s)
+			}
+			e, err := strconv.Atoi(exp)
+			if err != nil || e < -30 || e > 60 {
+				return 0, fmt.Errorf("%q: want an exponent between -30 and 60", s)
+			}
+			return math.Ldexp(1, e), nil
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a number such as 65536 or 2^16", s)
+	}
+	return v, nil
+}

@@ -1,0 +1,84 @@
+package training
+
+import "fp16audit/checks"
+
+// fp16Policies are the policies under which a gradient can overflow or
+// flush in 16 bits: bf16 has fp32's exponent range.
+var fp16Policies = []string{"autocast-fp16", "half"}
+
+// The checks of the training audit, FP6xxx: what a training step does that
+// an inference pass cannot show — BatchNorm's statistics, the scaled loss
+// gradient and the backward pass. They have a range of their own because
+// they are predictions about training made before it starts, from a
+// generated backward graph, where FP5xxx reads a training run's log after
+// the fact. Each has its analyzer in analyzers.go.
+var (
+	checkBNStats = checks.Register(&checks.Check{ID: "FP6001", Title: "batchnorm running statistics look untrained", Severity: checks.SevWarning, Doc: `BatchNormalization nodes hold running statistics at their defaults (mean
+0, variance 1: never updated) or one momentum update away from them (every
+variance at least the momentum), what a training-mode export of an untrained
+model stores, while this batch is far from what they expect. An eval-mode
+audit normalizes with those statistics — the identity for an untrained
+model — so activations grow layer after layer where training, which
+normalizes every batch with its own statistics, keeps them small: the eval
+audit can report an overflow training never hits, or miss one it does.
+Audit training with --mode train on a training export:
+torch.onnx.export(model, x, "model.onnx",
+training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False).`})
+	checkFoldedBN = checks.Register(&checks.Check{ID: "FP6002", Title: "batchnorm folded into conv by an eval export", Severity: checks.SevWarning, Doc: `Conv nodes read a weight and a bias both named onnx::Conv_<n>: the
+exporter folded a BatchNorm into each of them, which torch.onnx.export does
+in eval mode (torch 1.13 does it even with do_constant_folding=False). The
+folded layer is BatchNorm with its running statistics; training normalizes
+with each batch's statistics instead, and the folded graph cannot be turned
+back into a training one (an eval export also drops Dropout). Under --mode
+train this model therefore still runs with running statistics. Re-export
+with training=torch.onnx.TrainingMode.TRAINING and
+do_constant_folding=False to audit a training step.`})
+	checkFP32Backward = checks.Register(&checks.Check{ID: "FP6003", Title: "fp32 backward produces nan or inf", Severity: checks.SevError, Doc: `The backward pass produces NaN/Inf even in fp32 at loss scale 1: the loss
+or a gradient is not finite without any reduced precision (a loss on a
+non-finite prediction, a target out of the loss's domain, a sqrt or log at
+0 in the forward). No loss scale can help; fix the model, the loss or the
+data first.`})
+	checkSeedOverflow = checks.Register(&checks.Check{ID: "FP6004", Title: "scaled loss gradient overflows fp16", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale, scale × dL/dpred — the gradient the GradScaler
+hands to the model's last layer, which holds its output in fp16 — exceeds
+65504: the first backward is Inf and the step is skipped. fastai computes
+the loss in fp32 (to_float(pred)), but the gradient flows back into fp16
+at the prediction. Typical causes are regression targets in their own
+units (a house price, a count) with an MSE loss, or a sum-reduced loss.
+The report gives the largest clean scale: pass it as
+learn.to_fp16(init_scale=2.**k) or GradScaler(init_scale=2.**k), or scale
+the targets (often the better fix: the loss then has a sensible size).`})
+	checkBackwardOverflow = checks.Register(&checks.Check{ID: "FP6005", Title: "backward overflows at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale an activation or weight gradient of the fp16
+backward overflows (the finding names the first one in backward order,
+with its module) while the scaled loss gradient itself is finite. The
+GradScaler skips that step and halves the scale until one is clean, so
+training survives, but every skipped step is lost work and a model that
+keeps overflowing collapses the scale. The report gives the largest
+clean scale: pass it as learn.to_fp16(init_scale=2.**k).`})
+	checkOverflowEveryScale = checks.Register(&checks.Check{ID: "FP6006", Title: "backward overflows at every loss scale", Policies: fp16Policies, Severity: checks.SevError, Doc: `An fp16 gradient overflows even at the smallest loss scale searched (2^0
+unless the initial scale is lower): its magnitude exceeds 65504 without any
+scaling. The GradScaler would keep halving the scale and skipping steps.
+Use learn.to_bf16() (bf16 has fp32's range; the report verifies it by a
+rerun), keep the named module in fp32, or rescale what makes its gradient
+so large (the loss, the targets, the module's output).`})
+	checkUnderflowEveryScale = checks.Register(&checks.Check{ID: "FP6007", Title: "gradients underflow at every scale that avoids overflow", Policies: fp16Policies, Severity: checks.SevError, Doc: `A module's fp16 gradients flush to zero beyond the threshold (1% of their
+nonzero elements by default, --grad-underflow-fraction) at every loss scale
+small enough to keep the whole backward finite: no GradScaler setting
+trains this module in fp16, and training plateaus above the fp32 baseline.
+Tiny gradients next to large ones come from tiny branch scales (LayerScale
+gammas, zero-initialized residual branches), from a normalization dividing
+the gradient by a large batch variance (unnormalized inputs before
+BatchNorm), or from a very deep stack. Use learn.to_bf16() (Ampere or
+newer; the report verifies it by a rerun) or keep the named modules in
+fp32 with torch.autocast(device_type="cuda", enabled=False).`})
+	checkUnderflowAtInit = checks.Register(&checks.Check{ID: "FP6008", Title: "gradients flush to zero at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale a module's fp16 gradients flush to zero beyond
+the threshold, but a larger scale that keeps the backward finite does not
+flush them. The GradScaler grows the scale only after 2000 clean steps
+(growth_interval), so the first thousands of steps lose these gradients.
+Start from the scale the report gives: learn.to_fp16(init_scale=2.**k).`})
+	checkNoGradRule = checks.Register(&checks.Check{ID: "FP6009", Title: "backward audit skips ops without a gradient rule", Severity: checks.SevInfo, Doc: `Some nodes have an op fp16audit has no gradient rule for (see the list in
+README.md: ConvTranspose, RNNs, Einsum, Resize, GroupNormalization,
+InstanceNormalization, PRelu, Max/Min, CumSum, Scatter, trig ops...). The
+backward stops at them: the gradients of the nodes before them are left
+out (or partial where another path reaches them), and the audit covers the
+rest of the graph. The finding lists the nodes and what they cut off.`})
+)

@@ -1,0 +1,231 @@
+package render
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strings"
+
+	"fp16audit/report"
+)
+
+// The training section of an audit report (report.TrainingReport), in
+// each format: the forward mode, the backward verdict with the scaled loss
+// gradient and the verified fix, the loss scales run and the gradients per
+// module. Each renderer calls its function once; they compute nothing.
+
+// exp2 writes a loss-scale exponent as 2^e, "-" for none.
+func exp2(e *int) string {
+	if e == nil {
+		return "-"
+	}
+	return fmt.Sprintf("2^%d", *e)
+}
+
+// trainingMode says how the forward passes ran, in one sentence.
+func trainingMode(tr *report.TrainingReport) string {
+	batch, running := 0, 0
+	for _, bn := range tr.BatchNorms {
+		if bn.Statistics == "batch" {
+			batch++
+		} else {
+			running++
+		}
+	}
+	s := fmt.Sprintf("forward in %s mode: %d BatchNormalization node(s) with batch statistics, %d with running statistics", tr.Mode, batch, running)
+	if tr.Mode == report.ModeTrain {
+		s += fmt.Sprintf(", %d Dropout node(s) dropping (seed %d)", tr.Dropouts, tr.DropoutSeed)
+	}
+	return s
+}
+
+// seedLine says what the scaled loss gradient is at the initial scale.
+func seedLine(b *report.BackwardReport) string {
+	loss := "not finite"
+	if b.LossValue != nil {
+		loss = fmt.Sprintf("%.4g", *b.LossValue)
+	}
+	s := fmt.Sprintf("loss %s on %q = %s (fp32)", b.Loss, b.Output, loss)
+	if b.SeedMaxAbs != nil {
+		s += fmt.Sprintf("; max |dL/dpred| %.4g, × 2^%d = %.4g against fp16's 65504 (prediction held in %s)",
+			*b.SeedMaxAbs, b.InitExp, math.Ldexp(*b.SeedMaxAbs, b.InitExp), b.OutputPrecision)
+	}
+	return s
+}
+
+// flushingText lists the modules flushing at one scale, shortened.
+func flushingText(s report.ScaleReport) string {
+	if len(s.Flushing) == 0 {
+		return "-"
+	}
+	if len(s.Flushing) > 4 {
+		return strings.Join(s.Flushing[:4], ", ") + fmt.Sprintf(" and %d more", len(s.Flushing)-4)
+	}
+	return strings.Join(s.Flushing, ", ")
+}
+
+func overflowText(s report.ScaleReport) string {
+	if !s.Overflow {
+		return "-"
+	}
+	return "at " + s.FirstOverflow
+}
+
+func maxText(x *float64) string {
+	if x == nil {
+		return "nan/inf"
+	}
+	return formatMag(*x)
+}
+
+// training writes the text section.
+func (t *textWriter) training(tr *report.TrainingReport) {
+	if tr == nil {
+		return
+	}
+	t.printf("\n")
+	t.para(t.style(ansiDim, "training: "), trainingMode(tr), 10)
+	for _, n := range tr.Notes {
+		t.para(t.style(ansiDim, "  note: "), n, 8)
+	}
+	b := tr.Backward
+	if b == nil {
+		return
+	}
+	mark, col := "✗", ansiRed
+	if b.Verdict == report.BackwardHealthy {
+		mark, col = "✓", ansiGreen
+	}
+	t.para(t.style(ansiBold+col, mark+" backward: "+b.Verdict)+" — ", b.VerdictText, 2)
+	t.para("  ", seedLine(b), 2)
+	for _, f := range b.Fixes {
+		fm := t.style(ansiRed, "does not work")
+		if f.Works {
+			fm = t.style(ansiGreen, "works")
+		}
+		t.para(fmt.Sprintf("  fix %s (%s, verified by rerun): ", t.style(ansiBold, f.Kind), fm), f.Summary, 6)
+	}
+	if len(b.Unsupported) > 0 {
+		var ops []string
+		for _, u := range b.Unsupported {
+			ops = append(ops, u.Node+" ("+u.OpType+")")
+		}
+		t.para("  no gradient rule: ", strings.Join(ops, ", "), 4)
+	}
+	t.para("  ", fmt.Sprintf("loss scales run (%d backward runs, %.2f s; a gradient flushes when more than %.1f%% of it does):",
+		b.Runs, b.ElapsedSecs, 100*b.UnderflowFraction), 2)
+	rows := [][]string{{"scale", "overflow", "flushing modules"}}
+	for _, s := range b.Scales {
+		rows = append(rows, []string{fmt.Sprintf("2^%d", s.Exp), overflowText(s), flushingText(s)})
+	}
+	t.grid(rows)
+	t.para("  ", fmt.Sprintf("gradients held in 16 bits, per module (clean: the largest scale without overflow; flush-free: the smallest scale flushing at most %.1f%%):", 100*b.UnderflowFraction), 2)
+	rows = [][]string{{"module", "grads", "clean up to", "flush-free from", fmt.Sprintf("max |g| at 2^%d", b.InitExp), "flushed"}}
+	for _, m := range b.Modules {
+		mx := maxText(m.MaxAbsAtInit)
+		if m.OverflowAtInit {
+			mx = "overflow"
+		}
+		rows = append(rows, []string{m.Module, fmt.Sprint(m.Gradients), exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, fmt.Sprintf("%.1f%%", 100*m.FlushedAtInit)})
+	}
+	t.grid(rows)
+}
+
+// grid writes rows as left-aligned columns indented by four spaces.
+func (t *textWriter) grid(rows [][]string) {
+	var widths []int
+	for _, r := range rows {
+		for k, c := range r {
+			if k >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[k] = max(widths[k], runeLen(c))
+		}
+	}
+	for i, r := range rows {
+		var b strings.Builder
+		b.WriteString("    ")
+		for k, c := range r {
+			if k == len(r)-1 {
+				b.WriteString(c)
+				break
+			}
+			b.WriteString(c + strings.Repeat(" ", widths[k]-runeLen(c)+2))
+		}
+		line := strings.TrimRight(b.String(), " ")
+		if i == 0 {
+			line = t.style(ansiDim, line)
+		}
+		t.printf("%s\n", line)
+	}
+}
+
+// trainingMarkdown writes the Markdown section.
+func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
+	if tr == nil {
+		return
+	}
+	fmt.Fprintf(b, "\n### Training\n\n%s.\n", mdText(trainingMode(tr)))
+	for _, n := range tr.Notes {
+		fmt.Fprintf(b, "\n> **Note:** %s\n", mdText(n))
+	}
+	bw := tr.Backward
+	if bw == nil {
+		return
+	}
+	mark := "❌"
+	if bw.Verdict == report.BackwardHealthy {
+		mark = "✅"
+	}
+	fmt.Fprintf(b, "\n**Backward: %s `%s`** — %s\n\n%s.\n", mark, bw.Verdict, mdText(bw.VerdictText), mdText(seedLine(bw)))
+	for _, f := range bw.Fixes {
+		res := "❌ does not work"
+		if f.Works {
+			res = "✅ works"
+		}
+		fmt.Fprintf(b, "\nFix `%s` (verified by rerun): %s — %s\n", f.Kind, res, mdText(f.Summary))
+	}
+	b.WriteString("\n| scale | overflow | flushing modules |\n|--:|---|---|\n")
+	for _, s := range bw.Scales {
+		fmt.Fprintf(b, "| 2^%d | %s | %s |\n", s.Exp, mdText(overflowText(s)), mdText(flushingText(s)))
+	}
+	fmt.Fprintf(b, "\n| module | gradients | clean up to | flush-free from | max \\|g\\| at 2^%d | flushed |\n|---|--:|--:|--:|--:|--:|\n", bw.InitExp)
+	for _, m := range bw.Modules {
+		mx := maxText(m.MaxAbsAtInit)
+		if m.OverflowAtInit {
+			mx = "overflow"
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %.1f%% |\n", mdCode(m.Module), m.Gradients, exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, 100*m.FlushedAtInit)
+	}
+}
+
+// trainingHTML renders the HTML section (a card), or nothing.
+func trainingHTML(tr *report.TrainingReport) (template.HTML, error) {
+	if tr == nil {
+		return "", nil
+	}
+	var b strings.Builder
+	err := trainingCard.Execute(&b, tr)
+	return template.HTML(b.String()), err
+}
+
+var trainingCard = template.Must(template.New("training").Funcs(template.FuncMap{
+	"mode": trainingMode, "seed": seedLine, "exp2": exp2, "maxText": maxText,
+	"over": overflowText, "flushing": flushingText,
+	"pct":  func(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) },
+}).Parse(`<section class="card" id="training">
+<h2>Training</h2>
+<p>{{mode .}}.</p>
+{{range .Notes}}<p class="small">Note: {{.}}</p>{{end}}
+{{with .Backward}}<div class="{{if eq .Verdict "healthy"}}ok{{else}}fail{{end}}">
+<h3><span class="badge">{{if eq .Verdict "healthy"}}✓{{else}}✗{{end}}</span> backward: {{.Verdict}}</h3>
+<p class="vtext">{{.VerdictText}}</p></div>
+<p>{{seed .}}.</p>
+{{range .Fixes}}<p>Fix <b>{{.Kind}}</b> ({{if .Works}}works{{else}}does not work{{end}}, verified by rerun): {{.Summary}}</p>{{end}}
+<table class="plain"><thead><tr><th>scale</th><th>overflow</th><th>flushing modules</th></tr></thead><tbody>
+{{range .Scales}}<tr><td>2^{{.Exp}}</td><td>{{over .}}</td><td>{{flushing .}}</td></tr>
+{{end}}</tbody></table>
+<table class="plain"><thead><tr><th>module</th><th>gradients</th><th>clean up to</th><th>flush-free from</th><th>max |g| at 2^{{.InitExp}}</th><th>flushed</th></tr></thead><tbody>
+{{range .Modules}}<tr><td><code>{{.Module}}</code></td><td>{{.Gradients}}</td><td>{{exp2 .MaxCleanExp}}</td><td>{{exp2 .FlushFreeExp}}</td><td>{{if .OverflowAtInit}}overflow{{else}}{{maxText .MaxAbsAtInit}}{{end}}</td><td>{{pct .FlushedAtInit}}</td></tr>
+{{end}}</tbody></table>
+{{end}}</section>`))
