@@ -7,7 +7,7 @@ import (
 	"fp16audit/checks"
 	_ "fp16audit/internal/diagnose"          // the dynamic checks
 	_ "fp16audit/internal/diagnose/training" // the training audit's checks
-	_ "fp16audit/internal/lint"     // the static checks
+	_ "fp16audit/internal/lint"              // the static checks
 	"fp16audit/internal/precision"
 	_ "fp16audit/internal/trainlog" // the training-log checks
 )

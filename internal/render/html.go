@@ -391,7 +391,8 @@ var htmlFuncs = template.FuncMap{
 		return nil
 	},
 	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 2, 64) },
-	"training": trainingHTML,
+
+	"training": trainingHTML, // train.go
 }
 
 var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>

@@ -212,7 +212,7 @@ func trainingHTML(tr *report.TrainingReport) (template.HTML, error) {
 var trainingCard = template.Must(template.New("training").Funcs(template.FuncMap{
 	"mode": trainingMode, "seed": seedLine, "exp2": exp2, "maxText": maxText,
 	"over": overflowText, "flushing": flushingText,
-	"pct":  func(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) },
+	"pct": func(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) },
 }).Parse(`<section class="card" id="training">
 <h2>Training</h2>
 <p>{{mode .}}.</p>
