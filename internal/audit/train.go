@@ -199,7 +199,7 @@ func (a *audit) backward() (*training.Backward, error) {
 			return nil, err
 		}
 		b.Scans = map[int]*grad.Scan{initExp: s}
-	} else if b.Scans, err = backward.Sweep(sc, b.MinExp, b.MaxExp, []int{initExp}, training.Flags(c.UnderflowFraction, b.FP32)); err != nil {
+	} else if b.Scans, err = backward.Sweep(sc.Scan, b.MinExp, b.MaxExp, []int{initExp}, training.Flags(c.UnderflowFraction, b.FP32)); err != nil {
 		return nil, err
 	}
 	b.Runs = len(b.Scans) + 1

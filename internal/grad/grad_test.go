@@ -117,6 +117,25 @@ func TestCustomDomainOpIsNamed(t *testing.T) {
 	}
 }
 
+// TestInternalNamesOfOtherRewrites: names other rewrites mint (an upcast
+// fp16 input, a BatchNorm's private statistics) end in ::fp16audit too, and
+// must not be mistaken for the backward graph's own.
+func TestInternalNamesOfOtherRewrites(t *testing.T) {
+	m := chain("Relu", "")
+	m.Graph.Node[1].Output[0] = "a::up::fp16audit"
+	m.Graph.Node[2].Input[0] = "a::up::fp16audit"
+	facts := &grad.Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a::up::fp16audit": {2, 4}, "y": {2, 2}}}
+	if _, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE}); err != nil {
+		t.Fatal(err)
+	}
+	m.Graph.Node[1].Output[0] = "a::bw3::fp16audit"
+	m.Graph.Node[2].Input[0] = "a::bw3::fp16audit"
+	facts.Shapes["a::bw3::fp16audit"] = []int64{2, 4}
+	if _, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE}); err == nil || !strings.Contains(err.Error(), "reserved") {
+		t.Errorf("a name the builder mints (::bw3::fp16audit): error %v, want it refused", err)
+	}
+}
+
 func TestBuildErrors(t *testing.T) {
 	m := chain("Relu", "")
 	facts := &grad.Facts{Shapes: map[string][]int64{"x": {2, 3}, "w1": {3, 4}, "w2": {4, 2}, "h": {2, 4}, "a": {2, 4}, "y": {2, 2}}}

@@ -301,6 +301,16 @@ func TestAssign(t *testing.T) {
 			casts:  casts{"bn": {false, false, false, false, false}},
 		},
 		{
+			// A training step's BatchNormalization also outputs its
+			// running statistics: fp32 buffers in PyTorch, never rounded.
+			name: "autocast: training batchnorm's running statistics stay fp32", policy: fp16,
+			g: graph([]*onnx.TensorProto{w("bn_s", 4), w("bn_b", 4), w("bn_m", 4), w("bn_v", 4)},
+				n("Conv", "conv", "x K b", "c"),
+				n("BatchNormalization", "bn", "c bn_s bn_b bn_m bn_v", "bn_out bn_rm bn_rv", onnx.AttrInt("training_mode", 1))),
+			values: precs{"bn_out": FP16, "bn_rm": FP32, "bn_rv": FP32},
+			nodes:  precs{"bn": FP16},
+		},
+		{
 			name: "bf16 policy", policy: bf16,
 			g: graph(nil,
 				n("MatMul", "mm", "x W", "h"),

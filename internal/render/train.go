@@ -14,6 +14,13 @@ import (
 // gradient and the verified fix, the loss scales run and the gradients per
 // module. Each renderer calls its function once; they compute nothing.
 
+// quiet reports whether a training section has nothing to say: an eval
+// mode audit of a model without BatchNorm or Dropout, no notes, no loss.
+func quiet(tr *report.TrainingReport) bool {
+	return tr == nil || (tr.Mode == report.ModeEval && len(tr.BatchNorms) == 0 && tr.Dropouts == 0 &&
+		len(tr.Notes) == 0 && tr.Backward == nil)
+}
+
 // exp2 writes a loss-scale exponent as 2^e, "-" for none.
 func exp2(e *int) string {
 	if e == nil {
@@ -80,7 +87,7 @@ func maxText(x *float64) string {
 
 // training writes the text section.
 func (t *textWriter) training(tr *report.TrainingReport) {
-	if tr == nil {
+	if quiet(tr) {
 		return
 	}
 	t.printf("\n")
@@ -162,7 +169,7 @@ func (t *textWriter) grid(rows [][]string) {
 
 // trainingMarkdown writes the Markdown section.
 func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
-	if tr == nil {
+	if quiet(tr) {
 		return
 	}
 	fmt.Fprintf(b, "\n### Training\n\n%s.\n", mdText(trainingMode(tr)))
@@ -201,7 +208,7 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 
 // trainingHTML renders the HTML section (a card), or nothing.
 func trainingHTML(tr *report.TrainingReport) (template.HTML, error) {
-	if tr == nil {
+	if quiet(tr) {
 		return "", nil
 	}
 	var b strings.Builder

@@ -99,21 +99,21 @@ func scalar(outs Outputs, name string) (float64, error) {
 // off as the scale grows.
 type Status func(*grad.Scan) map[string]uint8
 
-// Sweep scans the exponents lo..hi (and each of must, within them) and
-// as many in between as it takes to find, for every key of status,
-// where its flags change: an interval whose ends agree on every key is
-// not looked into, since a flag that changes once cannot change and change
-// back inside it. So a sweep costs a few runs per distinct change point
-// instead of one per exponent. The result maps each scanned exponent to
-// its scan.
-func Sweep(sc *Scanner, lo, hi int, must []int, status Status) (map[int]*grad.Scan, error) {
+// Sweep scans the exponents lo..hi (and each of must, within them) with
+// scan, and as many in between as it takes to find, for every key of
+// status, where its flags change: an interval whose ends agree on every
+// key is not looked into, since a flag that changes once cannot change and
+// change back inside it. So a sweep costs a few runs per distinct change
+// point instead of one per exponent. The result maps each scanned exponent
+// to its scan. scan is usually (*Scanner).Scan.
+func Sweep(scan func(exp int) (*grad.Scan, error), lo, hi int, must []int, status Status) (map[int]*grad.Scan, error) {
 	scans := map[int]*grad.Scan{}
 	flags := map[int]map[string]uint8{}
 	get := func(e int) error {
 		if _, ok := scans[e]; ok {
 			return nil
 		}
-		s, err := sc.Scan(e)
+		s, err := scan(e)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"fp16audit/internal/batch"
+	"fp16audit/report"
+)
+
+func TestParseScale(t *testing.T) {
+	for in, want := range map[string]float64{"65536": 65536, "2^16": 65536, "2**8": 256, "2.**3": 8, " 1024 ": 1024} {
+		if got, err := parseScale(in); err != nil || got != want {
+			t.Errorf("parseScale(%q) = %g, %v; want %g", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"3^4", "2^x", "big", "2^99"} {
+		if _, err := parseScale(in); err == nil {
+			t.Errorf("parseScale(%q): no error", in)
+		}
+	}
+}
+
+// TestRunTrainingFlags runs the backward audit of the regression fixture
+// from the command line: the scaled loss gradient overflows at the default
+// 2^16 (a warning: the GradScaler recovers), the JSON carries the training
+// section, and a scale that is no power of two is a usage error.
+func TestRunTrainingFlags(t *testing.T) {
+	dir := t.TempDir()
+	ts, err := batch.ReadNPZ("../../fixtures/torch/train/regression.npz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ts {
+		if x.Name == "input_0" || x.Name == "target" {
+			b, err := batch.EncodeNPY(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, x.Name+".npy"), b, 0o644)
+		}
+	}
+	model := "../../fixtures/torch/train/regression.onnx"
+	in, tg := filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy")
+	out := filepath.Join(dir, "r.json")
+	code, _, stderr := run(t, "run", model, "-i", in, "--mode", "train", "--loss", "mse", "--target", tg, "--format", "json", "-o", out)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %s", code, stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report.Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Training == nil || r.Training.Backward == nil || r.Training.Backward.Verdict != report.BackwardInitOverflow {
+		t.Fatalf("training %+v: want the init-scale-overflow verdict", r.Training)
+	}
+	if code, _, _ := run(t, "run", model, "-i", in, "--mode", "train", "--loss", "mse", "--target", tg, "--fail-on", "warning"); code != exitFindings {
+		t.Errorf("--fail-on warning: exit %d, want %d (FP6004 is a warning)", code, exitFindings)
+	}
+	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse", "--target", tg, "--init-scale", "1000")
+	if code != exitUsage || !strings.Contains(stderr, "power of two") {
+		t.Errorf("--init-scale 1000: exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse")
+	if code != exitUsage || !strings.Contains(stderr, "--target") {
+		t.Errorf("--loss without --target: exit %d, stderr %q", code, stderr)
+	}
+}
