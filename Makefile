@@ -66,10 +66,12 @@ demo: ort build
 
 # bench: the statistics and comparison kernels (GB/s), then the full audit
 # and its memory against plain ONNX Runtime inference of the same models in
-# the same run (see docs/performance.md; the transformer takes minutes).
+# the same run (see docs/performance.md; the transformer takes minutes),
+# then the training audit against the forward audit of the same models.
 bench: ort
 	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./internal/observe/
 	$(GO) test -run '^$$' -bench 'ReferencePass|FullAudit|Memory' -benchtime 1x -timeout 60m ./internal/audit/
+	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
