@@ -39,11 +39,20 @@ func trainingMode(tr *report.TrainingReport) string {
 			running++
 		}
 	}
-	s := fmt.Sprintf("forward in %s mode: %d BatchNormalization node(s) with batch statistics, %d with running statistics", tr.Mode, batch, running)
-	if tr.Mode == report.ModeTrain {
-		s += fmt.Sprintf(", %d Dropout node(s) dropping (seed %d)", tr.Dropouts, tr.DropoutSeed)
+	var parts []string
+	if batch > 0 {
+		parts = append(parts, fmt.Sprintf("%d BatchNormalization node(s) with the batch's statistics", batch))
 	}
-	return s
+	if running > 0 {
+		parts = append(parts, fmt.Sprintf("%d with running statistics", running))
+	}
+	if tr.Dropouts > 0 && tr.Mode == report.ModeTrain {
+		parts = append(parts, fmt.Sprintf("%d Dropout node(s) dropping (seed %d)", tr.Dropouts, tr.DropoutSeed))
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("forward in %s mode (no BatchNormalization or Dropout node changes with the mode)", tr.Mode)
+	}
+	return fmt.Sprintf("forward in %s mode: %s", tr.Mode, strings.Join(parts, ", "))
 }
 
 // seedLine says what the scaled loss gradient is at the initial scale.
