@@ -45,7 +45,7 @@ type Report struct {
 	Findings    []checks.Finding `json:"findings"`
 	Summary     Summary          `json:"summary"`
 	// Training is the training audit (mode, BatchNorm, the backward
-	// pass); see TrainingReport. Absent from reports of fp16audit 0.3.
+	// pass); see TrainingReport. Added within v1.1: older reports lack it.
 	Training *TrainingReport `json:"training,omitempty"`
 }
 

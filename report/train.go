@@ -47,8 +47,8 @@ const (
 
 // TrainingReport is the training side of an audit: the mode the forward
 // passes ran in, how BatchNormalization and Dropout ran, and, with a loss,
-// the backward audit. Report.Training is nil for reports written before
-// fp16audit 0.4.
+// the backward audit. Report.Training is nil in reports written before
+// the training audit existed (the field was added within schema v1.1).
 type TrainingReport struct {
 	// Mode is ModeEval or ModeTrain.
 	Mode string `json:"mode"`
