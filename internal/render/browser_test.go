@@ -92,7 +92,7 @@ func TestBrowser(t *testing.T) {
 	}
 	for _, want := range []string{
 		`<span id="verdict-id">unnormalized-input</span>`,
-		"the inputs are not normalized",
+		"is not normalized; with it standardized the fp16 pass is clean",
 		`<svg id="chart"`, `class="series"`, "fp16 max 65504", "origin: conv1 (Conv)",
 		`<table id="nodes"`, `<tr data-pos="0" class="orig">`, "showing 13 of 13 rows",
 		`data-hover="#0 /conv1/Conv`,

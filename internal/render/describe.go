@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"fp16audit/checks"
 	"fp16audit/report"
 )
 
@@ -268,4 +269,19 @@ func optional(x *float64, f func(float64) string) string {
 		return "none"
 	}
 	return f(*x)
+}
+
+// verdictMood is how a report's verdict card looks: "ok" for a healthy
+// verdict, "fail" for any other, and "caution" for a healthy verdict
+// beside an error-level finding (a masked_fill PyTorch would refuse whose
+// -Inf the softmax absorbs), which fails --fail-on error though nothing
+// reaches the outputs.
+func verdictMood(r *report.Report) string {
+	switch {
+	case r.Verdict != report.VerdictHealthy:
+		return "fail"
+	case r.MaxSeverity() >= checks.SevError:
+		return "caution"
+	}
+	return "ok"
 }

@@ -56,6 +56,16 @@ func goldenCases(t testing.TB) []goldenCase {
 		cases = append(cases, goldenCase{name: strings.TrimSuffix(filepath.Base(te.Batch), filepath.Ext(te.Batch)),
 			model: "fixtures/" + te.Model, batch: "fixtures/" + te.Batch})
 	}
+	// Real PyTorch exports (fixtures/torch/cases) chosen for what the
+	// renderers must show: the exporter's Identity rows of shared weights
+	// and an error finding beside a healthy verdict (a masked_fill PyTorch
+	// refuses), an fp16 batch at fault, a half cast upstream of the
+	// overflow, two inputs, four batches, an audio input.
+	for _, name := range []string{"gpt_mask_fill_1e9", "half_exported_fp16_batch", "explicit_cast_residual",
+		"two_inputs_metadata", "outlier_third_batch", "audio_raw_waveform"} {
+		dir := "fixtures/torch/cases/" + name
+		cases = append(cases, goldenCase{name: "torch_" + name, model: dir + "/model.onnx", batch: dir + "/batches"})
+	}
 	cases = append(cases,
 		goldenCase{name: "demo_cnn_raw.policy-fp32", model: "fixtures/models/demo_cnn.onnx", batch: "fixtures/batches/demo_cnn_raw.npy", policy: "fp32"},
 		goldenCase{name: "oversized_logits.policy-half", model: "fixtures/models/oversized_logits.onnx", batch: "fixtures/batches/oversized_logits.npy", policy: "half"},

@@ -27,7 +27,7 @@ func auditHTML(w io.Writer, r *report.Report) error {
 	}
 	v := htmlView{
 		R:        r,
-		Healthy:  r.Verdict == report.VerdictHealthy,
+		Mood:     verdictMood(r),
 		Chart:    template.HTML(chartSVG(r)),
 		Data:     template.JS(data),
 		Emulated: emulatedPasses(r),
@@ -56,12 +56,13 @@ type htmlView struct {
 	Hidden      int
 	Findings    []checks.Finding
 	FindingsCut int
-	Healthy     bool
-	Chart       template.HTML
-	Data        template.JS
-	Emulated    []string
-	CSS         template.CSS
-	Script      template.JS
+	// Mood is the verdict card's look: ok, caution or fail.
+	Mood     string
+	Chart    template.HTML
+	Data     template.JS
+	Emulated []string
+	CSS      template.CSS
+	Script   template.JS
 }
 
 // num is a float written to the page's JSON with 4 significant digits,
@@ -460,8 +461,8 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <body>
 <header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>
 <main>
-<section id="verdict" class="card {{if .Healthy}}ok{{else}}fail{{end}}">
-<h2><span class="badge">{{if .Healthy}}✓{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
+<section id="verdict" class="card {{.Mood}}">
+<h2><span class="badge">{{if eq .Mood "ok"}}✓{{else if eq .Mood "caution"}}!{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
 {{range .R.Origins}}<div class="origin-box">
 <h3>{{originTitle .}}</h3>
@@ -562,6 +563,8 @@ main{padding:0 28px 28px}
 #verdict h2{font-size:24px}
 .fail .badge,.fail #verdict-id{color:var(--bad)}
 .ok .badge,.ok #verdict-id{color:var(--ok)}
+.card.caution{border-left:8px solid var(--warn);background:linear-gradient(90deg,#fff4e6,#fff 40%)}
+.caution .badge,.caution #verdict-id{color:var(--warn)}
 .vtext{font-size:16px;margin:0 0 6px}
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;border:1px solid var(--line);border-radius:4px;padding:6px 8px;margin:4px 0;white-space:pre-wrap}

@@ -18,10 +18,7 @@ const MarkdownLimit = 60000
 // over MarkdownLimit are cut, and a note says how many.
 func auditMarkdown(w io.Writer, r *report.Report) error {
 	var b strings.Builder
-	mark := "❌"
-	if r.Verdict == report.VerdictHealthy {
-		mark = "✅"
-	}
+	mark := map[string]string{"ok": "✅", "caution": "⚠️", "fail": "❌"}[verdictMood(r)]
 	fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", mark, r.Verdict)
 	fmt.Fprintf(&b, "**%s**\n\n", mdText(r.VerdictText))
 	fmt.Fprintf(&b, "Model %s: %d nodes, producer %s %s, opsets %s. Policy `%s`, passes %s, %d batch(es), ONNX Runtime %s on %s, fp16audit %s.\n",

@@ -472,8 +472,6 @@ var scalesPage = template.Must(template.New("scales").Funcs(scalesFuncs).Parse(`
 `))
 
 const scalesCSS = `
-.card.caution{border-left:8px solid var(--warn);background:linear-gradient(90deg,#fff4e6,#fff 40%)}
-.caution .badge,.caution #verdict-id{color:var(--warn)}
 .chartbox{position:relative}
 .schart{width:100%;height:auto;display:block}
 .schart text{font-size:12px;fill:var(--ink)}

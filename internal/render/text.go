@@ -68,8 +68,11 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 	t.printf("%s\n\n", t.style(ansiBold, fmt.Sprintf("fp16audit %s — %s", r.Tool.Version, r.Model.Path)))
 
 	mark, col := "✗", ansiRed
-	if r.Verdict == report.VerdictHealthy {
+	switch verdictMood(r) {
+	case "ok":
 		mark, col = "✓", ansiGreen
+	case "caution":
+		mark, col = "!", ansiYellow
 	}
 	t.para(t.style(ansiBold+col, mark+" verdict: "+r.Verdict)+" — ", r.VerdictText, 2)
 	for _, o := range r.Origins {
