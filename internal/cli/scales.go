@@ -18,6 +18,7 @@ type scalesOptions struct {
 	format   string
 	output   string
 	failOn   string
+	noColor  bool
 	opt      trainlog.Options
 }
 
@@ -25,7 +26,9 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	o := scalesOptions{opt: trainlog.DefaultOptions}
 	fs := newFlagSet("scales", "fp16audit scales RUN [--baseline FP32RUN] [flags]",
 		"  fp16audit scales run.json --baseline fp32.json\n"+
-			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n\n"+
+			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n"+
+			"  fp16audit scales run.csv --baseline fp32.csv --format html --output scales.html\n"+
+			"  fp16audit scales run.csv --format markdown >> \"$GITHUB_STEP_SUMMARY\"\n\n"+
 			"RUN is a JSON log {\"losses\": [...], \"scales\": [...], \"steps_per_epoch\": N, \"grad_scaler\": {...}}\n"+
 			"or a CSV with a step,loss,scale header (one row per optimizer step); record it with\n"+
 			"examples/fastai_scales_callback.py or examples/torch_scales_loop.py. See docs/scales.md.", stdout)
@@ -33,6 +36,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindScales), ", "))
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.Float64Var(&o.opt.PlateauTolerance, "plateau-tolerance", o.opt.PlateauTolerance, "relative gap of the final loss over the baseline's that counts as a plateau")
 	fs.IntVar(&o.opt.EarlySteps, "early-steps", o.opt.EarlySteps, "a NaN within this many steps is early, when the log does not give epochs (else: the first epoch)")
 	fs.Float64Var(&o.opt.SkipRate, "skip-rate", o.opt.SkipRate, "lowest skip rate reported as high (never below two skips per growth interval)")
@@ -83,7 +87,11 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	r := trainlog.Analyze(run, baseline, o.opt)
-	if err := writeDocument(r, o.format, o.output, render.Options{}, stdout); err != nil {
+	var topt render.TextOptions
+	if o.output == "" {
+		topt.Color, _ = terminalStyle(stdout, o.noColor)
+	}
+	if err := writeDocument(r, o.format, o.output, render.Options{Text: topt}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
 		return exitUsage
 	}
