@@ -32,8 +32,10 @@ type Report struct {
 	// conversions applied to inputs, synthetic data, ops of unknown precision.
 	Notes []string `json:"notes"`
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
-	// explicit-half-cast, unsafe-constant, unnormalized-input,
-	// oversized-logits, overflowing-op, healthy.
+	// explicit-half-cast, unnormalized-input, oversized-logits,
+	// overflowing-op, healthy. It follows what reaches the graph outputs;
+	// an error-level finding may stand beside a healthy verdict (a
+	// masked_fill PyTorch refuses, whose -Inf the softmax would absorb).
 	Verdict     string           `json:"verdict"`
 	VerdictText string           `json:"verdict_text"`
 	Origins     []Origin         `json:"origins"`
@@ -59,7 +61,6 @@ const (
 	VerdictPoisoned     = "poisoned-input"
 	VerdictFP32Broken   = "fp32-broken"
 	VerdictHalfCast     = "explicit-half-cast"
-	VerdictConstant     = "unsafe-constant"
 	VerdictUnnormalized = "unnormalized-input"
 	VerdictLogits       = "oversized-logits"
 	VerdictOverflow     = "overflowing-op"
@@ -277,8 +278,14 @@ type NodeReport struct {
 	Precision  string      `json:"precision"`
 	Provenance *Provenance `json:"provenance,omitempty"`
 	// Flagged marks an origin or a node with non-finite outputs in any pass.
-	Flagged bool          `json:"flagged,omitempty"`
-	Outputs []ValueReport `json:"outputs"`
+	Flagged bool `json:"flagged,omitempty"`
+	// Constant marks a node that computes only from initializers and
+	// constants (the exporter's Identity of a shared weight, constant
+	// folding leftovers): every input is an initializer, a Constant's
+	// output or the output of another such node. Renderers hide these rows
+	// unless they are flagged.
+	Constant bool          `json:"constant,omitempty"`
+	Outputs  []ValueReport `json:"outputs"`
 }
 
 // ValueReport is one float value (a node output or a graph input) with its

@@ -185,7 +185,10 @@ type ScaleStats struct {
 
 // LossStats summarizes the loss series.
 type LossStats struct {
-	NonFinite int `json:"nonfinite"`
+	// NonFinite counts the NaN/Inf losses, TrailingNonFinite those of them
+	// that end the log in one run (a run that never recovered).
+	NonFinite         int `json:"nonfinite"`
+	TrailingNonFinite int `json:"trailing_nonfinite,omitempty"`
 	// FirstNonFiniteStep is the step of the first NaN/Inf loss, absent
 	// when every loss is finite. Inferred is set when the log has no
 	// losses and the step was inferred from the scale halving on every
@@ -194,10 +197,23 @@ type LossStats struct {
 	FirstNonFiniteValue string `json:"first_nonfinite_value,omitempty"`
 	Inferred            bool   `json:"inferred,omitempty"`
 	// FirstLoss and FinalLoss are means of the first and last windows of
-	// finite losses (FinalWindow steps, before any NaN).
-	FirstLoss   *float64 `json:"first_loss,omitempty"`
-	FinalLoss   *float64 `json:"final_loss,omitempty"`
-	FinalWindow int      `json:"final_window"`
+	// finite losses (FinalWindow steps, before any NaN); FirstSteps and
+	// FinalSteps are the steps those windows span.
+	FirstLoss   *float64   `json:"first_loss,omitempty"`
+	FinalLoss   *float64   `json:"final_loss,omitempty"`
+	FinalWindow int        `json:"final_window"`
+	FirstSteps  *StepRange `json:"first_steps,omitempty"`
+	FinalSteps  *StepRange `json:"final_steps,omitempty"`
+	// LastFiniteStep is the step of the last finite loss in the log (after
+	// a NaN that the run recovered from, later than FinalSteps); absent
+	// when no loss is finite.
+	LastFiniteStep *int `json:"last_finite_step,omitempty"`
+}
+
+// StepRange is the steps From to To of a log, both included.
+type StepRange struct {
+	From int `json:"from"`
+	To   int `json:"to"`
 }
 
 // Comparison sets the run's final loss against the fp32 baseline's over the
@@ -223,12 +239,14 @@ type EpochStats struct {
 }
 
 // Bucket summarizes consecutive steps From..To for plots: the mean of the
-// finite losses, the non-finite losses, log2 of the scale's range and the
+// finite losses (and of the fp32 baseline's over the same steps, when one
+// is given), the non-finite losses, log2 of the scale's range and the
 // skipped steps.
 type Bucket struct {
 	From         int      `json:"from"`
 	To           int      `json:"to"`
 	Loss         *float64 `json:"loss,omitempty"`
+	BaselineLoss *float64 `json:"baseline_loss,omitempty"`
 	NonFinite    int      `json:"nonfinite,omitempty"`
 	Log2ScaleMin *float64 `json:"log2_scale_min,omitempty"`
 	Log2ScaleMax *float64 `json:"log2_scale_max,omitempty"`

@@ -143,15 +143,15 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		return nil, a.runError(err)
 	}
 	facts := &diagnose.Facts{Static: a.static, HalfCasts: a.halfCast,
-		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, cfg.Thresholds), Passes: a.passes, Main: a.main,
+		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, m.Index, cfg.Thresholds), Passes: a.passes, Main: a.main,
 		Values: a.engine.Observe, Thresholds: cfg.Thresholds}
-	a.report.Inputs = inputReports(facts.Inputs)
-	a.report.Nodes = a.nodeReports()
-	a.report.Summary = summarize(a.report)
 	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
 	if err != nil {
 		return nil, a.runError(err)
 	}
+	a.report.Inputs = inputReports(facts.Inputs)
+	a.report.Nodes = a.nodeReports()
+	a.report.Summary = summarize(a.report, facts)
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
 	a.report.Notes = append(a.report.Notes, d.Notes...)
@@ -208,6 +208,10 @@ func (a *audit) plan(device string) error {
 	if a.policy.Lower != precision.FP32 {
 		a.main = a.policy.Lower.String()
 	}
+	if half := halfSources(a.model); len(half) > 0 {
+		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the model stores %s in half precision: it was exported after model.half() or to_fp16(); the fp32 reference promotes them, but an audit of training needs the fp32 model — export it before converting (learn.model.float(), or export before learn.to_fp16())",
+			strings.Join(limitList(half, 5), ", ")))
+	}
 	if unknown := a.static.Assign.Unknown; len(unknown) > 0 {
 		var labels []string
 		for _, i := range unknown {
@@ -263,7 +267,9 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		return err
 	}
 	a.report.Notes = append(a.report.Notes, a.engine.Notes()...)
-	a.report.Notes = append(a.report.Notes, plan.Note())
+	if n := plan.Note(); n != "" {
+		a.report.Notes = append(a.report.Notes, n)
+	}
 	for _, r := range results {
 		a.report.Passes = append(a.report.Passes, r.Name)
 		a.passes[r.Name] = r
@@ -271,10 +277,17 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 	return nil
 }
 
-// Rerun runs one extra emulated pass under assignment asg over batches (a
-// fix being verified) and returns its results.
-func (a *audit) Rerun(ctx context.Context, name string, asg *precision.Assignment, batches []batch.Batch) (*observe.PassResult, error) {
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: name, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, asg)}}, batches)
+// Rerun runs one extra emulated pass (a fix being verified) and returns
+// its results.
+func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
+	up := a.up
+	if len(r.Clamp) > 0 {
+		var err error
+		if up, err = rewrite.ClampConstants(up, r.Clamp, a.model.Dir); err != nil {
+			return nil, err
+		}
+	}
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign)}}, r.Batches)
 	if err != nil {
 		return nil, err
 	}
@@ -298,4 +311,25 @@ func castsToBF16(m *onnx.ModelProto) bool { return defaultOpset(m) >= 13 }
 func IsUsage(err error) bool {
 	var u *UsageError
 	return errors.As(err, &u)
+}
+
+// halfSources lists the graph inputs and initializers the model stores in
+// FLOAT16 or BFLOAT16.
+func halfSources(m *onnx.Model) []string {
+	var out []string
+	weights := 0
+	for _, t := range m.Proto.Graph.Initializer {
+		if onnx.IsHalfType(t.DataType) {
+			weights++
+		}
+	}
+	if weights > 0 {
+		out = append(out, fmt.Sprintf("%d weight(s)", weights))
+	}
+	for _, vi := range m.Index.GraphInputs() {
+		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) {
+			out = append(out, fmt.Sprintf("input %q", vi.Name))
+		}
+	}
+	return out
 }

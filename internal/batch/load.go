@@ -5,6 +5,7 @@
 package batch
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,6 +30,9 @@ type InputSpec struct {
 	DimNames []string
 }
 
+// ErrEmpty marks a float input without values: an empty batch.
+var ErrEmpty = errors.New("an empty batch")
+
 // Batch is one set of model inputs.
 type Batch struct {
 	// Source names where the batch came from: a file, a folder, several of
@@ -37,6 +41,10 @@ type Batch struct {
 	// Inputs holds one tensor per InputSpec, in the same order, named after
 	// the spec and converted to its element type.
 	Inputs []*tensor.Tensor
+	// Saved holds, per input, the element type the data had where it was
+	// read (before any conversion); the input's own type for synthetic
+	// data.
+	Saved []tensor.DType
 }
 
 // Note records something Load did that the user should know: a dtype
@@ -527,6 +535,7 @@ func (b *binder) assemble(srcs []*source) ([]Batch, []Note, error) {
 	batches := make([]Batch, n)
 	for k := range n {
 		inputs := make([]*tensor.Tensor, len(b.specs))
+		saved := make([]tensor.DType, len(b.specs))
 		paths := make([]string, len(b.specs))
 		var origins []string
 		for _, src := range srcs {
@@ -542,13 +551,13 @@ func (b *binder) assemble(srcs []*source) ([]Batch, []Note, error) {
 				if note != "" {
 					notes.add(Note{Input: b.specs[i].Name, Text: note})
 				}
-				inputs[i], paths[i] = t, it.path
+				inputs[i], paths[i], saved[i] = t, it.path, it.t.DType
 			}
 		}
 		if err := b.checkDimNames(inputs, paths); err != nil {
 			return nil, nil, err
 		}
-		batches[k] = Batch{Source: strings.Join(origins, ", "), Inputs: inputs}
+		batches[k] = Batch{Source: strings.Join(origins, ", "), Inputs: inputs, Saved: saved}
 	}
 	return batches, notes.list, nil
 }
@@ -558,6 +567,10 @@ func (b *binder) prepare(i int, t *tensor.Tensor) (*tensor.Tensor, string, error
 	spec := b.specs[i]
 	if err := checkShape(spec, b.pins[spec.Name], t.Shape); err != nil {
 		return nil, "", fmt.Errorf("input %q: %w", spec.Name, err)
+	}
+	if slices.Contains(t.Shape, 0) && (t.DType.IsFloat() || spec.DType.IsFloat()) {
+		return nil, "", fmt.Errorf("input %q: shape %s holds no values (a dimension is 0): %w that audits nothing and would pass any check; save a batch with at least one sample, e.g. xb[:8]",
+			spec.Name, tensor.ShapeString(t.Shape), ErrEmpty)
 	}
 	out, note, err := convert(t, spec.DType)
 	if err != nil {

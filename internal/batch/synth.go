@@ -52,10 +52,11 @@ func Synthesize(specs []InputSpec, opt Options) ([]Batch, []Note, error) {
 	batches := make([]Batch, n)
 	for k := range batches {
 		inputs := make([]*tensor.Tensor, len(specs))
+		saved := make([]tensor.DType, len(specs))
 		for i, s := range specs {
-			inputs[i] = synthTensor(rng, s.Name, s.DType, shapes[i])
+			inputs[i], saved[i] = synthTensor(rng, s.Name, s.DType, shapes[i]), s.DType
 		}
-		batches[k] = Batch{Source: fmt.Sprintf("synthetic batch %d (seed %d)", k, opt.Seed), Inputs: inputs}
+		batches[k] = Batch{Source: fmt.Sprintf("synthetic batch %d (seed %d)", k, opt.Seed), Inputs: inputs, Saved: saved}
 	}
 	return batches, notes, nil
 }

@@ -57,7 +57,7 @@ func syncBlock(t *testing.T, path, name, gen string) {
 		return
 	}
 	if string(doc) != string(want) {
-		t.Errorf("%s: the generated %s is out of date; run go test ./cmd/fp16audit -run TestDocsCheckReference -update", path, name)
+		t.Errorf("%s: the generated %s is out of date; run go test ./internal/cli -run TestDocsCheckReference -update", path, name)
 	}
 }
 

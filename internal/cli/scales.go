@@ -21,6 +21,7 @@ type scalesOptions struct {
 	columns  string
 	tags     string
 	series   string
+	noColor  bool
 	opt      trainlog.Options
 }
 
@@ -33,7 +34,9 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 			"  fp16audit scales runs/exp1 --tag loss=train/loss,scale=amp/scale   # TensorBoard\n"+
 			"  fp16audit scales history.csv --baseline fp32/history.csv          # fastai CSVLogger\n"+
 			"  fp16audit scales scales.npy --series scale\n"+
-			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n\n"+
+			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n"+
+			"  fp16audit scales run.csv --baseline fp32.csv --format html --output scales.html\n"+
+			"  fp16audit scales run.csv --format markdown >> \"$GITHUB_STEP_SUMMARY\"\n\n"+
 			"RUN is the loss and GradScaler scale of every optimizer step (or every N steps), as\n"+
 			"fp16audit's JSON or CSV, a CSV/TSV/JSON/JSON Lines table whose columns are recognised by\n"+
 			"name, a plain list of numbers (.npy, JSON array, one per line), a TensorBoard event file or\n"+
@@ -46,6 +49,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindScales), ", "))
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.Float64Var(&o.opt.PlateauTolerance, "plateau-tolerance", o.opt.PlateauTolerance, "relative gap of the final loss over the baseline's that counts as a plateau")
 	fs.IntVar(&o.opt.EarlySteps, "early-steps", o.opt.EarlySteps, "a NaN within this many steps is early, when the log does not give epochs (else: the first epoch)")
 	fs.Float64Var(&o.opt.SkipRate, "skip-rate", o.opt.SkipRate, "lowest skip rate reported as high (never below two skips per growth interval)")
@@ -125,7 +129,11 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	r := trainlog.Analyze(run, baseline, o.opt)
-	if err := writeDocument(r, o.format, o.output, render.Options{}, stdout); err != nil {
+	var topt render.TextOptions
+	if o.output == "" {
+		topt.Color, _ = terminalStyle(stdout, o.noColor)
+	}
+	if err := writeDocument(r, o.format, o.output, render.Options{Text: topt}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
 		return exitUsage
 	}

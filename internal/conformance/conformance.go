@@ -165,6 +165,11 @@ func classifyError(ctx context.Context, c Case, err error) (Outcome, string, str
 		if r := outOfScope(c); r != "" {
 			return OutOfScope, r, detail
 		}
+		if errors.Is(err, batch.ErrEmpty) {
+			// A zero-size test tensor: an audit refuses to pass data it
+			// cannot observe.
+			return OutOfScope, "empty input", detail
+		}
 		// Test data the runtime refuses too (a shape that contradicts
 		// the model) is the test's problem, not fp16audit's.
 		if plainErr := runPlain(c, nil); plainErr != nil {

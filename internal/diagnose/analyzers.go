@@ -10,6 +10,7 @@ import (
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
+	"fp16audit/report"
 )
 
 // Analyzer is one dynamic check over the facts of one audit.
@@ -25,10 +26,14 @@ func Analyzers() []*Analyzer {
 		{Check: checkInputRange, Requires: "inputs", Run: runInputRange},
 		{Check: checkRawPixels, Requires: "inputs", Run: runRawPixels},
 		{Check: checkUnscaledColumns, Requires: "inputs", Run: runUnscaledColumns},
+		{Check: checkUnscaledSignal, Requires: "inputs", Run: runUnscaledSignal},
+		{Check: checkConstantInput, Requires: "inputs", Run: runConstantInput},
 		{Check: checkFP32Broken, Requires: "fp32 pass", Run: runFP32Broken},
+		{Check: lint.CheckConstRange, Requires: "emulated pass", Run: runConstantOrigins},
 		{Check: checkHalfCast, Requires: "emulated pass", Run: originAnalyzer(classHalfCast)},
 		{Check: checkLogits, Requires: "emulated pass", Run: originAnalyzer(classLogits)},
 		{Check: checkOverflow, Requires: "emulated pass", Run: originAnalyzer(classOverflow)},
+		{Check: checkAbsorbed, Requires: "fp32 and emulated passes", Run: runAbsorbed},
 		{Check: checkHeadroom, Requires: "fp32 pass, clean emulated pass", Run: runHeadroom},
 		{Check: checkUnderflow, Requires: "clean emulated pass", Run: runUnderflow},
 		static(lint.UnknownOpsAnalyzer),
@@ -59,23 +64,82 @@ func (f *Facts) nodeFinding(c *checks.Check, ni int, value, pass, msg string) ch
 func runPoisonedInput(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
-		if s := in.Stats; s.NonFinite() > 0 {
-			out = append(out, inputFinding(checkPoisonedInput, in.Spec.Name, fmt.Sprintf("input %q holds %d NaN, %d +Inf and %d -Inf values (of %d)",
-				in.Spec.Name, s.NaN, s.PosInf, s.NegInf, s.Count)))
+		if !in.Poisoned() {
+			continue
 		}
+		s := in.Stats
+		out = append(out, inputFinding(checkPoisonedInput, in.Spec.Name, fmt.Sprintf("input %q holds %d NaN, %d +Inf and %d -Inf values (of %d), in %s",
+			in.Spec.Name, s.NaN, s.PosInf, s.NegInf, s.Count, describeSamples(in.Samples, s.NonFinite()))))
 	}
 	return out, nil
+}
+
+// describeSamples names where a poisoned input's NaN/Inf are.
+func describeSamples(samples []report.Sample, total int64) string {
+	var parts []string
+	var listed int64
+	for _, s := range samples {
+		parts = append(parts, fmt.Sprintf("batch %d sample %d (%d)", s.Batch, s.Index, s.NonFinite))
+		listed += s.NonFinite
+	}
+	txt := strings.Join(parts, ", ")
+	if listed < total {
+		txt += fmt.Sprintf(" and %d more elsewhere", total-listed)
+	}
+	return txt
 }
 
 func runInputRange(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
-		if s := in.Stats; in.Kind != KindInteger && s.MaxAbs > tensor.FP16Max {
+		s := in.Stats
+		switch {
+		case in.SavedHalfInf:
+			out = append(out, inputFinding(checkInputRange, in.Spec.Name, fmt.Sprintf("input %q was saved as %s and holds %d ±Inf values (no NaN): values beyond its range became Inf when the batch was saved, so the data is not normalized (largest finite |x| %.4g); normalize it and save the batch in float32",
+				in.Spec.Name, in.Saved, s.PosInf+s.NegInf, s.MaxAbs)))
+		case in.chans != nil && s.MaxAbs > tensor.FP16Max && f.Static.Policy.Lower == precision.FP16:
 			out = append(out, inputFinding(checkInputRange, in.Spec.Name, fmt.Sprintf("input %q reaches |x| = %.4g, beyond fp16's 65504 (%d values): its fp16 cast is Inf",
 				in.Spec.Name, s.MaxAbs, s.AboveFP16Max)))
 		}
 	}
 	return out, nil
+}
+
+func runConstantInput(f *Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	for _, in := range f.Inputs {
+		if in.Constant {
+			out = append(out, inputFinding(checkConstantInput, in.Spec.Name, fmt.Sprintf("input %q holds %g in all of its %d elements: the audit sees nothing of what real batches do; pass real samples",
+				in.Spec.Name, in.Min, in.Stats.Count)))
+		}
+	}
+	return out, nil
+}
+
+func runUnscaledSignal(f *Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	for _, in := range f.Inputs {
+		if len(in.Columns) == 0 || in.Kind == report.KindTabular || in.Kind == report.KindImage {
+			continue
+		}
+		c := in.Columns[0]
+		out = append(out, inputFinding(checkUnscaledSignal, in.Spec.Name, fmt.Sprintf("%s input %q is far from standardized: mean %.4g, std %.4g%s (values in [%.4g, %.4g])",
+			in.Kind, in.Spec.Name, in.chans[c].mean(), in.chans[c].std(), channelWord(in, c), in.Min, in.Max)))
+	}
+	return out, nil
+}
+
+// channelWord says which channel or feature statistics are about, when
+// the input has several.
+func channelWord(in *Input, c int) string {
+	if len(in.chans) <= 1 {
+		return ""
+	}
+	what := "channel"
+	if in.Kind == report.KindSequence {
+		what = "feature"
+	}
+	return fmt.Sprintf(" in %s %d (%d of %d far off)", what, c, len(in.Columns), len(in.chans))
 }
 
 func runRawPixels(f *Facts) ([]checks.Finding, error) {
@@ -92,7 +156,7 @@ func runRawPixels(f *Facts) ([]checks.Finding, error) {
 func runUnscaledColumns(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
-		if len(in.Columns) == 0 {
+		if len(in.Columns) == 0 || in.Kind != report.KindTabular {
 			continue
 		}
 		var cols []string
@@ -107,7 +171,10 @@ func runUnscaledColumns(f *Facts) ([]checks.Finding, error) {
 
 func runFP32Broken(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	for _, o := range f.Origins(PassFP32) {
+	for _, o := range f.deciding(f.Origins(PassFP32)) {
+		if o.Cause == report.CauseInput {
+			continue
+		}
 		out = append(out, f.nodeFinding(checkFP32Broken, o.Index, o.Value, PassFP32, fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s",
 			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs))))
 	}
@@ -118,7 +185,7 @@ func runFP32Broken(f *Facts) ([]checks.Finding, error) {
 func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
 	return func(f *Facts) ([]checks.Finding, error) {
 		var out []checks.Finding
-		for _, o := range f.mainOrigins() {
+		for _, o := range f.deciding(f.mainOrigins()) {
 			if f.classify(o) != class {
 				continue
 			}
@@ -126,7 +193,7 @@ func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
 			var msg string
 			switch class {
 			case classHalfCast:
-				c, msg = checkHalfCast, fmt.Sprintf("the model's own Cast to half at %s overflows: fp32 max |x| %.4g > 65504", moduleOr(o.Module, o.Node), o.FP32MaxAbs)
+				c, msg = checkHalfCast, f.halfCastMessage(o)
 			case classLogits:
 				c, msg = checkLogits, fmt.Sprintf("final layer %s (%s) outputs fp32 max |x| %.4g > 65504: Inf in %s, reaching %s",
 					moduleOr(o.Module, o.Node), o.OpType, o.FP32MaxAbs, f.Main, strings.Join(o.AffectedOutputs, ", "))
@@ -134,17 +201,114 @@ func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
 				c, msg = checkOverflow, fmt.Sprintf("%s (%s, %s) overflows in %s: fp32 max |x| %.4g > 65504; %d downstream node(s) non-finite",
 					moduleOr(o.Module, o.Node), o.OpType, o.Node, f.Main, o.FP32MaxAbs, len(o.Affected))
 			}
+			if o.Index < 0 {
+				fd := inputFinding(c, o.Input, fmt.Sprintf("the %s policy holds input %q in %s, where its values up to %.4g are Inf (%d values above 65504)",
+					f.Static.Policy.Name, o.Input, o.Precision, o.FP32MaxAbs, o.NonFinite))
+				fd.Pass = f.Main
+				out = append(out, fd)
+				continue
+			}
 			out = append(out, f.nodeFinding(c, o.Index, o.Value, f.Main, msg))
 		}
 		return out, nil
 	}
 }
 
+// halfCastMessage says which of the model's casts make the value overflow
+// and where.
+func (f *Facts) halfCastMessage(o report.Origin) string {
+	casts := "its own half cast"
+	if o.Provenance != nil && len(o.Provenance.Casts) > 0 {
+		casts = strings.Join(o.Provenance.Casts, ", ")
+	}
+	if f.HalfCasts[o.Index] {
+		return fmt.Sprintf("the model's own Cast to half %s (%s) overflows: fp32 max |x| %.4g > 65504", o.Node, moduleOr(o.Module, "model"), o.FP32MaxAbs)
+	}
+	return fmt.Sprintf("%s (%s, %s) overflows in %s because the model's own cast %s put its input there (autocast would keep it in fp32): fp32 max |x| %.4g > 65504",
+		moduleOr(o.Module, o.Node), o.OpType, o.Node, o.Precision, casts, o.FP32MaxAbs)
+}
+
+// runConstantOrigins reports the constants beyond a format's range that
+// the emulated pass writes into reduced-precision values: an error where
+// PyTorch raises or the Inf reaches an output, a warning where it is
+// absorbed.
+func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	for _, o := range f.mainOrigins() {
+		if o.Cause != report.CauseConstant {
+			continue
+		}
+		n := f.graph().Node[o.Index]
+		p := f.Static.Assign.Node[o.Index]
+		v := *o.ConstantValue
+		consequence := lint.FillAt(n, inputSlot(n, o.Constant)).Consequence(p, v)
+		if dtypeAwareLimit(v) {
+			consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
+		}
+		fd := f.nodeFinding(lint.CheckConstRange, o.Index, o.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+			moduleOr(o.Module, o.Node), o.OpType, o.Node, o.Constant, fmtConst(v), p, infWord(v), consequence, f.reachText(o)))
+		if !f.Reaches(o) && !f.Raises(o) {
+			fd.Severity = checks.SevWarning
+		}
+		out = append(out, fd)
+	}
+	return out, nil
+}
+
+// reachText says whether an origin's NaN/Inf reach the outputs.
+func (f *Facts) reachText(o report.Origin) string {
+	if len(o.AffectedOutputs) > 0 {
+		return "the NaN/Inf reach " + strings.Join(o.AffectedOutputs, ", ")
+	}
+	return fmt.Sprintf("no graph output holds NaN/Inf (absorbed after %d node(s))", len(o.Affected))
+}
+
+// runAbsorbed reports the origins whose NaN/Inf no graph output holds, in
+// the fp32 and the emulated pass (constants have FP4004).
+func runAbsorbed(f *Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	if f.poisoned() {
+		return nil, nil
+	}
+	passes := []string{PassFP32}
+	if f.mainOrigins() != nil {
+		passes = append(passes, f.Main)
+	}
+	for _, p := range passes {
+		for _, o := range f.Origins(p) {
+			if f.Reaches(o) || o.Cause == report.CauseConstant || o.Index < 0 {
+				continue
+			}
+			out = append(out, f.nodeFinding(checkAbsorbed, o.Index, o.Value, p, fmt.Sprintf("%s (%s, %s) produces %d NaN/Inf in the %s pass that never reach a graph output (absorbed after %d node(s))",
+				moduleOr(o.Module, o.Node), o.OpType, o.Node, o.NonFinite, p, len(o.Affected))))
+		}
+	}
+	return out, nil
+}
+
+func inputSlot(n *onnx.NodeProto, name string) int {
+	for j, in := range n.Input {
+		if in == name {
+			return j
+		}
+	}
+	return -1
+}
+
+func fmtConst(v float64) string { return fmt.Sprintf("%.4g", v) }
+
+func infWord(v float64) string {
+	if v < 0 {
+		return "-Inf"
+	}
+	return "+Inf"
+}
+
 // cleanMain reports whether the emulated pass ran on finite inputs, the fp32
-// pass is clean and the emulated pass has no origin: the case for the
-// warnings about how close it came.
+// pass is clean and nothing in the emulated pass reaches an output: the
+// case for the warnings about how close it came.
 func (f *Facts) cleanMain() bool {
-	return f.Main != "" && !f.poisoned() && len(f.Origins(PassFP32)) == 0 && len(f.Origins(f.Main)) == 0
+	return f.Main != "" && f.mainOrigins() != nil && len(f.deciding(f.Origins(f.Main))) == 0
 }
 
 // maxHeadroomFindings bounds the FP2004 findings; a note counts the rest.
@@ -162,15 +326,11 @@ func runHeadroom(f *Facts) ([]checks.Finding, error) {
 	var low []warn
 	g := f.graph()
 	for _, ni := range f.Static.Order {
+		if f.masked()[ni] {
+			continue
+		}
 		for _, v := range g.Node[ni].Output {
-			if f.Static.Assign.Value[v] != precision.FP16 {
-				continue
-			}
-			ref, ok := f.Passes[PassFP32].Stats[v]
-			if !ok {
-				continue
-			}
-			if h := ref.HeadroomBits(); h < f.Thresholds.HeadroomBits {
+			if h, ok := f.headroom(v); ok && h < f.Thresholds.HeadroomBits {
 				low = append(low, warn{ni, v, h})
 			}
 		}
@@ -183,7 +343,8 @@ func runHeadroom(f *Facts) ([]checks.Finding, error) {
 			break
 		}
 		ref := f.Passes[PassFP32].Stats[w.v]
-		out = append(out, f.nodeFinding(checkHeadroom, w.ni, w.v, PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below fp16's 65504", w.v, ref.MaxAbs, w.bits)))
+		p := f.Static.Assign.Value[w.v]
+		out = append(out, f.nodeFinding(checkHeadroom, w.ni, w.v, PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below %s's %.4g", w.v, ref.MaxAbs, w.bits, p, formatMax(p))))
 	}
 	return out, nil
 }
@@ -194,23 +355,77 @@ func runUnderflow(f *Facts) ([]checks.Finding, error) {
 	}
 	main := f.Passes[f.Main]
 	g := f.graph()
+	flushes := func(v string) bool {
+		p := f.Static.Assign.Value[v]
+		d := main.Diffs[v]
+		return (p == precision.FP16 || p == precision.BF16) && d != nil && d.NonzeroRef >= 16 && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+	}
+	isOut := map[string]bool{}
+	for _, o := range g.Output {
+		isOut[o.Name] = true
+	}
+	// Underflow is reported where it starts: a value that flushes while
+	// no value its node reads does. What follows from it is counted there.
 	var out []checks.Finding
+	started := map[string]bool{}
 	for _, ni := range f.Static.Order {
-		for _, v := range g.Node[ni].Output {
-			if p := f.Static.Assign.Value[v]; p != precision.FP16 && p != precision.BF16 {
+		n := g.Node[ni]
+		inherited := false
+		for _, in := range n.Input {
+			if in != "" && started[in] {
+				inherited = true
+			}
+		}
+		for _, v := range n.Output {
+			if v == "" || !flushes(v) {
 				continue
 			}
-			ref, ok := f.Passes[PassFP32].Stats[v]
-			if !ok {
+			started[v] = true
+			if inherited {
 				continue
 			}
-			if d := main.Diffs[v]; d != nil && d.NonzeroRef >= 16 && d.FlushedFraction() > f.Thresholds.UnderflowFraction {
-				out = append(out, f.nodeFinding(checkUnderflow, ni, v, f.Main, fmt.Sprintf("%.0f%% of the nonzero values of %q become 0 in %s (smallest nonzero |x| %.3g)",
-					100*d.FlushedFraction(), v, f.Main, ref.MinNonzero)))
+			ref := f.Passes[PassFP32].Stats[v]
+			d := main.Diffs[v]
+			follow, outputs := f.underflowReach(v, flushes, isOut)
+			msg := fmt.Sprintf("%.0f%% of the nonzero values of %q become 0 in %s (fp32 max |x| %.3g, smallest nonzero %.3g)",
+				100*d.FlushedFraction(), v, f.Main, ref.MaxAbs, ref.MinNonzero)
+			if follow > 0 {
+				msg += fmt.Sprintf("; %d value(s) after it flush too", follow)
 			}
+			if len(outputs) > 0 {
+				msg += "; in the outputs " + strings.Join(outputs, ", ")
+			}
+			out = append(out, f.nodeFinding(checkUnderflow, ni, v, f.Main, msg))
 		}
 	}
 	return out, nil
+}
+
+// underflowReach counts the values downstream of v that flush as well and
+// the graph outputs among them.
+func (f *Facts) underflowReach(v string, flushes func(string) bool, isOut map[string]bool) (int, []string) {
+	g := f.graph()
+	seen := map[string]bool{v: true}
+	queue := []string{v}
+	count := 0
+	var outputs []string
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		if isOut[x] {
+			outputs = append(outputs, x)
+		}
+		for _, c := range f.Static.Model.Index.Consumers(x) {
+			for _, o := range g.Node[c].Output {
+				if o != "" && !seen[o] && flushes(o) {
+					seen[o] = true
+					count++
+					queue = append(queue, o)
+				}
+			}
+		}
+	}
+	return count, outputs
 }
 
 // moduleOr names a node by its module path, else by its node name.

@@ -13,9 +13,13 @@ first step. Find the source in the data pipeline (division by a zero
 standard deviation, log of zero, missing values read as NaN) and clean or
 impute it before training.`})
 	checkInputRange = checks.Register(&checks.Check{ID: "FP1002", Title: "input beyond the fp16 range", Severity: checks.SevError, Doc: `An input holds values with |x| > 65504, the largest fp16 number. Under
-autocast the first lower-precision op (Conv, MatMul, Linear) casts its input
-to fp16, where such values are Inf. Scale the input, for example with
-fastai's Normalize or by standardizing the column.`})
+autocast-fp16 the first lower-precision op (Conv, MatMul, Linear) casts its
+input to fp16, and under half the input itself is fp16: such values are Inf
+there. Scale the input, for example with fastai's Normalize or by
+standardizing the column. The same check reports a batch saved in float16
+that holds ±Inf but no NaN (under every policy): values beyond 65504 became
+Inf when it was saved, which is unnormalized data rather than poisoned
+data.`})
 	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
 normalized ones. Activations grow with the input scale; a network trained
 on normalized data overflows fp16 when fed raw pixels. In fastai add
@@ -25,6 +29,16 @@ statistics of the batch), in plain PyTorch transforms.Normalize.`})
 a standardized column (|mean| > 10 or std > 10): typically prices, counts or
 timestamps fed as they are. Large inputs make large activations; fastai's
 Normalize proc for tabular data, or (x − mean)/std per column, fixes it.`})
+	checkConstantInput = checks.Register(&checks.Check{ID: "FP1005", Title: "input holds one value everywhere", Severity: checks.SevWarning, Doc: `Every element of a float input is the same value (all zeros, a fill
+value): the audit then sees activations no real batch makes, and a clean
+result says nothing about training. Save real samples, e.g. xb[:8] from
+learn.dls.one_batch().`})
+	checkUnscaledSignal = checks.Register(&checks.Check{ID: "FP1006", Title: "float input far from standardized", Severity: checks.SevWarning, Doc: `A float input that is not an image or a table — a waveform, sequence
+features, any other signal — has channels whose mean or spread is far from
+standardized (|mean| > 10 or std > 10), such as 16-bit audio samples in
+±32768. Large inputs make large activations that overflow fp16. Standardize
+it ((x − mean)/std, or x / 32768 for 16-bit audio); the report gives the
+statistics and whether a rerun with standardized inputs is clean.`})
 
 	checkOverflow = checks.Register(&checks.Check{ID: "FP2001", Title: "op overflows in fp16", Severity: checks.SevError, Doc: `In the emulated fp16 pass this node is where NaN/Inf first appear: its
 output holds non-finite values while all of its inputs are finite. In fp32
@@ -47,6 +61,13 @@ head) or a target scale the model learned to match; fastai casts the
 predictions to fp32 only after the layer has already overflowed. Scale the
 head's input (LayerNorm/BatchNorm before it), re-initialise it, rescale the
 targets, or keep the head in fp32.`})
+	checkAbsorbed = checks.Register(&checks.Check{ID: "FP2005", Title: "nan or inf absorbed before the outputs", Severity: checks.SevWarning, Doc: `NaN/Inf appear at this node in the pass, but no graph output holds them:
+an op on the way absorbs them (softmax of -Inf is 0, max and where pick
+the other value, a product with zero). The outputs are what the loss sees,
+so this is not what makes a loss NaN — but an Inf in an intermediate value
+is one step from NaN: a fully masked softmax row, an Inf minus an Inf, or
+the backward pass through it. Check that the values are meant to be
+infinite (a mask) and that every row keeps a finite entry.`})
 	checkHeadroom = checks.Register(&checks.Check{ID: "FP2004", Title: "little fp16 headroom", Severity: checks.SevWarning, Doc: `A value held in fp16 has a fp32 max |x| within a few bits of 65504
 (headroom = log2(65504 / max|x|) below the threshold, 3 bits by default).
 It does not overflow on these batches, but a batch with larger inputs, or
@@ -57,7 +78,11 @@ when held in fp16 (|x| ≤ 2^-25), beyond the threshold (10% by default).
 Information is lost in the forward pass; training may plateau above the
 fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
 	checkHalfCast = checks.Register(&checks.Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: checks.SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
-as Cast(to=FLOAT16)), and that cast overflows. Autocast cannot protect an
-explicit cast: it happens under every policy. Remove the cast, cast after
-scaling, or clamp first (x.clamp(-65504, 65504).half()).`})
+as Cast(to=FLOAT16)), and that value overflows: at the Cast, or at an op
+downstream that computes in fp16 only because its input came through the
+cast (f = h.half(); g = f * f). Autocast cannot protect an explicit cast:
+it happens under every policy. The finding names the cast and the op that
+overflows; the report verifies that removing the cast removes the
+overflow. Remove the cast, move it after the op that overflows, scale
+before it, or clamp (x.clamp(-65504, 65504).half()).`})
 )

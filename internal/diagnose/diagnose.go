@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"fp16audit/checks"
 	"fp16audit/internal/batch"
+	"fp16audit/internal/lint"
 	"fp16audit/report"
 )
 
@@ -15,7 +17,8 @@ type Options struct {
 	// Checks selects the analyzers; a check switched off does not run and
 	// cannot decide the verdict. The zero value selects all.
 	Checks checks.Selection
-	// NoFixes skips the fix reruns (standardized inputs, keep-fp32).
+	// NoFixes skips the fix reruns (standardized inputs, keep-fp32, removed
+	// casts, constants in range).
 	NoFixes bool
 }
 
@@ -31,86 +34,225 @@ type Diagnosis struct {
 }
 
 // Run runs the analyzers over f, verifies the fixes the findings call for
-// (reruns through run, over batches) and walks the verdict tree.
+// (reruns through run, over batches) and walks the verdict tree:
+//
+//  1. poisoned-input: a batch holds NaN/Inf (FP1001).
+//  2. fp32-broken: the fp32 pass makes NaN/Inf that reach an output (FP2002).
+//  3. explicit-half-cast: the overflowing value is in reduced precision
+//     because of the model's own cast (FP4001).
+//  4. unnormalized-input: the inputs are far from standardized and a rerun
+//     with standardized inputs is clean (or the batch was saved in fp16
+//     beyond its range).
+//  5. oversized-logits: every overflow starts in the final layer (FP2003).
+//  6. overflowing-op: an op overflows (FP2001), or a constant beyond the
+//     format's range written into a reduced-precision value makes NaN/Inf
+//     that reach an output (FP4004).
+//  7. healthy: nothing reaches the outputs. Warnings may remain, and an
+//     error: a fill PyTorch refuses (FP4004), whose -Inf the emulation's
+//     softmax absorbs.
 func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
+	f.consts = constantValues(f.graph(), f.Static.Order)
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
 	if err != nil {
 		return nil, err
 	}
 	d := &Diagnosis{Findings: findings, Origins: []report.Origin{}, Fixes: []report.Fix{}}
-	has := func(c *checks.Check) bool {
-		return slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == c.ID })
+	has := func(c *checks.Check, sev checks.Severity) bool {
+		return slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == c.ID && x.Severity >= sev })
 	}
 	switch {
-	case has(checkPoisonedInput):
+	case has(checkPoisonedInput, checks.SevError):
 		d.Verdict = report.VerdictPoisoned
-		d.VerdictText = "the batch already holds NaN/Inf: clean the data before looking at precision"
-		d.Origins = f.Origins(PassFP32)
-	case has(checkFP32Broken):
-		o := f.Origins(PassFP32)
+		o := f.deciding(f.Origins(PassFP32))
+		d.VerdictText = fmt.Sprintf("the batch already holds NaN/Inf (%s): clean the data before looking at precision", inputList(o))
+		d.Origins = o
+	case f.savedHalfOrigins() != nil:
+		d.Verdict = report.VerdictUnnormalized
+		d.Origins = f.savedHalfOrigins()
+		d.VerdictText = fmt.Sprintf("%s was saved in float16 and holds Inf where its values passed 65504: the inputs are not normalized; standardize them and save the batch in float32", inputList(d.Origins))
+	case has(checkFP32Broken, checks.SevError):
+		o := f.deciding(f.Origins(PassFP32))
 		d.Verdict = report.VerdictFP32Broken
 		d.VerdictText = fmt.Sprintf("the model produces NaN/Inf even in fp32, first at %s (%s): fix the model or data first", o[0].Node, o[0].OpType)
 		d.Origins = o
 	case f.Main == "":
 		d.Verdict, d.VerdictText = report.VerdictHealthy, "the fp32 pass is clean (policy fp32: no emulated pass)"
-	case has(checkHalfCast) || has(checkLogits) || has(checkOverflow):
+	case len(f.deciding(f.mainOrigins())) > 0 && (has(lint.CheckConstRange, checks.SevError) || has(checkHalfCast, checks.SevError) ||
+		has(checkLogits, checks.SevError) || has(checkOverflow, checks.SevError)):
 		if err := f.overflowVerdict(ctx, d, run, batches, opt, has); err != nil {
 			return nil, err
 		}
 	default:
 		d.Verdict = report.VerdictHealthy
-		d.VerdictText = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
-		if bits, _, ok := f.minHeadroom(); ok {
-			d.VerdictText += fmt.Sprintf("; smallest headroom %.1f bits", bits)
-		}
-		if o := f.Origins(f.Main); len(o) > 0 {
-			d.Origins = o
-		}
+		d.VerdictText = f.healthyText(opt)
 	}
 	d.Notes = f.notes
 	return d, nil
 }
 
-// overflowVerdict verifies the fixes of an emulated pass that overflows and
-// decides between explicit-half-cast, unnormalized-input, oversized-logits
-// and overflowing-op.
-func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, batches []batch.Batch, opt Options, has func(*checks.Check) bool) error {
-	origins := f.Origins(f.Main)
+// savedHalfOrigins returns the input origins of data saved in half
+// precision beyond its range, when they reach an output.
+func (f *Facts) savedHalfOrigins() []report.Origin {
+	var out []report.Origin
+	for _, o := range f.deciding(f.Origins(PassFP32)) {
+		if in := f.input(o.Input); o.Cause == report.CauseInput && in != nil && in.SavedHalfInf {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// inputList names the inputs of input origins.
+func inputList(os []report.Origin) string {
+	var names []string
+	for _, o := range os {
+		if o.Cause == report.CauseInput {
+			names = append(names, fmt.Sprintf("input %q", o.Input))
+		}
+	}
+	if len(names) == 0 {
+		return "an input"
+	}
+	return strings.Join(names, ", ")
+}
+
+// healthyText says what a clean emulated pass showed.
+func (f *Facts) healthyText(opt Options) string {
+	txt := fmt.Sprintf("nothing non-finite reaches the outputs of the %s pass", f.Main)
+	if len(f.Origins(f.Main)) == 0 {
+		txt = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
+	}
+	if bits, _, limit, ok := f.MinHeadroom(); ok {
+		txt += fmt.Sprintf("; smallest headroom %.1f bits below %.4g", bits, limit)
+	}
+	if n := len(f.deciding(f.Origins(f.Main))); n > 0 && f.mainOrigins() != nil {
+		txt += fmt.Sprintf("; %d overflow(s) went unreported because --checks %s switched their checks off", n, opt.Checks)
+	}
+	for _, o := range f.mainOrigins() {
+		if f.Raises(o) {
+			txt += fmt.Sprintf("; but %s", f.consequence(o))
+			break
+		}
+	}
+	return txt
+}
+
+// overflowVerdict verifies the fixes of an emulated pass whose NaN/Inf
+// decide the outcome and picks the verdict.
+func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, batches []batch.Batch, opt Options, has func(*checks.Check, checks.Severity) bool) error {
+	origins := f.deciding(f.mainOrigins())
 	d.Origins = origins
 	before := f.Passes[f.Main].NonFinite(f.Values)
-	flagged := slices.ContainsFunc(f.Inputs, func(in *Input) bool { return in.Flagged })
+	addFix := func(fix *report.Fix, err error) (*report.Fix, error) {
+		if err != nil || fix == nil {
+			return nil, err
+		}
+		d.Fixes = append(d.Fixes, *fix)
+		return fix, nil
+	}
+	cast := has(checkHalfCast, checks.SevError)
+	constant := !cast && slices.ContainsFunc(origins, func(o report.Origin) bool { return o.Cause == report.CauseConstant })
 	var std *report.Fix
-	if !opt.NoFixes && flagged {
-		fix, err := f.fixStandardize(ctx, run, batches, before)
+	if !opt.NoFixes {
+		var err error
+		switch {
+		case constant:
+			_, err = addFix(f.fixConstant(ctx, run, batches, origins, before))
+		case cast:
+			_, err = addFix(f.fixRemoveCast(ctx, run, batches, origins, before))
+		case slices.ContainsFunc(f.Inputs, func(in *Input) bool { return in.Flagged && in.chans != nil && !in.SavedHalfInf }):
+			std, err = addFix(f.fixStandardize(ctx, run, batches, before))
+		}
 		if err != nil {
 			return err
 		}
-		std = fix
-		d.Fixes = append(d.Fixes, *fix)
 	}
 	if fix, ok := f.fixBF16(before); ok {
 		d.Fixes = append(d.Fixes, *fix)
 	}
-	if !opt.NoFixes {
-		fix, err := f.fixKeepFP32(ctx, run, batches, origins, before)
-		if err != nil {
+	if !opt.NoFixes && !constant && !cast && (std == nil || !std.Works) {
+		if _, err := addFix(f.fixKeepFP32(ctx, run, batches, origins, before)); err != nil {
 			return err
 		}
-		d.Fixes = append(d.Fixes, *fix)
 	}
+	first := origins[0]
 	switch {
-	case has(checkHalfCast):
+	case cast:
 		d.Verdict = report.VerdictHalfCast
-		d.VerdictText = "the model casts to half precision itself and overflows there; autocast cannot protect an explicit cast"
+		o := firstClass(f, origins, classHalfCast)
+		casts := "its own half cast"
+		if o.Provenance != nil && len(o.Provenance.Casts) > 0 {
+			casts = strings.Join(o.Provenance.Casts, ", ")
+		}
+		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast: remove or move the cast",
+			casts, moduleOr(o.Module, o.Node), o.OpType)
 	case std != nil && std.Works:
 		d.Verdict = report.VerdictUnnormalized
-		d.VerdictText = "the inputs are not normalized; with standardized inputs the fp16 pass is clean"
-	case !has(checkOverflow):
-		d.Verdict = report.VerdictLogits
-		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond fp16's range (fp32 max |x| %.4g)", moduleOr(origins[0].Module, origins[0].Node), origins[0].FP32MaxAbs)
-	default:
+		d.VerdictText = fmt.Sprintf("the input %s is not normalized; with it standardized the %s pass is clean", strings.Join(quoted(std.Inputs), ", "), f.Main)
+	case constant:
+		o := firstOf(origins, report.CauseConstant)
 		d.Verdict = report.VerdictOverflow
-		d.VerdictText = fmt.Sprintf("%s (%s) overflows fp16 on normalized inputs (fp32 max |x| %.4g)", moduleOr(origins[0].Module, origins[0].Node), origins[0].OpType, origins[0].FP32MaxAbs)
+		d.VerdictText = fmt.Sprintf("%s (%s) writes the constant %s = %s into a %s value, and the %s reaches %s: use torch.finfo(x.dtype).min instead of a fixed value",
+			moduleOr(o.Module, o.Node), o.OpType, o.Constant, fmtConst(*o.ConstantValue), o.Precision, infWord(*o.ConstantValue), strings.Join(o.AffectedOutputs, ", "))
+	case !has(checkOverflow, checks.SevError):
+		d.Verdict = report.VerdictLogits
+		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond %s's range (fp32 max |x| %.4g)", moduleOr(first.Module, first.Node), first.Precision, first.FP32MaxAbs)
+	default:
+		o := firstClass(f, origins, classOverflow)
+		d.Verdict = report.VerdictOverflow
+		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, f.inputsWording(), o.FP32MaxAbs)
 	}
 	return nil
+}
+
+// inputsWording says what the inputs were, for an overflow verdict: "on
+// normalized inputs" only where the float inputs look standardized.
+func (f *Facts) inputsWording() string {
+	floats := 0
+	for _, in := range f.Inputs {
+		if in.chans == nil {
+			continue
+		}
+		floats++
+		if in.Flagged {
+			return " on these inputs"
+		}
+	}
+	if floats == 0 {
+		return ""
+	}
+	return " on normalized inputs"
+}
+
+// consequence is what PyTorch does at a constant origin, with where.
+func (f *Facts) consequence(o report.Origin) string {
+	n := f.graph().Node[o.Index]
+	return lint.FillAt(n, inputSlot(n, o.Constant)).Consequence(f.Static.Assign.Node[o.Index], *o.ConstantValue) +
+		fmt.Sprintf(" (%s, %s writes %s = %s)", moduleOr(o.Module, "model"), o.Node, o.Constant, fmtConst(*o.ConstantValue))
+}
+
+func firstOf(os []report.Origin, cause string) report.Origin {
+	for _, o := range os {
+		if o.Cause == cause {
+			return o
+		}
+	}
+	return os[0]
+}
+
+func firstClass(f *Facts, os []report.Origin, c originClass) report.Origin {
+	for _, o := range os {
+		if f.classify(o) == c {
+			return o
+		}
+	}
+	return os[0]
+}
+
+func quoted(s []string) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = fmt.Sprintf("%q", x)
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
 
@@ -71,6 +72,10 @@ type Facts struct {
 	originsMu sync.Mutex
 	origins   map[string][]report.Origin
 	notes     []string
+	// consts marks the values fixed without running the model.
+	consts map[string]bool
+	// maskedNodes caches masked.
+	maskedNodes map[int]bool
 }
 
 func (f *Facts) graph() *onnx.GraphProto { return f.Static.Model.Proto.GetGraph() }
@@ -81,18 +86,20 @@ func (f *Facts) nodeName(i int) string { return onnx.NodeName(f.graph(), i) }
 // note records a fact about the diagnosis that the report's notes carry.
 func (f *Facts) note(s string) { f.notes = append(f.notes, s) }
 
-// poisoned reports whether a batch holds NaN/Inf in some input.
+// poisoned reports whether a batch holds NaN/Inf in some input (other
+// than unnormalized data saved in half precision).
 func (f *Facts) poisoned() bool {
 	for _, in := range f.Inputs {
-		if in.Stats.NonFinite() > 0 {
+		if in.Poisoned() {
 			return true
 		}
 	}
 	return false
 }
 
-// Origins returns the origins of non-finite values in the named pass, under
-// the policy's assignment.
+// Origins returns every origin of non-finite values in the named pass,
+// under the policy's assignment: those that reach a graph output and those
+// whose NaN/Inf are absorbed on the way (see Reaches).
 func (f *Facts) Origins(pass string) []report.Origin {
 	f.originsMu.Lock()
 	defer f.originsMu.Unlock()
@@ -106,53 +113,66 @@ func (f *Facts) Origins(pass string) []report.Origin {
 	if !ok {
 		return nil
 	}
-	o := f.originsIn(pass, res, f.Static.Assign)
+	o := f.passOrigins(pass, res, f.Static.Assign)
 	f.origins[pass] = o
 	return o
 }
 
-// originsIn finds the origins of non-finite values in one pass's results
-// under assignment asg, with the fp32 magnitude of each origin's value.
-func (f *Facts) originsIn(pass string, res *observe.PassResult, asg *precision.Assignment) []report.Origin {
-	g := f.graph()
-	idx := f.Static.Model.Index
+// Reaches reports whether an origin decides the verdict: its NaN/Inf reach
+// a graph output. NaN/Inf that softmax, max, where or relu absorb change no
+// output; a fill PyTorch refuses is an error finding of its own (Raises),
+// not a verdict.
+func (f *Facts) Reaches(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }
+
+// Raises reports whether a constant origin is a fill PyTorch refuses
+// (masked_fill of -1e9 into an fp16 tensor raises before anything else
+// happens). A fill of exactly ±finfo(float32).max is excluded: that is what
+// torch.finfo(x.dtype).min looks like in a graph traced in fp32, and such
+// code writes the fp16 limit under autocast.
+func (f *Facts) Raises(o report.Origin) bool {
+	if o.Cause != report.CauseConstant || o.Index < 0 || dtypeAwareLimit(*o.ConstantValue) {
+		return false
+	}
+	n := f.graph().Node[o.Index]
+	for j, in := range n.Input {
+		if in == o.Constant && lint.FillAt(n, j).Raises {
+			return true
+		}
+	}
+	return false
+}
+
+// dtypeAwareLimit reports whether v is ±float32's largest value, the trace
+// of torch.finfo(x.dtype).min/max in an fp32 export.
+func dtypeAwareLimit(v float64) bool { return math.Abs(v) == math.MaxFloat32 }
+
+// deciding keeps the origins that reach an output or raise.
+func (f *Facts) deciding(os []report.Origin) []report.Origin {
 	out := []report.Origin{}
-	for _, o := range findOrigins(g, f.Static.Order, res, idx.Consumers) {
-		n := g.Node[o.node]
-		or := report.Origin{Pass: pass, Node: f.nodeName(o.node), Index: o.node, OpType: n.OpType,
-			Module: onnx.ModulePath(n), Precision: asg.Node[o.node].String(),
-			ExplicitCast: f.HalfCasts[o.node], Affected: []string{}, AffectedOutputs: o.outputs}
-		if pass == PassFP32 {
-			or.Precision = precision.FP32.String()
+	for _, o := range os {
+		if f.Reaches(o) {
+			out = append(out, o)
 		}
-		for _, v := range n.Output {
-			if s, ok := res.Stats[v]; ok && s.NonFinite() > 0 {
-				or.Value, or.NonFinite = v, s.NonFinite()
-				if ref, ok := f.Passes[PassFP32].Stats[v]; ok {
-					or.FP32MaxAbs = float64(ref.MaxAbs)
-					if h := ref.HeadroomBits(); !isInfOrNaN(h) {
-						or.HeadroomBits = &h
-					}
-				}
-				break
-			}
-		}
-		for _, ni := range o.affected {
-			or.Affected = append(or.Affected, f.nodeName(ni))
-		}
-		if or.AffectedOutputs == nil {
-			or.AffectedOutputs = []string{}
-		}
-		out = append(out, or)
 	}
 	return out
 }
 
+// input returns the analysis of the graph input called name, or nil.
+func (f *Facts) input(name string) *Input {
+	for _, in := range f.Inputs {
+		if in.Spec.Name == name {
+			return in
+		}
+	}
+	return nil
+}
+
 // mainOrigins returns the origins of the policy's emulated pass when they
-// are the diagnosis's subject: the inputs are finite and the fp32 pass is
-// clean (otherwise the fp16 pass only repeats an earlier problem).
+// are the diagnosis's subject: the inputs are finite and nothing the fp32
+// pass produces reaches an output (otherwise the emulated pass only
+// repeats an earlier problem).
 func (f *Facts) mainOrigins() []report.Origin {
-	if f.Main == "" || f.poisoned() || len(f.Origins(PassFP32)) > 0 {
+	if f.Main == "" || f.poisoned() || len(f.deciding(f.Origins(PassFP32))) > 0 {
 		return nil
 	}
 	return f.Origins(f.Main)
@@ -165,17 +185,42 @@ type originClass int
 const (
 	classOverflow originClass = iota // an op overflows (FP2001)
 	classLogits                      // the final layer overflows (FP2003)
-	classHalfCast                    // the model's own half cast overflows (FP4001)
+	classHalfCast                    // the model's own half cast makes it overflow (FP4001)
+	classConstant                    // an out-of-range constant is written (FP4004)
+	classInput                       // the batch holds NaN/Inf (FP1001)
 )
 
 func (f *Facts) classify(o report.Origin) originClass {
 	switch {
+	case o.Cause == report.CauseInput:
+		return classInput
+	case o.Index < 0:
+		return classOverflow
+	case o.Cause == report.CauseConstant:
+		return classConstant
 	case o.ExplicitCast:
 		return classHalfCast
-	case f.isFinalLayer(o.Index):
+	case f.isFinalLayer(o.Index) || f.isFinalBias(o.Index):
 		return classLogits
 	}
 	return classOverflow
+}
+
+// isFinalBias reports whether node ni is the bias Add of the final layer
+// (the exporter's split of a Linear on a 3-D input): the overflow then
+// starts in the head as well.
+func (f *Facts) isFinalBias(ni int) bool {
+	n := f.graph().Node[ni]
+	if n.OpType != "Add" || !onnx.IsDefaultDomain(n.Domain) {
+		return false
+	}
+	idx := f.Static.Model.Index
+	for _, in := range n.Input {
+		if p := idx.Producer(in); p >= 0 && f.isFinalLayer(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // tailOps may follow the final layer without making it an inner layer:
@@ -187,13 +232,15 @@ var tailOps = map[string]bool{
 	"Clip": true, "Add": true,
 }
 
-// isFinalLayer reports whether node ni is the last lower-precision op before
-// a graph output: every path from its outputs reaches a graph output through
-// tail ops only.
+// isFinalLayer reports whether node ni is the last layer op (one autocast
+// runs in its lower precision: Gemm, MatMul, Conv...) before a graph
+// output: every path from its outputs reaches a graph output through tail
+// ops only. It does not depend on the policy: the same head is the final
+// layer under autocast and under half.
 func (f *Facts) isFinalLayer(ni int) bool {
 	g := f.graph()
 	n := g.Node[ni]
-	if cat, _ := f.Static.Policy.Category(n.Domain, n.OpType); cat != precision.LowerPrecision {
+	if !precision.IsLowerPrecisionOp(n.Domain, n.OpType) {
 		return false
 	}
 	isOut := map[string]bool{}
@@ -226,24 +273,75 @@ func (f *Facts) isFinalLayer(ni int) bool {
 	return walk(n.Output) && reached
 }
 
-// minHeadroom is the smallest fp32 headroom over the observed values and the
-// value that has it; ok is false when every value is zero.
-func (f *Facts) minHeadroom() (bits float64, value string, ok bool) {
-	ref := f.Passes[PassFP32]
+// headroom is log2(limit / fp32 max |x|) of value v against the largest
+// finite value of the format the policy holds it in; ok is false for values
+// held in fp32 and for values without a nonzero finite element.
+func (f *Facts) headroom(v string) (bits float64, ok bool) {
+	limit := formatMax(f.Static.Assign.Value[v])
+	st, found := f.Passes[PassFP32].Stats[v]
+	if limit == 0 || !found || st.Finite == 0 || st.MaxAbs == 0 {
+		return 0, false
+	}
+	return math.Log2(limit / float64(st.MaxAbs)), true
+}
+
+// formatMax is the largest finite value of a reduced precision, 0 for the
+// others.
+func formatMax(p precision.Precision) float64 {
+	switch p {
+	case precision.FP16:
+		return tensor.FP16Max
+	case precision.BF16:
+		return tensor.BF16Max
+	}
+	return 0
+}
+
+// masked marks the nodes whose values carry a mask constant: the readers
+// of a constant out of the format's range in the emulated pass and what
+// its ±Inf reached. Their magnitude is the mask's, not the model's, so
+// headroom says nothing about them.
+func (f *Facts) masked() map[int]bool {
+	if f.maskedNodes != nil {
+		return f.maskedNodes
+	}
+	f.maskedNodes = map[int]bool{}
+	idx := f.Static.Model.Index
+	for _, p := range []string{PassFP32, f.Main} {
+		for _, o := range f.Origins(p) {
+			if o.Cause != report.CauseConstant || o.Index < 0 {
+				continue
+			}
+			f.maskedNodes[o.Index] = true
+			for _, name := range o.Affected {
+				for ni, n := range f.graph().Node {
+					if onnx.NodeName(f.graph(), ni) == name && len(n.Output) > 0 && idx.Producer(n.Output[0]) == ni {
+						f.maskedNodes[ni] = true
+					}
+				}
+			}
+		}
+	}
+	return f.maskedNodes
+}
+
+// MinHeadroom is the smallest headroom over the observed values the policy
+// holds in reduced precision (mask values aside), the value that has it and
+// the format's limit; ok is false when there is none.
+func (f *Facts) MinHeadroom() (bits float64, value string, limit float64, ok bool) {
 	for _, v := range f.Values {
-		st, found := ref.Stats[v]
+		if p := f.Static.Model.Index.Producer(v); p >= 0 && f.masked()[p] {
+			continue
+		}
+		h, found := f.headroom(v)
 		if !found {
 			continue
 		}
-		h := st.HeadroomBits()
-		if isInfOrNaN(h) {
-			continue
-		}
 		if !ok || h < bits {
-			bits, value, ok = h, v, true
+			bits, value, limit, ok = h, v, formatMax(f.Static.Assign.Value[v]), true
 		}
 	}
-	return bits, value, ok
+	return bits, value, limit, ok
 }
 
 func isInfOrNaN(x float64) bool { return math.IsInf(x, 0) || math.IsNaN(x) }

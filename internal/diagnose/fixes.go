@@ -12,53 +12,108 @@ import (
 	"fp16audit/report"
 )
 
-// Runner reruns the policy's emulated pass, to verify a fix: with another
-// precision assignment (nodes kept in fp32) or other batches (standardized
-// inputs). The audit's execution stage implements it.
-type Runner interface {
-	Rerun(ctx context.Context, name string, assign *precision.Assignment, batches []batch.Batch) (*observe.PassResult, error)
+// Rerun is one extra run of the policy's emulated pass that verifies a
+// fix.
+type Rerun struct {
+	// Name names the pass in progress reports ("fp16+standardized").
+	Name string
+	// Assign is the precision assignment to emulate (nodes kept in fp32,
+	// casts removed); the policy's own when nothing changes.
+	Assign *precision.Assignment
+	// Batches are the inputs (standardized ones for that fix).
+	Batches []batch.Batch
+	// Clamp holds constants (initializers or Constant outputs) to replace
+	// by their values clamped to ±limit: torch.finfo(dtype).min in place of
+	// a fixed mask value.
+	Clamp map[string]float64
 }
 
-// fixStandardize re-runs the emulated pass with every float input
-// standardized per channel (images) or column (tables).
-func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, before int64) (*report.Fix, error) {
-	fix := &report.Fix{Kind: report.FixStandardize, NonFiniteBefore: before}
-	for _, in := range f.Inputs {
-		if in.Kind == KindInteger || len(in.chans) == 0 {
-			continue
-		}
-		var err error
-		if batches, err = standardize(batches, in.Index, in.Kind, in.chans); err != nil {
-			return nil, err
-		}
-		ns := report.NormalizeStats{Input: in.Spec.Name}
-		scale := 1.0
-		if in.RawPixels {
-			scale = 255
-		}
-		for c := range in.chans {
-			ns.Mean = append(ns.Mean, in.chans[c].mean())
-			ns.Std = append(ns.Std, in.chans[c].std())
-		}
-		fm, fs := make([]float64, len(ns.Mean)), make([]float64, len(ns.Std))
-		for c := range ns.Mean {
-			fm[c], fs[c] = ns.Mean[c]/scale, ns.Std[c]/scale
-		}
-		ns.Fastai = fmt.Sprintf("Normalize.from_stats(%s, %s)", formatList(fm, 4), formatList(fs, 4))
-		fix.Normalize = append(fix.Normalize, ns)
+// Runner reruns the policy's emulated pass, to verify a fix. The audit's
+// execution stage implements it.
+type Runner interface {
+	Rerun(ctx context.Context, r Rerun) (*observe.PassResult, error)
+}
+
+// verify runs r and returns the fix with its outcome: it works when nothing
+// in the rerun reaches a graph output or raises.
+func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) (*observe.PassResult, error) {
+	if r.Assign == nil {
+		r.Assign = f.Static.Assign
 	}
-	res, err := run.Rerun(ctx, f.Main+"+standardized", f.Static.Assign, batches)
+	res, err := run.Rerun(ctx, r)
 	if err != nil {
 		return nil, err
 	}
 	fix.NonFiniteAfter = res.NonFinite(f.Values)
-	fix.Works = fix.NonFiniteAfter == 0
-	if fix.Works {
-		fix.Summary = "standardized inputs remove every overflow; add " + fix.Normalize[0].Fastai + " to the DataLoaders' batch_tfms"
-	} else {
-		fix.Summary = fmt.Sprintf("standardized inputs do not remove the overflow: %d non-finite values remain", fix.NonFiniteAfter)
+	fix.Works = len(f.deciding(f.passOrigins(f.Main, res, r.Assign))) == 0
+	return res, nil
+}
+
+// fixStandardize re-runs the emulated pass with standardized inputs: each
+// flagged input alone first, so that the fix names the input at fault,
+// then all of them together.
+func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, before int64) (*report.Fix, error) {
+	var flagged []*Input
+	for _, in := range f.Inputs {
+		if in.Flagged && in.chans != nil && !in.SavedHalfInf {
+			flagged = append(flagged, in)
+		}
+	}
+	tries := [][]*Input{}
+	for _, in := range flagged {
+		tries = append(tries, []*Input{in})
+	}
+	if len(flagged) > 1 {
+		tries = append(tries, flagged)
+	}
+	var fix *report.Fix
+	for _, try := range tries {
+		fix = &report.Fix{Kind: report.FixStandardize, NonFiniteBefore: before}
+		bs := batches
+		var names []string
+		for _, in := range try {
+			var err error
+			if bs, err = in.standardize(bs); err != nil {
+				return nil, err
+			}
+			fix.Normalize = append(fix.Normalize, in.normalizeAdvice())
+			fix.Inputs = append(fix.Inputs, in.Spec.Name)
+			names = append(names, fmt.Sprintf("%q", in.Spec.Name))
+		}
+		if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+standardized", Batches: bs}, fix); err != nil {
+			return nil, err
+		}
+		what := "standardizing input " + names[0]
+		if len(names) > 1 {
+			what = "standardizing the inputs " + strings.Join(names, ", ")
+		} else if len(f.Inputs) > 1 {
+			what += " alone"
+		}
+		if fix.Works {
+			fix.Summary = what + " removes every overflow; " + adviceText(try)
+			return fix, nil
+		}
+		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %d non-finite values remain", what, fix.NonFiniteAfter)
 	}
 	return fix, nil
+}
+
+// adviceText is how to standardize the inputs, in the user's API for
+// their kind.
+func adviceText(inputs []*Input) string {
+	var parts []string
+	for _, in := range inputs {
+		ns := in.normalizeAdvice()
+		switch {
+		case in.Kind == report.KindImage:
+			parts = append(parts, fmt.Sprintf("for %q add %s to the DataLoaders' batch_tfms (fastai) or use %s (PyTorch)", in.Spec.Name, ns.Fastai, ns.Torch))
+		case ns.Fastai != "":
+			parts = append(parts, fmt.Sprintf("for %q use %s (fastai) or %s (PyTorch)", in.Spec.Name, ns.Fastai, ns.Torch))
+		default:
+			parts = append(parts, fmt.Sprintf("for %q: %s", in.Spec.Name, ns.Torch))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // fixBF16 reads the bf16 pass, which ran beside the fp16 one: would
@@ -68,8 +123,10 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 	if !ok {
 		return nil, false
 	}
+	bp, _ := precision.PolicyByName("autocast-bf16")
+	asg := precision.Assign(bp, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType)
 	after := bf.NonFinite(f.Values)
-	fix := &report.Fix{Kind: report.FixBF16, Works: after == 0, NonFiniteBefore: before, NonFiniteAfter: after}
+	fix := &report.Fix{Kind: report.FixBF16, Works: len(f.deciding(f.passOrigins(PassBF16, bf, asg))) == 0, NonFiniteBefore: before, NonFiniteAfter: after}
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
 	} else {
@@ -78,9 +135,95 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 	return fix, true
 }
 
+// fixRemoveCast re-runs the emulated pass without the model's own half
+// casts that the explicit-cast origins come from.
+func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
+	casts := map[int]bool{}
+	for _, o := range origins {
+		if o.Index < 0 || f.classify(o) != classHalfCast {
+			continue
+		}
+		if f.HalfCasts[o.Index] {
+			casts[o.Index] = true
+		}
+		for _, c := range f.Static.Assign.Casts[o.Value] {
+			casts[c] = true
+		}
+	}
+	fix := &report.Fix{Kind: report.FixRemoveCast, NonFiniteBefore: before}
+	asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, casts)
+	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix); err != nil {
+		return nil, err
+	}
+	for _, c := range sortedKeys(casts) {
+		fix.Nodes = append(fix.Nodes, f.nodeName(c))
+		if m := onnx.ModulePath(f.graph().Node[c]); m != "" {
+			fix.Modules = append(fix.Modules, m)
+		}
+	}
+	list := strings.Join(fix.Nodes, ", ")
+	if fix.Works {
+		fix.Summary = fmt.Sprintf("without the model's own half cast (%s) every overflow is gone: remove the .half()/.to(torch.float16) in forward, or move it after the op that overflows, or scale before it", list)
+	} else {
+		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %d non-finite values remain", list, fix.NonFiniteAfter)
+	}
+	return fix, nil
+}
+
+// fixConstant re-runs the emulated pass with the out-of-range constants
+// clamped to the format's range, as torch.finfo(x.dtype).min would write.
+func (f *Facts) fixConstant(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
+	clamp := map[string]float64{}
+	fix := &report.Fix{Kind: report.FixConstant, NonFiniteBefore: before}
+	var readers []string
+	for _, o := range origins {
+		if o.Cause != report.CauseConstant {
+			continue
+		}
+		limit := formatMax(f.Static.Assign.Node[o.Index])
+		if limit == 0 {
+			limit = formatMax(f.Static.Policy.Lower)
+		}
+		// The constant may be computed from a source constant (the
+		// exporter's Identity of an initializer): clamp at the source.
+		clamp[f.constantSource(o.Constant)] = limit
+		readers = append(readers, o.Node)
+		fix.Nodes = append(fix.Nodes, o.Node)
+		if o.Module != "" {
+			fix.Modules = append(fix.Modules, o.Module)
+		}
+	}
+	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix); err != nil {
+		return nil, err
+	}
+	if fix.Works {
+		fix.Summary = fmt.Sprintf("with the constants in range (torch.finfo(scores.dtype).min instead of the fixed value, at %s) nothing non-finite reaches the outputs and nothing raises", strings.Join(readers, ", "))
+	} else {
+		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %d non-finite values remain", strings.Join(readers, ", "), fix.NonFiniteAfter)
+	}
+	return fix, nil
+}
+
+// constantSource follows pass-through nodes from a constant value back to
+// the initializer or Constant output it comes from.
+func (f *Facts) constantSource(name string) string {
+	for range 64 {
+		p := f.Static.Model.Index.Producer(name)
+		if p < 0 {
+			return name
+		}
+		n := f.graph().Node[p]
+		if n.OpType == "Constant" || len(n.Input) == 0 || !passThrough[n.OpType] {
+			return name
+		}
+		name = n.Input[0]
+	}
+	return name
+}
+
 // fixKeepFP32 searches the smallest set of nodes to keep in fp32: it forces
 // the current origins to fp32, re-runs, and repeats with the new origins
-// until the pass is clean or the iteration limit is reached.
+// until nothing reaches an output or the iteration limit is reached.
 func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
 	g := f.graph()
 	keep := map[int]bool{}
@@ -88,16 +231,17 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 	cur := origins
 	for it := 1; it <= f.Thresholds.FixIterations && len(cur) > 0; it++ {
 		for _, o := range cur {
-			keep[o.Index] = true
+			if o.Index >= 0 {
+				keep[o.Index] = true
+			}
 		}
 		asg := precision.AssignKeepFP32(f.Static.Policy, g, f.Static.Order, f.Static.Model.Index.ElemType, keep)
-		res, err := run.Rerun(ctx, fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), asg, batches)
+		res, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
 		if err != nil {
 			return nil, err
 		}
 		fix.Iterations = it
-		fix.NonFiniteAfter = res.NonFinite(f.Values)
-		cur = f.originsIn(f.Main, res, asg)
+		cur = f.deciding(f.passOrigins(f.Main, res, asg))
 	}
 	nodes := sortedKeys(keep)
 	mods := map[string]bool{}
@@ -112,24 +256,10 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			fix.Modules = append(fix.Modules, m)
 		}
 	}
-	fix.Works = fix.NonFiniteAfter == 0
-	var casts []string
-	for _, ni := range nodes {
-		if f.HalfCasts[ni] {
-			casts = append(casts, f.nodeName(ni))
-		}
-	}
-	switch {
-	case fix.Works && len(casts) > 0:
-		fix.Summary = fmt.Sprintf("without the model's own half cast (%s: remove the .half()/.to(torch.float16) in forward, or scale before it) every overflow is gone",
-			strings.Join(casts, ", "))
-		if len(casts) < len(nodes) {
-			fix.Summary += fmt.Sprintf("; also keep %s in fp32", strings.Join(fix.Modules, ", "))
-		}
-	case fix.Works:
+	if fix.Works {
 		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
 			strings.Join(fix.Modules, ", "))
-	default:
+	} else {
 		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %d non-finite values remain",
 			len(fix.Nodes), fix.Iterations, fix.NonFiniteAfter)
 	}

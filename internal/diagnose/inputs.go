@@ -3,16 +3,20 @@ package diagnose
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
+	"strings"
 
 	"fp16audit/internal/batch"
 	"fp16audit/internal/observe"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
 
-// Input analysis: what kind of data each float input holds, its per-channel
-// (images) or per-column (tables) statistics, and how to standardize it.
+// Input analysis: what kind of data each input holds (decided once, from
+// its dtype, shape, name and what reads it), its statistics per channel,
+// column or feature, and how to standardize it.
 
 // Input is what the input analysis learned about one graph input over all
 // batches.
@@ -20,107 +24,105 @@ type Input struct {
 	Spec batch.InputSpec
 	// Index is the input's position in a batch.
 	Index int
-	Kind  string
-	// DType and Shape are those of the first batch's tensor.
+	// Kind is one of the report.Kind* constants.
+	Kind string
+	// DType and Shape are those of the first batch's tensor; Saved is the
+	// element type it had in its file.
 	DType, Shape string
+	Saved        tensor.DType
 	// Stats are the statistics of every value of the input (float inputs).
 	Stats observe.Stats
+	// axis is the axis whose entries get their own statistics (-1: none).
+	axis  int
 	chans []channelAcc
 	// Min, Max and Integral describe the finite values; RawPixels marks an
 	// image of integers in 0..255.
 	Min, Max  float64
 	Integral  bool
 	RawPixels bool
-	// Columns lists the tabular columns far from standardized.
+	// Columns lists the channels (columns, features) far from
+	// standardized.
 	Columns []int
 	// Flagged marks an input whose scale can overflow fp16: raw pixels,
-	// unscaled columns or values beyond fp16's range.
+	// channels far from standardized or values beyond fp16's range.
 	Flagged bool
+	// SavedHalfInf is set when the data was saved in float16 and holds ±Inf
+	// but no NaN: values beyond 65504 became Inf when it was saved, which is
+	// unnormalized data rather than poisoned data.
+	SavedHalfInf bool
+	// Constant is set when every value of a float input is the same.
+	Constant bool
+	// Samples lists the samples that hold NaN/Inf (at most maxSamples).
+	Samples []report.Sample
 }
 
-// AnalyzeInputs classifies every input of specs and computes its statistics
-// over the batches.
-func AnalyzeInputs(specs []batch.InputSpec, batches []batch.Batch, th Thresholds) []*Input {
-	out := make([]*Input, len(specs))
-	for i, spec := range specs {
-		in := &Input{Spec: spec, Index: i, Stats: observe.NewStats(), Integral: true, Min: math.Inf(1), Max: math.Inf(-1)}
-		if len(batches) > 0 {
-			t := batches[0].Inputs[i]
-			in.DType, in.Shape = t.DType.String(), tensor.ShapeString(t.Shape)
+// maxSamples bounds the poisoned samples an input lists.
+const maxSamples = 20
+
+// audioName recognises inputs named as waveforms.
+var audioName = regexp.MustCompile(`(?i)wave|audio|signal|speech|sound|pcm|wav`)
+
+// inputKind classifies input i from its first batch tensor, its name and
+// the ops that read it.
+func inputKind(t *tensor.Tensor, name string, readers []string) string {
+	sh := t.Shape
+	audio := audioName.MatchString(name)
+	switch {
+	case !t.DType.IsFloat():
+		if slices.Contains(readers, "Gather") {
+			return report.KindTokens
 		}
-		in.Kind, in.chans = analyzeInput(batches, i, &in.Stats)
-		out[i] = in
-		if in.Kind == KindInteger {
-			continue
+		return report.KindInteger
+	case len(sh) == 4 && (sh[1] >= 1 && sh[1] <= 4 || sh[3] >= 1 && sh[3] <= 4):
+		return report.KindImage
+	case len(sh) == 2 && (audio || sh[1] >= 4000):
+		return report.KindAudio
+	case len(sh) == 2:
+		return report.KindTabular
+	case len(sh) == 3 && (audio || sh[1] <= 2 && sh[2] >= 1000):
+		return report.KindAudio
+	case len(sh) == 3:
+		return report.KindSequence
+	}
+	return report.KindOther
+}
+
+// channelAxis is the axis whose entries get their own statistics: the
+// channels of an image (NCHW, or NHWC when only the last axis is small),
+// the columns of a table, the features of a sequence, the channels of a
+// [batch, channels, time] waveform; -1 (the whole input) otherwise.
+func channelAxis(kind string, shape []int64) int {
+	switch kind {
+	case report.KindImage:
+		if shape[1] >= 1 && shape[1] <= 4 {
+			return 1
 		}
-		for c := range in.chans {
-			ch := &in.chans[c]
-			if ch.nonIntegral > 0 {
-				in.Integral = false
-			}
-			if ch.n > 0 {
-				in.Min = math.Min(in.Min, ch.min)
-				in.Max = math.Max(in.Max, ch.max)
-			}
-			if in.Kind == KindTabular && (math.Abs(ch.mean()) > th.ColumnScale || ch.std() > th.ColumnScale) {
-				in.Columns = append(in.Columns, c)
-			}
+		return 3
+	case report.KindTabular:
+		return 1
+	case report.KindSequence:
+		return 2
+	case report.KindAudio:
+		if len(shape) == 3 && shape[1] <= 2 {
+			return 1
 		}
-		in.RawPixels = in.Kind == KindImage && in.Integral && in.Min >= 0 && in.Max <= 255 && in.Max > 1
-		in.Flagged = in.RawPixels || len(in.Columns) > 0 || in.Stats.MaxAbs > tensor.FP16Max
 	}
-	return out
+	return -1
 }
-
-// Report returns the input's part of the report: its statistics and, for
-// images and tables, one entry per channel or column.
-func (in *Input) Report() report.InputReport {
-	ir := report.InputReport{ValueReport: report.ValueReport{Name: in.Spec.Name, DType: in.DType, Shape: in.Shape,
-		Stats: map[string]report.StatsReport{}}, Kind: in.Kind, RawPixels: in.RawPixels}
-	if in.Kind == KindInteger {
-		return ir
-	}
-	ir.Stats[PassFP32] = StatsReport(in.Stats, nil)
-	for c := range in.chans {
-		ch := &in.chans[c]
-		ir.Channels = append(ir.Channels, report.ChannelReport{Index: c, Mean: ch.mean(), Std: ch.std(), Min: ch.min, Max: ch.max,
-			Flagged: slices.Contains(in.Columns, c)})
-	}
-	return ir
-}
-
-// means returns the mean of every channel or column.
-func (in *Input) means() []float64 {
-	out := make([]float64, len(in.chans))
-	for i := range in.chans {
-		out[i] = in.chans[i].mean()
-	}
-	return out
-}
-
-// Input kinds.
-const (
-	KindImage   = "image"   // rank 4, NCHW with 1–4 channels
-	KindTabular = "tabular" // rank 2: rows × columns
-	KindOther   = "other"   // any other float input
-	KindInteger = "integer" // token ids, indices: exempt from the input checks
-)
 
 // channelAcc accumulates the statistics of one channel or column.
 type channelAcc struct {
-	n             int64
-	sum, sumSq    float64
-	min, max      float64
-	nonIntegral   int64
-	nonFiniteSeen int64
+	n           int64
+	sum, sumSq  float64
+	min, max    float64
+	nonIntegral int64
 }
 
 func (c *channelAcc) add(v float32) {
-	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-		c.nonFiniteSeen++
+	x := float64(v)
+	if math.IsNaN(x) || math.IsInf(x, 0) {
 		return
 	}
-	x := float64(v)
 	if c.n == 0 || x < c.min {
 		c.min = x
 	}
@@ -154,31 +156,6 @@ func (c *channelAcc) std() float64 {
 	return math.Sqrt(v)
 }
 
-// inputKind classifies an input by dtype and shape.
-func inputKind(t *tensor.Tensor) string {
-	switch {
-	case !t.DType.IsFloat():
-		return KindInteger
-	case len(t.Shape) == 4 && t.Shape[1] >= 1 && t.Shape[1] <= 4:
-		return KindImage
-	case len(t.Shape) == 2:
-		return KindTabular
-	}
-	return KindOther
-}
-
-// channelAxis is the axis whose entries get their own statistics: channels
-// of an image, columns of a table, none (-1) otherwise.
-func channelAxis(kind string) int {
-	switch kind {
-	case KindImage:
-		return 1
-	case KindTabular:
-		return 1
-	}
-	return -1
-}
-
 // channelOf maps a flat row-major index of a tensor of the given shape to
 // its position along axis (0 for every element when axis is -1).
 func channelOf(shape []int64, axis, nch int) func(int) int {
@@ -192,50 +169,146 @@ func channelOf(shape []int64, axis, nch int) func(int) int {
 	return func(j int) int { return (j / inner) % nch }
 }
 
-// analyzeInput computes the per-channel statistics of input i over all
-// batches, and folds its values into stats in the same pass over the data.
-// Data that was converted from an integer dtype counts as integral.
-func analyzeInput(batches []batch.Batch, i int, stats *observe.Stats) (kind string, chans []channelAcc) {
-	if len(batches) == 0 {
-		return KindOther, nil
+// AnalyzeInputs classifies every input of specs and computes its statistics
+// over the batches. idx is the model's graph index (what reads each input).
+func AnalyzeInputs(specs []batch.InputSpec, batches []batch.Batch, idx *onnx.Index, th Thresholds) []*Input {
+	g := idx.Graph()
+	out := make([]*Input, len(specs))
+	for i, spec := range specs {
+		in := &Input{Spec: spec, Index: i, Stats: observe.NewStats(), Integral: true, Min: math.Inf(1), Max: math.Inf(-1), axis: -1}
+		out[i] = in
+		if len(batches) == 0 {
+			in.Kind = report.KindOther
+			continue
+		}
+		first := batches[0].Inputs[i]
+		in.DType, in.Shape = first.DType.String(), tensor.ShapeString(first.Shape)
+		in.Saved = first.DType
+		if len(batches[0].Saved) > i {
+			in.Saved = batches[0].Saved[i]
+		}
+		var readers []string
+		for _, c := range idx.Consumers(spec.Name) {
+			readers = append(readers, g.GetNode()[c].GetOpType())
+		}
+		in.Kind = inputKind(first, spec.Name, readers)
+		if !first.DType.IsFloat() {
+			continue
+		}
+		in.analyze(batches)
+		in.flag(th)
 	}
-	kind = inputKind(batches[0].Inputs[i])
-	if kind == KindInteger {
-		return kind, nil
-	}
-	axis := channelAxis(kind)
+	return out
+}
+
+// analyze computes the statistics of a float input over all batches in one
+// pass over the data: the whole, per channel, and the samples holding
+// NaN/Inf.
+func (in *Input) analyze(batches []batch.Batch) {
+	shape0 := batches[0].Inputs[in.Index].Shape
+	in.axis = channelAxis(in.Kind, shape0)
 	nch := 1
-	if axis >= 0 {
-		nch = int(batches[0].Inputs[i].Shape[axis])
+	if in.axis >= 0 {
+		nch = int(shape0[in.axis])
 	}
-	chans = make([]channelAcc, nch)
+	in.chans = make([]channelAcc, nch)
 	for bi, b := range batches {
-		t := b.Inputs[i]
+		t := b.Inputs[in.Index]
 		vals, err := t.Float32s()
 		if err != nil {
 			continue
 		}
-		stats.Observe(vals, bi)
-		if axis >= 0 && (len(t.Shape) <= axis || int(t.Shape[axis]) != nch) {
+		in.Stats.Observe(vals, bi)
+		if in.axis >= 0 && (len(t.Shape) <= in.axis || int(t.Shape[in.axis]) != nch) {
 			continue
 		}
-		channel := channelOf(t.Shape, axis, nch)
+		channel := channelOf(t.Shape, in.axis, nch)
+		perSample := 1
+		if len(t.Shape) > 0 && t.Shape[0] > 0 {
+			perSample = len(vals) / int(t.Shape[0])
+		}
 		for j, v := range vals {
-			chans[channel(j)].add(v)
+			in.chans[channel(j)].add(v)
+			if f := float64(v); (math.IsNaN(f) || math.IsInf(f, 0)) && len(in.Samples) <= maxSamples {
+				in.countSample(bi, int64(j/perSample))
+			}
 		}
 	}
-	return kind, chans
 }
 
-// standardize returns batches with input i replaced by (x − mean_c)/std_c
-// per channel, using the statistics in chans; a channel with zero spread
-// is only centred.
-func standardize(batches []batch.Batch, i int, kind string, chans []channelAcc) ([]batch.Batch, error) {
-	axis := channelAxis(kind)
+// countSample counts one non-finite element of sample s of batch bi.
+func (in *Input) countSample(bi int, s int64) {
+	if k := len(in.Samples) - 1; k >= 0 && in.Samples[k].Batch == bi && in.Samples[k].Index == s {
+		in.Samples[k].NonFinite++
+		return
+	}
+	if len(in.Samples) < maxSamples {
+		in.Samples = append(in.Samples, report.Sample{Batch: bi, Index: s, NonFinite: 1})
+	}
+}
+
+// flag decides from the statistics whether the input's scale is a hazard.
+func (in *Input) flag(th Thresholds) {
+	for c := range in.chans {
+		ch := &in.chans[c]
+		if ch.nonIntegral > 0 {
+			in.Integral = false
+		}
+		if ch.n > 0 {
+			in.Min = math.Min(in.Min, ch.min)
+			in.Max = math.Max(in.Max, ch.max)
+		}
+		if math.Abs(ch.mean()) > th.ColumnScale || ch.std() > th.ColumnScale {
+			in.Columns = append(in.Columns, c)
+		}
+	}
+	s := in.Stats
+	in.RawPixels = in.Kind == report.KindImage && in.Integral && in.Min >= 0 && in.Max <= 255 && in.Max > 1
+	in.SavedHalfInf = (in.Saved == tensor.Float16 || in.Saved == tensor.BFloat16) && s.NaN == 0 && s.PosInf+s.NegInf > 0
+	in.Constant = s.Count > 0 && s.Finite == s.Count && in.Min == in.Max
+	in.Flagged = in.RawPixels || len(in.Columns) > 0 || s.MaxAbs > tensor.FP16Max || in.SavedHalfInf
+}
+
+// Poisoned reports whether the input holds NaN/Inf that are not the mark
+// of unnormalized data saved in half precision.
+func (in *Input) Poisoned() bool { return in.Stats.NonFinite() > 0 && !in.SavedHalfInf }
+
+// Report returns the input's part of the report: its statistics and, for
+// inputs analysed per channel, one entry per channel.
+func (in *Input) Report() report.InputReport {
+	ir := report.InputReport{ValueReport: report.ValueReport{Name: in.Spec.Name, DType: in.DType, Shape: in.Shape,
+		Stats: map[string]report.StatsReport{}}, Kind: in.Kind, RawPixels: in.RawPixels}
+	if in.chans == nil {
+		return ir
+	}
+	ir.Stats[PassFP32] = StatsReport(in.Stats, nil)
+	if in.axis < 0 {
+		return ir
+	}
+	for c := range in.chans {
+		ch := &in.chans[c]
+		ir.Channels = append(ir.Channels, report.ChannelReport{Index: c, Mean: ch.mean(), Std: ch.std(), Min: ch.min, Max: ch.max,
+			Flagged: slices.Contains(in.Columns, c)})
+	}
+	return ir
+}
+
+// means returns the mean of every channel or column.
+func (in *Input) means() []float64 {
+	out := make([]float64, len(in.chans))
+	for i := range in.chans {
+		out[i] = in.chans[i].mean()
+	}
+	return out
+}
+
+// standardize returns batches with this input replaced by (x − mean_c)/std_c
+// per channel; a channel with zero spread is only centred.
+func (in *Input) standardize(batches []batch.Batch) ([]batch.Batch, error) {
 	out := make([]batch.Batch, len(batches))
 	for bi, b := range batches {
-		nb := batch.Batch{Source: b.Source + " (standardized)", Inputs: append([]*tensor.Tensor(nil), b.Inputs...)}
-		t := b.Inputs[i]
+		nb := batch.Batch{Source: b.Source + " (standardized)", Inputs: append([]*tensor.Tensor(nil), b.Inputs...), Saved: b.Saved}
+		t := b.Inputs[in.Index]
 		if t.DType != tensor.Float32 {
 			return nil, fmt.Errorf("input %q: standardizing %s data is not supported", t.Name, t.DType)
 		}
@@ -243,17 +316,80 @@ func standardize(batches []batch.Batch, i int, kind string, chans []channelAcc) 
 		if err != nil {
 			return nil, err
 		}
-		channel := channelOf(t.Shape, axis, len(chans))
+		channel := channelOf(t.Shape, in.axis, len(in.chans))
 		for j, v := range vals {
 			c := channel(j)
-			s := chans[c].std()
+			s := in.chans[c].std()
 			if s == 0 {
 				s = 1
 			}
-			vals[j] = float32((float64(v) - chans[c].mean()) / s)
+			vals[j] = float32((float64(v) - in.chans[c].mean()) / s)
 		}
-		nb.Inputs[i] = tensor.FromFloat32s(t.Name, t.Shape, vals)
+		nb.Inputs[in.Index] = tensor.FromFloat32s(t.Name, t.Shape, vals)
 		out[bi] = nb
 	}
 	return out, nil
+}
+
+// normalizeAdvice returns the statistics that standardize the input and
+// the calls that do it in the user's API for its kind.
+func (in *Input) normalizeAdvice() report.NormalizeStats {
+	ns := report.NormalizeStats{Input: in.Spec.Name}
+	for c := range in.chans {
+		ns.Mean = append(ns.Mean, in.chans[c].mean())
+		ns.Std = append(ns.Std, in.chans[c].std())
+	}
+	scaled := func(k float64) ([]float64, []float64) {
+		m, s := make([]float64, len(ns.Mean)), make([]float64, len(ns.Std))
+		for c := range ns.Mean {
+			m[c], s[c] = ns.Mean[c]/k, ns.Std[c]/k
+		}
+		return m, s
+	}
+	name := pyIdent(in.Spec.Name)
+	switch in.Kind {
+	case report.KindImage:
+		k := 1.0
+		if in.RawPixels {
+			// fastai's IntToFloatTensor divides pixels by 255 before
+			// Normalize; torchvision's ToTensor does the same.
+			k = 255
+		}
+		m, s := scaled(k)
+		ns.Fastai = fmt.Sprintf("Normalize.from_stats(%s, %s)", formatList(m, 4), formatList(s, 4))
+		ns.Torch = fmt.Sprintf("transforms.Normalize(mean=%s, std=%s)", formatList(m, 4), formatList(s, 4))
+		if in.RawPixels {
+			ns.Torch = "transforms.ToTensor() then " + ns.Torch
+		}
+	case report.KindTabular:
+		ns.Fastai = "procs=[Categorify, FillMissing, Normalize] in TabularPandas / TabularDataLoaders.from_df"
+		ns.Torch = fmt.Sprintf("%s = (%s - mean) / std with the per-column mean %s and std %s of the training set",
+			name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+	case report.KindAudio:
+		if in.Integral && in.Max <= 32767 && in.Min >= -32768 && in.Max-in.Min > 255 {
+			ns.Torch = fmt.Sprintf("%s = %s / 32768 (16-bit PCM to [-1, 1]), or (%s - %.4g) / %.4g", name, name, name, ns.Mean[0], ns.Std[0])
+		} else {
+			ns.Torch = fmt.Sprintf("%s = (%s - %s) / %s", name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+		}
+	case report.KindSequence:
+		ns.Torch = fmt.Sprintf("%s = (%s - mean) / std per feature (last axis), mean %s, std %s", name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+	default:
+		ns.Torch = fmt.Sprintf("%s = (%s - %.4g) / %.4g", name, name, ns.Mean[0], ns.Std[0])
+	}
+	return ns
+}
+
+// pyIdent turns an input name into something that reads as a Python
+// variable in advice.
+func pyIdent(name string) string {
+	r := strings.Map(func(c rune) rune {
+		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			return c
+		}
+		return '_'
+	}, name)
+	if r == "" || r[0] >= '0' && r[0] <= '9' {
+		r = "x_" + r
+	}
+	return r
 }

@@ -1,16 +1,23 @@
 package diagnose
 
 import (
+	"math"
+	"slices"
 	"sort"
 
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/tensor"
+	"fp16audit/report"
 )
 
-// origin is a node where non-finite values start in one pass: one of its
-// outputs holds NaN/Inf while all of its inputs are finite.
+// origin is where non-finite values start in one pass: a node one of whose
+// outputs holds NaN/Inf while all of its inputs are finite, or a graph
+// input (node -1) whose batch holds NaN/Inf.
 type origin struct {
-	node int
+	node  int
+	input string
 	// affected are the nodes downstream of the origin whose outputs hold
 	// NaN/Inf in the same pass, in topological order; outputs the graph
 	// outputs among their values.
@@ -19,15 +26,15 @@ type origin struct {
 }
 
 // findOrigins walks the graph in topological order and returns every origin
-// of non-finite values in res. Values fp16audit did not observe (integer
-// values, initializers) count as finite. Propagation is followed through
-// consumers, so independent origins are all reported, each with the nodes it
-// reached.
-func findOrigins(g *onnx.GraphProto, order []int, res *observe.PassResult, consumers func(string) []int) []origin {
-	nonFinite := func(name string) bool {
-		s, ok := res.Stats[name]
-		return ok && s.NonFinite() > 0
-	}
+// of non-finite values: first the graph inputs in inputs that nonFinite
+// says hold NaN/Inf, then the nodes. Values fp16audit did not observe
+// (integer values, initializers) count as finite, and so do the values
+// isConst marks (initializers, Constant outputs and what is computed from
+// them alone): a constant that a precision cannot hold is the fault of the
+// node that writes it into a value of that precision, so its readers, not
+// its producers, are origins. Propagation is followed through consumers,
+// so independent origins are all reported, each with what it reached.
+func findOrigins(g *onnx.GraphProto, order []int, inputs []string, nonFinite, isConst func(string) bool, consumers func(string) []int) []origin {
 	isGraphOutput := map[string]bool{}
 	for _, o := range g.Output {
 		isGraphOutput[o.Name] = true
@@ -37,25 +44,68 @@ func findOrigins(g *onnx.GraphProto, order []int, res *observe.PassResult, consu
 		pos[ni] = p
 	}
 	claimed := map[int]bool{}
+	// spread follows the non-finite values of an origin's outputs through
+	// their consumers.
+	spread := func(o *origin, outs []string) {
+		seen := map[int]bool{o.node: true}
+		queue := append([]string(nil), outs...)
+		for len(queue) > 0 {
+			out := queue[0]
+			queue = queue[1:]
+			if !nonFinite(out) {
+				continue
+			}
+			if isGraphOutput[out] {
+				o.outputs = append(o.outputs, out)
+			}
+			for _, c := range consumers(out) {
+				if seen[c] {
+					continue
+				}
+				seen[c] = true
+				bad := false
+				for _, co := range g.Node[c].Output {
+					if nonFinite(co) {
+						bad = true
+					}
+				}
+				if bad {
+					claimed[c] = true
+					o.affected = append(o.affected, c)
+					queue = append(queue, g.Node[c].Output...)
+				}
+			}
+		}
+		sort.Slice(o.affected, func(a, b int) bool { return pos[o.affected[a]] < pos[o.affected[b]] })
+	}
 	var origins []origin
+	for _, in := range inputs {
+		if nonFinite(in) {
+			o := origin{node: -1, input: in}
+			spread(&o, []string{in})
+			origins = append(origins, o)
+		}
+	}
 	for _, ni := range order {
 		n := g.Node[ni]
 		if claimed[ni] {
 			continue
 		}
-		bad := false
+		bad, allConst := false, true
 		for _, o := range n.Output {
-			if nonFinite(o) {
+			if o != "" && nonFinite(o) {
 				bad = true
-				break
+			}
+			if o != "" && !isConst(o) {
+				allConst = false
 			}
 		}
-		if !bad {
+		if !bad || allConst {
 			continue
 		}
 		clean := true
 		for _, in := range n.Input {
-			if in != "" && nonFinite(in) {
+			if in != "" && nonFinite(in) && !isConst(in) {
 				clean = false
 				break
 			}
@@ -64,44 +114,245 @@ func findOrigins(g *onnx.GraphProto, order []int, res *observe.PassResult, consu
 			continue
 		}
 		o := origin{node: ni}
-		// Breadth-first over consumers whose outputs are non-finite.
-		seen := map[int]bool{ni: true}
-		queue := []int{ni}
-		for len(queue) > 0 {
-			cur := queue[0]
-			queue = queue[1:]
-			for _, out := range g.Node[cur].Output {
-				if !nonFinite(out) {
-					continue
-				}
-				if isGraphOutput[out] {
-					o.outputs = append(o.outputs, out)
-				}
-				for _, c := range consumers(out) {
-					if seen[c] {
-						continue
-					}
-					seen[c] = true
-					queue = append(queue, c)
-					bad := false
-					for _, co := range g.Node[c].Output {
-						if nonFinite(co) {
-							bad = true
-						}
-					}
-					if bad {
-						claimed[c] = true
-						o.affected = append(o.affected, c)
-					}
-				}
-			}
-		}
-		sortByPos(o.affected, pos)
+		spread(&o, n.Output)
 		origins = append(origins, o)
 	}
 	return origins
 }
 
-func sortByPos(nodes []int, pos map[int]int) {
-	sort.Slice(nodes, func(a, b int) bool { return pos[nodes[a]] < pos[nodes[b]] })
+// constantValues returns the values of g fixed without running it: the
+// initializers, Constant outputs and the outputs of nodes that read
+// nothing else (the exporter's Identity of a shared weight, constant
+// arithmetic it did not fold).
+func constantValues(g *onnx.GraphProto, order []int) map[string]bool {
+	c := map[string]bool{}
+	for _, t := range g.Initializer {
+		c[t.Name] = true
+	}
+	for _, ni := range order {
+		n := g.Node[ni]
+		all := len(n.Input) > 0 || (n.OpType == "Constant" && onnx.IsDefaultDomain(n.Domain))
+		for _, in := range n.Input {
+			if in != "" && !c[in] {
+				all = false
+			}
+		}
+		if all && !(onnx.IsDefaultDomain(n.Domain) && randomOps[n.OpType]) {
+			for _, o := range n.Output {
+				if o != "" {
+					c[o] = true
+				}
+			}
+		}
+	}
+	return c
 }
+
+// randomOps make new values on every run although they read only
+// constants.
+var randomOps = map[string]bool{"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true,
+	"RandomUniformLike": true, "Multinomial": true, "Bernoulli": true}
+
+// passOrigins finds the origins of non-finite values in one pass's results
+// under assignment asg, classified: their cause, the fp32 magnitude of each
+// origin's value, the out-of-range constant a constant origin writes, and
+// the precision provenance of an emulated-pass origin.
+func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision.Assignment) []report.Origin {
+	g := f.graph()
+	idx := f.Static.Model.Index
+	nonFinite := func(name string) bool {
+		if in := f.input(name); in != nil {
+			return in.Stats.NonFinite() > 0
+		}
+		s, ok := res.Stats[name]
+		return ok && s.NonFinite() > 0
+	}
+	isConst := func(name string) bool { return f.consts[name] }
+	var inputs []string
+	for _, in := range f.Inputs {
+		inputs = append(inputs, in.Spec.Name)
+	}
+	out := []report.Origin{}
+	castInputs := map[string]int{} // input origins of the policy's cast, by input
+	for _, o := range findOrigins(g, f.Static.Order, inputs, nonFinite, isConst, idx.Consumers) {
+		var or report.Origin
+		if o.node < 0 {
+			in := f.input(o.input)
+			or = report.Origin{Pass: pass, Cause: report.CauseInput, Index: -1, Input: o.input, Value: o.input,
+				NonFinite: in.Stats.NonFinite(), Samples: in.Samples}
+		} else if in := f.castInput(pass, o.node, asg); in != nil {
+			// The policy holds a graph input in reduced precision (half:
+			// x.half()), and that cast overflows: the input is the origin,
+			// whichever nodes read it.
+			if k, ok := castInputs[in.Spec.Name]; ok {
+				merge(&out[k], o, f)
+				continue
+			}
+			castInputs[in.Spec.Name] = len(out)
+			or = report.Origin{Pass: pass, Cause: report.CauseOverflow, Index: -1, Input: in.Spec.Name, Value: in.Spec.Name,
+				Precision: asg.Value[in.Spec.Name].String(), FP32MaxAbs: float64(in.Stats.MaxAbs), NonFinite: in.Stats.AboveFP16Max}
+		} else {
+			or = f.nodeOrigin(pass, o.node, res, asg)
+		}
+		or.Affected, or.AffectedOutputs = []string{}, []string{}
+		merge(&or, o, f)
+		out = append(out, or)
+	}
+	return out
+}
+
+// castInput returns the graph input that node ni reads in a precision
+// whose range the input's values exceed because the policy holds the input
+// itself there (not because ni casts it, as an autocast op does).
+func (f *Facts) castInput(pass string, ni int, asg *precision.Assignment) *Input {
+	if pass == PassFP32 {
+		return nil
+	}
+	for _, name := range f.graph().Node[ni].Input {
+		in := f.input(name)
+		if in == nil || in.chans == nil {
+			continue
+		}
+		if limit := overflowAt(asg.Value[name]); limit > 0 && float64(in.Stats.MaxAbs) >= limit {
+			return in
+		}
+	}
+	return nil
+}
+
+// overflowAt is where a float32 value starts rounding to Inf in precision
+// p; 0 for the precisions without such a limit.
+func overflowAt(p precision.Precision) float64 {
+	switch p {
+	case precision.FP16:
+		return tensor.FP16Overflow
+	case precision.BF16:
+		return tensor.BF16Overflow
+	}
+	return 0
+}
+
+// merge adds what another reader of the same overflowing input reached.
+func merge(or *report.Origin, o origin, f *Facts) {
+	for _, ni := range o.affected {
+		or.Affected = append(or.Affected, f.nodeName(ni))
+	}
+	for _, out := range o.outputs {
+		if !slices.Contains(or.AffectedOutputs, out) {
+			or.AffectedOutputs = append(or.AffectedOutputs, out)
+		}
+	}
+}
+
+// nodeOrigin describes an origin at node ni.
+func (f *Facts) nodeOrigin(pass string, ni int, res *observe.PassResult, asg *precision.Assignment) report.Origin {
+	g := f.graph()
+	n := g.Node[ni]
+	or := report.Origin{Pass: pass, Cause: report.CauseOverflow, Node: f.nodeName(ni), Index: ni, OpType: n.OpType,
+		Module: onnx.ModulePath(n), Precision: asg.Node[ni].String()}
+	if pass == PassFP32 {
+		or.Cause, or.Precision = report.CauseFP32, precision.FP32.String()
+	}
+	for _, v := range n.Output {
+		if s, ok := res.Stats[v]; ok && s.NonFinite() > 0 {
+			or.Value, or.NonFinite = v, s.NonFinite()
+			if ref, ok := f.Passes[PassFP32].Stats[v]; ok && ref.Finite > 0 {
+				or.FP32MaxAbs = float64(ref.MaxAbs)
+				if h := ref.HeadroomBits(); !isInfOrNaN(h) {
+					or.HeadroomBits = &h
+				}
+			}
+			if w := asg.Why[v]; w != 0 && pass != PassFP32 {
+				or.Provenance = &report.Provenance{Reasons: w.Names()}
+				for _, c := range asg.Casts[v] {
+					or.Provenance.Casts = append(or.Provenance.Casts, f.nodeName(c))
+				}
+				or.ExplicitCast = asg.Explicit(v)
+			}
+			break
+		}
+	}
+	if f.HalfCasts[ni] && pass != PassFP32 {
+		// The model's own Cast to half overflows itself.
+		or.ExplicitCast = true
+		if or.Provenance == nil {
+			or.Provenance = &report.Provenance{Reasons: precision.ReasonCast.Names()}
+		}
+		if len(or.Provenance.Casts) == 0 {
+			or.Provenance.Casts = []string{f.nodeName(ni)}
+		}
+	}
+	if c, v, ok := f.outOfRangeConstant(ni, asg, pass == PassFP32); ok {
+		or.Cause, or.Constant, or.ConstantValue = report.CauseConstant, c, &v
+		or.ExplicitCast = false
+	}
+	return or
+}
+
+// outOfRangeConstant returns a constant input of node ni that the node
+// holds in a precision too narrow for it (the first such input, its most
+// extreme value): a mask fill of -1e9 or finfo(float32).min in fp16. In the
+// fp32 pass (fp32 set) only ±float32's largest value counts: a mask of
+// finfo(float32).min added to a negative score is -Inf in fp32 as well.
+func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool) (string, float64, bool) {
+	n := f.graph().Node[ni]
+	for _, in := range n.Input {
+		if in == "" || !f.consts[in] {
+			continue
+		}
+		v, ok := f.constantExtreme(in)
+		if !ok {
+			continue
+		}
+		if fp32 {
+			if dtypeAwareLimit(v) || math.IsInf(v, 0) {
+				return in, v, true
+			}
+			continue
+		}
+		held := f.Static.HeldAtIn(asg, in, ni)
+		if limit := overflowAt(held); limit > 0 && math.Abs(v) >= limit {
+			return in, v, true
+		}
+	}
+	return "", 0, false
+}
+
+// constantExtreme returns the element of largest magnitude of a constant
+// value (±Inf included): from the constant scan for initializers and
+// Constant outputs, from the fp32 pass for values computed from them.
+func (f *Facts) constantExtreme(name string) (float64, bool) {
+	if c := f.Static.Constant(name); c != nil {
+		st := c.Stats
+		switch {
+		case st.NegInf > 0:
+			return math.Inf(-1), true
+		case st.PosInf > 0:
+			return math.Inf(1), true
+		}
+		return st.Extreme, st.NonZero > 0
+	}
+	// A value computed from constants: follow single-input pass-throughs
+	// (Identity, Cast, Reshape...) to the constant for its sign.
+	if p := f.Static.Model.Index.Producer(name); p >= 0 {
+		n := f.graph().Node[p]
+		if len(n.Input) > 0 && passThrough[n.OpType] {
+			return f.constantExtreme(n.Input[0])
+		}
+	}
+	if s, ok := f.Passes[PassFP32].Stats[name]; ok {
+		switch {
+		case s.NegInf > 0:
+			return math.Inf(-1), true
+		case s.PosInf > 0:
+			return math.Inf(1), true
+		case s.Finite > 0:
+			return float64(s.MaxAbs), true
+		}
+	}
+	return 0, false
+}
+
+// passThrough ops hand their first input's values on unchanged.
+var passThrough = map[string]bool{"Identity": true, "Cast": true, "CastLike": true, "Reshape": true,
+	"Unsqueeze": true, "Squeeze": true, "Expand": true, "Flatten": true, "Transpose": true}

@@ -254,9 +254,14 @@ type MemoryPlan struct {
 // pass's observed values of the largest segment.
 func (m *MemoryPlan) poolLimit() int64 { return m.plan.maxSet }
 
-// Note says what was estimated and how the passes ran, for the report.
+// Note says what was estimated and how the passes ran, for the report:
+// "" when the passes ran whole on a complete estimate, which needs no
+// comment.
 func (m *MemoryPlan) Note() string {
 	p := m.plan
+	if p.segments() == 1 && p.unknown == 0 && m.probeErr == nil {
+		return ""
+	}
 	var most int64
 	for _, b := range p.perPass {
 		most = max(most, b)

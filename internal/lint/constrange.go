@@ -5,10 +5,14 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 )
 
-var checkConstRange = checks.Register(&checks.Check{ID: "FP4004", Title: "constant beyond the fp16 range", Severity: checks.SevError, Doc: `An initializer, a Constant or a ConstantOfShape fill value holds values
+// CheckConstRange is FP4004. The dynamic audit reports it too, at the node
+// where such a constant lands in a reduced-precision value, with what it
+// does to the outputs.
+var CheckConstRange = checks.Register(&checks.Check{ID: "FP4004", Title: "constant beyond the fp16 range", Severity: checks.SevError, Doc: `An initializer, a Constant or a ConstantOfShape fill value holds values
 that fp16 cannot represent: |x| > 65504, such as the attention-mask
 constants -1e9, -1e4*1e5 or torch.finfo(torch.float32).min (-3.4e38, which
 is -Inf in bf16 as well), or NaN or ±Inf. Each consuming node is reported
@@ -23,11 +27,19 @@ with the precision it holds the constant in under the policy:
   neutralises it.
 
 NaN is an error under every policy; ±Inf alone is information, since it
-behaves the same in fp32. Fix masks with torch.finfo(scores.dtype).min or
-a dtype-aware fill (scores.masked_fill(mask, torch.finfo(scores.dtype).min)),
-and keep weights in range (they should be far below 65504).`})
+behaves the same in fp32. What PyTorch does depends on how the constant is
+written: masked_fill, index_put_ and torch.full convert a Python scalar to
+the tensor's dtype with an overflow check and raise "RuntimeError: value
+cannot be converted to type at::Half without overflow"; arithmetic (an
+additive mask) gives ±Inf, which a softmax may absorb. fp16audit run
+reports the finding at the node where the constant lands, as an error when
+PyTorch raises there or the Inf reaches a graph output and as a warning
+when it is absorbed, and verifies the fix by a rerun with the constant in
+range. Fix masks with torch.finfo(scores.dtype).min or a dtype-aware fill
+(scores.masked_fill(mask, torch.finfo(scores.dtype).min)), and keep
+weights in range (they should be far below 65504).`})
 
-var constRangeAnalyzer = &Analyzer{Check: checkConstRange, Run: runConstRange}
+var constRangeAnalyzer = &Analyzer{Check: CheckConstRange, Run: runConstRange}
 
 func runConstRange(f *Facts) ([]checks.Finding, error) {
 	consts, err := f.Constants()
@@ -42,22 +54,21 @@ func runConstRange(f *Facts) ([]checks.Finding, error) {
 		}
 		what := fmt.Sprintf("%s %q holds %s", c.Kind(), c.Name, describeRange(c))
 		for _, i := range f.Model.Index.Consumers(c.Name) {
-			held := f.heldAt(c.Name, i)
+			held := f.HeldAt(c.Name, i)
 			var sev checks.Severity
 			var why string
 			switch {
 			case st.NaN > 0:
 				sev, why = checks.SevError, "NaN propagates in every precision"
-			case held == precision.FP16 && st.OverFP16 > 0:
-				sev, why = checks.SevError, fmt.Sprintf("it is held in fp16 there under %s, where %s is %s", f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme))
-			case held == precision.BF16 && st.OverBF16 > 0:
-				sev, why = checks.SevError, fmt.Sprintf("it is held in bf16 there under %s, where %s is %s", f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme))
+			case held == precision.FP16 && st.OverFP16 > 0, held == precision.BF16 && st.OverBF16 > 0:
+				sev, why = checks.SevError, fmt.Sprintf("it is held in %s there under %s, where %s is %s; %s", held, f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme),
+					fillAt(f.node(i), c.Name).Consequence(held, st.Extreme))
 			case st.OverFP16 > 0:
 				sev, why = checks.SevInfo, fmt.Sprintf("it is held in %s there under %s, so it stays finite", held, f.Policy.Name)
 			default:
 				sev, why = checks.SevInfo, "±Inf is the same in fp32 and fp16"
 			}
-			out = append(out, f.finding(checkConstRange, sev, i, c.Name, fmt.Sprintf("%s, read by %s: %s", what, f.where(i), why)))
+			out = append(out, f.finding(CheckConstRange, sev, i, c.Name, fmt.Sprintf("%s, read by %s: %s", what, f.where(i), why)))
 		}
 	}
 	return out, nil
@@ -97,4 +108,15 @@ func infOf(v float64) string {
 		return "-Inf (a fully masked softmax row then gives NaN)"
 	}
 	return "+Inf"
+}
+
+// fillAt is how node n writes the constant called name (its first slot
+// holding it; the fill value of a ConstantOfShape is the node itself).
+func fillAt(n *onnx.NodeProto, name string) Fill {
+	for j, in := range n.GetInput() {
+		if in == name {
+			return FillAt(n, j)
+		}
+	}
+	return FillAt(n, -1)
 }

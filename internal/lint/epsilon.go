@@ -90,7 +90,7 @@ func runEpsilon(f *Facts) ([]checks.Finding, error) {
 		what := fmt.Sprintf("%s has %s epsilon=%s", f.where(s.node), n.GetOpType(), fmtVal(s.eps))
 		value := "epsilon=" + fmtVal(s.eps)
 		if s.value != "" {
-			held = f.heldAt(s.value, s.node)
+			held = f.HeldAt(s.value, s.node)
 			what = fmt.Sprintf("%s adds epsilon %q = %s after a ReduceMean (a decomposed layer norm)", f.where(s.node), s.value, fmtVal(s.eps))
 			value = s.value
 		}

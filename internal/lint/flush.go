@@ -39,7 +39,7 @@ func runFlush(f *Facts) ([]checks.Finding, error) {
 		}
 		first, n16 := -1, 0
 		for _, i := range f.Model.Index.Consumers(c.Name) {
-			if f.heldAt(c.Name, i) == precision.FP16 {
+			if f.HeldAt(c.Name, i) == precision.FP16 {
 				if first < 0 {
 					first = i
 				}

@@ -68,9 +68,10 @@ type Facts struct {
 	// Order is the graph's topological order.
 	Order []int
 
-	constOnce sync.Once
-	consts    []*Constant
-	constErr  error
+	constOnce   sync.Once
+	consts      []*Constant
+	constByName map[string]*Constant
+	constErr    error
 
 	epsOnce sync.Once
 	eps     []epsSite
@@ -110,17 +111,23 @@ func (f *Facts) finding(c *checks.Check, sev checks.Severity, node int, value, m
 	return fd
 }
 
-// heldAt returns the precision the value called name has when node i reads
+// HeldAt returns the precision the value called name has when node i reads
 // it: its own precision when that is 16-bit, else the node's precision
 // when the node converts it (a Cast, an autocast input cast, or a 0-dim
 // scalar that a kernel holds at its compute precision), else fp32.
-func (f *Facts) heldAt(name string, i int) precision.Precision {
-	own := f.Assign.Value[name]
+func (f *Facts) HeldAt(name string, i int) precision.Precision {
+	return f.HeldAtIn(f.Assign, name, i)
+}
+
+// HeldAtIn is HeldAt under another assignment of the same graph (a fix
+// being verified).
+func (f *Facts) HeldAtIn(asg *precision.Assignment, name string, i int) precision.Precision {
+	own := asg.Value[name]
 	if own == precision.FP16 || own == precision.BF16 {
 		return own
 	}
 	n := f.node(i)
-	np := f.Assign.Node[i]
+	np := asg.Node[i]
 	if np != precision.FP16 && np != precision.BF16 {
 		return own
 	}
@@ -131,7 +138,7 @@ func (f *Facts) heldAt(name string, i int) precision.Precision {
 		if in != name {
 			continue
 		}
-		if f.Assign.CastInputs[i][j] {
+		if asg.CastInputs[i][j] {
 			return np
 		}
 		if s, ok := f.Model.Index.Shape(name); ok && s.Rank() == 0 && !f.paramSlot(n, j) {

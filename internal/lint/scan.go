@@ -103,8 +103,22 @@ func (c *Constant) Kind() string {
 // in the decoded model, without a copy; only external data, sparse
 // tensors and typed fields other than float_data are decoded.
 func (f *Facts) Constants() ([]*Constant, error) {
-	f.constOnce.Do(func() { f.consts, f.constErr = f.scanConstants() })
+	f.constOnce.Do(func() {
+		f.consts, f.constErr = f.scanConstants()
+		f.constByName = map[string]*Constant{}
+		for _, c := range f.consts {
+			f.constByName[c.Name] = c
+		}
+	})
 	return f.consts, f.constErr
+}
+
+// Constant returns the float constant called name, or nil.
+func (f *Facts) Constant(name string) *Constant {
+	if _, err := f.Constants(); err != nil {
+		return nil
+	}
+	return f.constByName[name]
 }
 
 func (f *Facts) scanConstants() ([]*Constant, error) {

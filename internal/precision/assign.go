@@ -33,6 +33,54 @@ type Assignment struct {
 	// standard ONNX op (custom domains, onnxruntime contrib ops, unknown op
 	// types). They were assumed to follow their inputs.
 	Unknown []int
+	// Why holds the provenance of every value held in FP16 or BF16: why it
+	// is there (see Reason). Casts lists, for such a value, the model's own
+	// half casts (node indices, ascending) its precision comes from.
+	Why   map[string]Reason
+	Casts map[string][]int
+}
+
+// Reason is a set of reasons a value is held in reduced precision.
+type Reason uint8
+
+// Reasons. A value inherits the reasons of the inputs whose precision it
+// takes; an op on autocast's lower-precision list starts afresh.
+const (
+	// ReasonAutocast: an op autocast runs in the lower precision (Conv,
+	// MatMul, Linear...) made the value, or an input it inherits from.
+	ReasonAutocast Reason = 1 << iota
+	// ReasonHalfPolicy: the half policy holds the graph's inputs and
+	// parameters in fp16 (model.half()).
+	ReasonHalfPolicy
+	// ReasonCast: the model's own Cast or CastLike to half, or a factory
+	// told dtype=float16, made the value or an input it inherits from.
+	ReasonCast
+	// ReasonHalfModel: the model stores the value's source in half: fp16
+	// weights or inputs, as an export after model.half() has.
+	ReasonHalfModel
+)
+
+// Explicit reports whether the value is in reduced precision because of the
+// model's own half casts: removing them would hold it in fp32. A value the
+// half policy holds in fp16 anyway, and the output of an op autocast runs
+// in fp16 itself, are not explicit.
+func (a *Assignment) Explicit(name string) bool {
+	w := a.Why[name]
+	return w&ReasonCast != 0 && w&ReasonHalfPolicy == 0
+}
+
+// Names returns the reasons as the report writes them.
+func (r Reason) Names() []string {
+	var out []string
+	for _, x := range []struct {
+		r    Reason
+		name string
+	}{{ReasonAutocast, "autocast"}, {ReasonHalfPolicy, "half-policy"}, {ReasonCast, "explicit-cast"}, {ReasonHalfModel, "fp16-model"}} {
+		if r&x.r != 0 {
+			out = append(out, x.name)
+		}
+	}
+	return out
 }
 
 // Assign runs the policy over g in the given topological order (node
@@ -128,6 +176,10 @@ type assigner struct {
 	consumers map[string][]use
 	rank0     map[string]bool // values whose declared shape has no dims
 	keep      map[int]bool    // nodes forced to fp32 (AssignKeepFP32)
+	// fromShape marks values computed from tensor shapes and constants
+	// alone (Shape → Gather → Cast → Pow): Python numbers in eager
+	// PyTorch, where x.shape[-1] ** -0.5 is a float, not a tensor.
+	fromShape map[string]bool
 }
 
 func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *assigner {
@@ -137,11 +189,14 @@ func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *as
 			Value:      make(map[string]Precision),
 			Node:       make([]Precision, len(g.Node)),
 			CastInputs: make([][]bool, len(g.Node)),
+			Why:        make(map[string]Reason),
+			Casts:      make(map[string][]int),
 		},
 		consts:    make(map[string]*onnx.TensorProto),
 		producer:  make(map[string]int),
 		consumers: make(map[string][]use),
 		rank0:     make(map[string]bool),
+		fromShape: make(map[string]bool),
 	}
 	for i, n := range g.Node {
 		s.a.CastInputs[i] = make([]bool, len(n.Input))
@@ -179,12 +234,46 @@ func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *as
 		if t == 0 && elemType != nil {
 			t = elemType(vi.GetName())
 		}
-		s.a.Value[vi.GetName()] = s.source(t, vi.GetName())
+		s.setSource(vi.GetName(), t)
 	}
 	for _, t := range g.Initializer {
-		s.a.Value[t.Name] = s.source(t.DataType, t.Name)
+		s.setSource(t.Name, t.DataType)
 	}
 	return s
+}
+
+// setSource records the precision of a graph input or initializer and,
+// when it is reduced, why.
+func (s *assigner) setSource(name string, elemType int32) {
+	s.a.Value[name] = s.source(elemType, name)
+	if w := s.sourceWhy(elemType, name); w != 0 {
+		s.a.Why[name] = w
+	}
+}
+
+// sourceWhy is the provenance of a source held in reduced precision: the
+// model's own half data, or the half policy.
+func (s *assigner) sourceWhy(elemType int32, name string) Reason {
+	switch pr := s.source(elemType, name); {
+	case pr != FP16 && pr != BF16:
+		return 0
+	case PrecisionOf(elemType) == pr:
+		return ReasonHalfModel
+	}
+	return ReasonHalfPolicy
+}
+
+// why returns the provenance of a consumed value (see prec).
+func (s *assigner) why(name string) (Reason, []int) {
+	if _, ok := s.a.Value[name]; ok {
+		return s.a.Why[name], s.a.Casts[name]
+	}
+	if s.elemType != nil {
+		if t := s.elemType(name); t != 0 {
+			return s.sourceWhy(t, name), nil
+		}
+	}
+	return 0, nil
 }
 
 // source returns the precision of a graph input, initializer or Constant
@@ -226,14 +315,71 @@ func (s *assigner) prec(name string) Precision {
 	return NotFloat
 }
 
+// zeroDim reports whether a value takes part in type promotion as a
+// scalar: a 0-dim constant or declared value, or a number computed from
+// shapes (a Python scalar in the eager model).
 func (s *assigner) zeroDim(name string) bool {
 	if t := s.consts[name]; t != nil {
 		return len(t.Dims) == 0
 	}
-	return s.rank0[name]
+	return s.rank0[name] || s.fromShape[name]
+}
+
+// markShape records whether node i's outputs are computed from shapes and
+// constants alone: Shape and Size, data movement whose data input is such
+// a value (Gather of a shape, Cast, Unsqueeze...), and arithmetic whose
+// every operand is such a value or a one-element constant. A Slice of a
+// weight with bounds from a shape is a tensor, not a number.
+func (s *assigner) markShape(i int) {
+	n := s.g.Node[i]
+	if !onnx.IsDefaultDomain(n.Domain) {
+		return
+	}
+	from := n.OpType == "Shape" || n.OpType == "Size"
+	switch {
+	case from:
+	case shapeMove[n.OpType]:
+		from = len(n.Input) > 0 && s.fromShape[n.Input[0]]
+	case shapeArith[n.OpType]:
+		for _, in := range n.Input {
+			switch t := s.consts[in]; {
+			case in == "":
+			case s.fromShape[in]:
+				from = true
+			case t != nil && tensorLen(t) <= 1:
+			default:
+				return
+			}
+		}
+	}
+	if from {
+		for _, o := range n.Output {
+			if o != "" {
+				s.fromShape[o] = true
+			}
+		}
+	}
+}
+
+// shapeMove and shapeArith are the ops through which arithmetic on shapes
+// stays Python arithmetic on numbers; tensor factories such as
+// ConstantOfShape, Expand and Range make tensors of those sizes instead.
+var (
+	shapeMove = toSet([]string{"Gather", "Cast", "Identity", "Squeeze", "Unsqueeze", "Slice", "Reshape",
+		"ReduceProd", "Sqrt", "Reciprocal", "Neg", "Floor", "Ceil"})
+	shapeArith = toSet([]string{"Mul", "Div", "Add", "Sub", "Pow", "Min", "Max", "Mod", "Concat"})
+)
+
+func tensorLen(t *onnx.TensorProto) int64 {
+	n := int64(1)
+	for _, d := range t.Dims {
+		n *= d
+	}
+	return n
 }
 
 func (s *assigner) node(i int) {
+	s.markShape(i)
 	s.assignNode(i)
 	if !s.keep[i] {
 		return
@@ -244,6 +390,8 @@ func (s *assigner) node(i int) {
 	for _, name := range s.g.Node[i].Output {
 		if pr := s.a.Value[name]; pr == FP16 || pr == BF16 {
 			s.a.Value[name] = FP32
+			delete(s.a.Why, name)
+			delete(s.a.Casts, name)
 		}
 	}
 	for j := range s.a.CastInputs[i] {
@@ -264,21 +412,30 @@ func (s *assigner) assignNode(i int) {
 		switch n.OpType {
 		case "Constant":
 			pr := NotFloat
+			var w Reason
 			if t := s.consts[first(n.Output)]; t != nil {
-				pr = s.source(t.DataType, first(n.Output))
+				pr, w = s.source(t.DataType, first(n.Output)), s.sourceWhy(t.DataType, first(n.Output))
 			}
 			s.finish(i, pr, pr, nil)
+			s.provenance(i, w, nil)
 			return
-		case "Cast":
+		case "Cast", "CastLike":
 			pr := PrecisionOf(int32(onnx.FindAttr(n, "to").GetI()))
-			s.finish(i, pr, pr, nil)
-			return
-		case "CastLike":
-			pr := NotFloat
-			if len(n.Input) > 1 {
-				pr = s.prec(n.Input[1])
+			if n.OpType == "CastLike" {
+				pr = NotFloat
+				if len(n.Input) > 1 {
+					pr = s.prec(n.Input[1])
+				}
 			}
 			s.finish(i, pr, pr, nil)
+			// A cast to the precision its input already has changes
+			// nothing: the value keeps its input's provenance.
+			if len(n.Input) > 0 && s.prec(n.Input[0]) == pr {
+				w, casts := s.why(n.Input[0])
+				s.provenance(i, w, casts)
+			} else {
+				s.provenance(i, ReasonCast, []int{i})
+			}
 			return
 		}
 	}
@@ -307,10 +464,20 @@ func (s *assigner) assignNode(i int) {
 
 	autocast := s.p.kind == kindAutocast
 	var np, out Precision
+	// from lists the inputs whose provenance the outputs inherit; own is a
+	// reason the node itself adds.
+	var from []int
+	var own Reason
+	var ownCasts []int
 	switch {
 	case len(floatIn) == 0:
 		np = s.generated(n)
 		out = np
+		if t, ok := explicitDType(n); ok && PrecisionOf(t) == out {
+			own, ownCasts = ReasonCast, []int{i}
+		} else if out == FP16 || out == BF16 {
+			own = ReasonHalfPolicy
+		}
 	case std && (n.OpType == "BatchNormalization" || n.OpType == "InstanceNormalization"):
 		out = s.prec(n.Input[0])
 		np = out
@@ -318,6 +485,7 @@ func (s *assigner) assignNode(i int) {
 			np = FP32
 		}
 		cast[0] = out != np
+		from = []int{0}
 	case std && autocast && (s.isRsqrtDiv(n) || s.isRsqrtSqrt(n)):
 		np, out = FP32, FP32
 		castAll(np)
@@ -326,9 +494,20 @@ func (s *assigner) assignNode(i int) {
 		np = s.prec(n.Input[mm])
 		out = np
 		cast[1-mm] = s.prec(n.Input[1-mm]) != np
+		from = []int{mm}
 	case cat == LowerPrecision:
 		np, out = s.p.Lower, s.p.Lower
 		castAll(np)
+		own = ReasonAutocast
+	case std && s.p.kind == kindHalf && IsLowerPrecisionOp(n.Domain, n.OpType) && s.anyIn(floatIn, n, FP16):
+		// PyTorch refuses a matmul or convolution of mixed dtypes, so
+		// under model.half() the model itself must hand its fp16 weights
+		// fp16 activations, even where an fp32 trace shows fp32 ones (T5's
+		// "if self.weight.dtype == torch.float16: h = h.to(self.weight.dtype)"
+		// vanishes from a graph exported in fp32).
+		np, out = FP16, FP16
+		castAll(np)
+		own = ReasonHalfPolicy
 	case cat == AlwaysFP32:
 		np, out = FP32, FP32
 		castAll(np)
@@ -346,9 +525,71 @@ func (s *assigner) assignNode(i int) {
 		out = np
 		for _, j := range data {
 			cast[j] = !s.zeroDim(n.Input[j]) && s.prec(n.Input[j]) != np
+			if s.prec(n.Input[j]) == out {
+				from = append(from, j)
+			}
 		}
 	}
 	s.finish(i, np, out, floatOut)
+	w, casts := own, ownCasts
+	for _, j := range from {
+		iw, ic := s.why(n.Input[j])
+		w |= iw
+		casts = mergeSorted(casts, ic)
+	}
+	s.provenance(i, w, casts)
+}
+
+// anyIn reports whether one of the float input slots of n holds p.
+func (s *assigner) anyIn(slots []int, n *onnx.NodeProto, p Precision) bool {
+	for _, j := range slots {
+		if s.prec(n.Input[j]) == p {
+			return true
+		}
+	}
+	return false
+}
+
+// provenance records why node i's outputs held in reduced precision are
+// there.
+func (s *assigner) provenance(i int, w Reason, casts []int) {
+	for _, name := range s.g.Node[i].Output {
+		if pr := s.a.Value[name]; name == "" || (pr != FP16 && pr != BF16) {
+			continue
+		}
+		if w != 0 {
+			s.a.Why[name] = w
+		}
+		if len(casts) > 0 {
+			s.a.Casts[name] = casts
+		}
+	}
+}
+
+// mergeSorted returns the union of two ascending lists of node indices.
+func mergeSorted(a, b []int) []int {
+	if len(b) == 0 {
+		return a
+	}
+	if len(a) == 0 {
+		return b
+	}
+	out := make([]int, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && a[i] < b[j]):
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j] < a[i]:
+			out = append(out, b[j])
+			j++
+		default:
+			out = append(out, a[i])
+			i, j = i+1, j+1
+		}
+	}
+	return out
 }
 
 // finish records a node's precision and its outputs' precisions: out for

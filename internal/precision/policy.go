@@ -199,6 +199,14 @@ func PolicyByName(name string) (*Policy, error) {
 	return nil, fmt.Errorf("unknown policy %q: want one of %s", name, strings.Join(names, ", "))
 }
 
+// IsLowerPrecisionOp reports whether autocast runs the op in its lower
+// precision (Conv, MatMul, Gemm...): the kind of op a layer's weights live
+// in, whatever the policy.
+func IsLowerPrecisionOp(domain, opType string) bool {
+	c, ok := autocastLists[opType]
+	return ok && onnx.IsDefaultDomain(domain) && c == LowerPrecision
+}
+
 // Category returns how the policy treats an op, and whether the op is a
 // standard ONNX op (ai.onnx or ai.onnx.ml) whose behaviour fp16audit knows.
 // Ops of other domains, and unknown op types, follow their inputs with

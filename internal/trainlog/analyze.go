@@ -84,7 +84,7 @@ func Analyze(run, baseline *Log, opt Options) *report.ScalesReport {
 	}
 	a.compare(baseline)
 	a.epochs()
-	a.series()
+	a.series(baseline)
 	a.classify()
 	a.telemetry()
 	return a.r
@@ -224,6 +224,19 @@ func (a *analysis) losses() {
 	if end > 0 {
 		st.FirstLoss = meanFinite(ls[:st.FinalWindow])
 		st.FinalLoss = meanFinite(ls[end-st.FinalWindow : end])
+		st.FirstSteps = &report.StepRange{From: a.step(0), To: a.step(st.FinalWindow - 1)}
+		st.FinalSteps = &report.StepRange{From: a.step(end - st.FinalWindow), To: a.step(end - 1)}
+	}
+	// The summary must not read as if the run ended at its final window:
+	// say how much of the end is NaN/Inf and where the last finite loss is.
+	last := len(ls) - 1
+	for last >= 0 && !isFinite(ls[last]) {
+		last--
+	}
+	st.TrailingNonFinite = len(ls) - 1 - last
+	if last >= 0 {
+		s := a.step(last)
+		st.LastFiniteStep = &s
 	}
 	a.r.Losses = st
 }
@@ -561,12 +574,17 @@ func (a *analysis) epochs() {
 	}
 }
 
-func (a *analysis) series() {
+func (a *analysis) series(baseline *Log) {
 	a.r.Series = []report.Bucket{}
 	size := (a.n + SeriesBuckets - 1) / SeriesBuckets
 	for from := 0; from < a.n; from += size {
 		to := min(from+size, a.n)
 		b := report.Bucket{From: a.step(from), To: a.step(to - 1)}
+		// The baseline is compared step for step from its first entry,
+		// as compare does.
+		if baseline != nil && from < len(baseline.Losses) {
+			b.BaselineLoss = meanFinite(baseline.Losses[from:min(to, len(baseline.Losses))])
+		}
 		if ls := a.run.Losses; ls != nil {
 			b.Loss = meanFinite(ls[from:to])
 			for _, v := range ls[from:to] {

@@ -1,0 +1,140 @@
+package audit_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"fp16audit/checks"
+	"fp16audit/internal/audit"
+	"fp16audit/report"
+)
+
+// torchCases is where the real PyTorch exports with their truth live
+// (fixtures/torch/realcases.py made them; fixtures/torch/README.md says how
+// the truth was measured).
+const torchCases = "../../fixtures/torch/cases"
+
+// truth is the part of a case's truth.json the audit is judged on.
+type truth struct {
+	Case    string `json:"case"`
+	Batches []struct {
+		File   string         `json:"file"`
+		Expect map[string]any `json:"expect"`
+	} `json:"batches"`
+	Policies map[string]struct {
+		Verdict      string   `json:"verdict"`
+		Fails        bool     `json:"fails"`
+		OriginNode   string   `json:"origin_node"`
+		OriginModule string   `json:"origin_module"`
+		Raises       any      `json:"raises"`
+		InputAtFault []string `json:"input_at_fault"`
+	} `json:"policies"`
+}
+
+func readTruth(t *testing.T, dir string) truth {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr truth
+	if err := json.Unmarshal(data, &tr); err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	return tr
+}
+
+// TestTorchTruth audits every real PyTorch export under each policy its
+// truth covers and checks the verdict, whether the run fails (--fail-on
+// error: an error-level finding), the origin node and the input at fault
+// against what PyTorch itself did.
+func TestTorchTruth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dirs, err := filepath.Glob(filepath.Join(torchCases, "*"))
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("no cases under %s: %v", torchCases, err)
+	}
+	for _, dir := range dirs {
+		tr := readTruth(t, dir)
+		if tr.Case == "degenerate_batches" {
+			continue // TestDegenerateBatches
+		}
+		for _, policy := range []string{"autocast-fp16", "half", "autocast-bf16"} {
+			want, ok := tr.Policies[policy]
+			if !ok {
+				continue
+			}
+			t.Run(tr.Case+"/"+policy, func(t *testing.T) {
+				r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+					Inputs: []string{filepath.Join(dir, "batches")}, Policy: policy, Threads: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Verdict != want.Verdict {
+					t.Errorf("verdict %s (%s), PyTorch says %s", r.Verdict, r.VerdictText, want.Verdict)
+				}
+				if fails := r.MaxSeverity() >= checks.SevError; fails != want.Fails {
+					t.Errorf("fails=%v, PyTorch says %v; findings:\n%s", fails, want.Fails, findingLines(r))
+				}
+				if want.Verdict == report.VerdictHealthy || want.Verdict == report.VerdictPoisoned {
+					return
+				}
+				if len(r.Origins) == 0 {
+					t.Fatalf("no origin, PyTorch's is %s", want.OriginNode)
+				}
+				o := r.Origins[0]
+				if want.OriginNode == "" {
+					// The input itself (saved in fp16 beyond its range).
+					if len(want.InputAtFault) == 0 || o.Input != want.InputAtFault[0] {
+						t.Errorf("origin %s%s, PyTorch's is the input %v", o.Node, o.Input, want.InputAtFault)
+					}
+					return
+				}
+				if got := o.Node + o.Input; got != want.OriginNode {
+					t.Errorf("origin %s (%s), PyTorch's is %s (%s)", got, o.Module, want.OriginNode, want.OriginModule)
+				}
+			})
+		}
+	}
+}
+
+// TestDegenerateBatches: an empty batch is refused as a usage error; an
+// all-zero or constant batch is audited with a warning that it shows
+// nothing.
+func TestDegenerateBatches(t *testing.T) {
+	dir := filepath.Join(torchCases, "degenerate_batches")
+	model := filepath.Join(dir, "model.onnx")
+	_, err := audit.Run(context.Background(), audit.Config{ModelPath: model, Inputs: []string{filepath.Join(dir, "batches", "empty.npy")}})
+	var u *audit.UsageError
+	if !errors.As(err, &u) || !strings.Contains(err.Error(), "empty batch") || !strings.Contains(err.Error(), "empty.npy") {
+		t.Errorf("empty batch: %v, want a usage error naming the file and the empty batch", err)
+	}
+	for _, b := range []string{"zeros.npy", "constant.npy"} {
+		r, err := audit.Run(context.Background(), audit.Config{ModelPath: model, Inputs: []string{filepath.Join(dir, "batches", b)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range r.Findings {
+			found = found || f.Check == "FP1005"
+		}
+		if r.Verdict != report.VerdictHealthy || !found || r.MaxSeverity() >= checks.SevError {
+			t.Errorf("%s: verdict %s, FP1005 %v, findings:\n%s", b, r.Verdict, found, findingLines(r))
+		}
+	}
+}
+
+func findingLines(r *report.Report) string {
+	var b strings.Builder
+	for _, f := range r.Findings {
+		b.WriteString("  " + f.Check + " " + f.Severity.String() + " " + f.Node + f.Value + ": " + f.Message + "\n")
+	}
+	return b.String()
+}

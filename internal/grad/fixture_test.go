@@ -1,0 +1,475 @@
+package grad
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
+	"fp16audit/internal/tensor"
+)
+
+// The fixtures under fixtures/torch/train come from PyTorch (gen.py there):
+// models exported by torch.onnx.export, a batch, a target, and the
+// torch.autograd gradients of the same loss for every parameter and for
+// the outputs of the leaf modules. The backward graph must reproduce all of
+// them in fp32.
+
+const fixtureDir = "../../fixtures/torch/train"
+
+// autogradTol bounds max|ours − torch| / max|torch| per tensor: fp32
+// rounding differences between two implementations of the same formulas
+// (different summation orders in MatMul, Conv and the reductions), relative
+// to the tensor's largest element.
+const autogradTol = 5e-5
+
+type manifest struct {
+	Scales   []int          `json:"scales"`
+	Fixtures []fixtureEntry `json:"fixtures"`
+}
+
+type fixtureEntry struct {
+	Name      string  `json:"name"`
+	Model     string  `json:"model"`
+	Data      string  `json:"data"`
+	Loss      string  `json:"loss"`
+	LossValue float64 `json:"loss_value"`
+	Output    string  `json:"output"`
+	Inputs    []struct {
+		Name, Key string
+	} `json:"inputs"`
+	Target string `json:"target"`
+	Params []struct {
+		Name, Key string
+	} `json:"params"`
+	Activations []struct {
+		Module, Value, Fwd, Grad string
+	} `json:"activations"`
+	Experiment *struct {
+		Modules map[string]struct {
+			Value    string     `json:"value"`
+			Overflow []bool     `json:"overflow"`
+			Flush    []float64  `json:"flush"`
+			MaxAbs   []*float64 `json:"maxabs"`
+		} `json:"modules"`
+	} `json:"experiment"`
+}
+
+func readManifest(t testing.TB) manifest {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(fixtureDir, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// loaded is a fixture with its backward graph built and a session open.
+type loaded struct {
+	e      fixtureEntry
+	model  *onnx.Model
+	arrays map[string]*tensor.Tensor
+	inputs []*tensor.Tensor
+	target *tensor.Tensor
+	res    *Result
+	sess   *Session
+}
+
+func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *Rounding, extra ...string) *loaded {
+	t.Helper()
+	requireORT(t)
+	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := batch.ReadNPZ(filepath.Join(fixtureDir, e.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &loaded{e: e, model: m, arrays: map[string]*tensor.Tensor{}}
+	for _, x := range ts {
+		l.arrays[x.Name] = x
+	}
+	for _, in := range e.Inputs {
+		l.inputs = append(l.inputs, l.arrays[in.Key])
+	}
+	l.target = l.arrays[e.Target]
+	facts, err := Probe(m.Proto, l.inputs, sessionOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{Loss: Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape}
+	if rounding != nil {
+		opt.Rounding = rounding(m)
+	}
+	l.res, err = Build(m.Proto, facts, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.sess, err = NewSession(l.res, sessionOptions, append(l.res.Outputs(), extra...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestAutograd(t *testing.T) {
+	for _, e := range readManifest(t).Fixtures {
+		t.Run(e.Name, func(t *testing.T) {
+			var values []string
+			for _, a := range e.Activations {
+				values = append(values, a.Value)
+			}
+			l := loadFixture(t, e, nil, values...)
+			defer l.sess.Close()
+			if len(l.res.Unsupported) > 0 {
+				t.Errorf("unsupported nodes: %+v", l.res.Unsupported)
+			}
+			outs, err := l.sess.Run(l.inputs, l.target, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			loss := float64(floats(t, outs[l.res.Loss])[0])
+			if math.Abs(loss-e.LossValue) > 1e-5*math.Max(1, math.Abs(e.LossValue)) {
+				t.Errorf("loss %.8g, torch %.8g", loss, e.LossValue)
+			}
+			// A parameter's gradient sums terms the size of its module's
+			// output gradient; when the sum cancels (the attention key bias:
+			// softmax ignores a constant added to a row of scores, so its
+			// gradient is zero up to rounding), the rounding left over is
+			// relative to those terms, not to the sum.
+			termSize := map[string]float64{}
+			for _, a := range e.Activations {
+				_, m := maxAbs(floats(t, l.arrays[a.Grad]))
+				termSize[a.Module] = m
+			}
+			worst, worstAt := 0.0, ""
+			check := func(what, value, key string) {
+				gr, ok := l.res.GradOf(value)
+				if !ok {
+					t.Errorf("%s %q: no gradient", what, value)
+					return
+				}
+				want := floats(t, l.arrays[key])
+				got := floats(t, outs[gr.Name])
+				if len(got) != len(want) {
+					t.Errorf("%s %q: %d elements, torch has %d", what, value, len(got), len(want))
+					return
+				}
+				floor := 1e-30
+				if i := strings.LastIndex(value, "."); i > 0 && what == "parameter" {
+					floor = math.Max(floor, termSize[value[:i]])
+				}
+				e, at := relErr(got, want, floor)
+				if e > worst {
+					worst, worstAt = e, what+" "+value
+				}
+				if e > autogradTol {
+					t.Errorf("%s %q: max error %.3g of max |grad| at element %d (ours %g, torch %g)", what, value, e, at, got[at], want[at])
+				}
+			}
+			for _, p := range e.Params {
+				check("parameter", p.Name, p.Key)
+			}
+			for _, a := range e.Activations {
+				// the module's output must be the value the mapping names
+				fe, _ := relErr(floats(t, outs[a.Value]), floats(t, l.arrays[a.Fwd]), 1e-30)
+				if fe > autogradTol {
+					t.Errorf("module %s: ONNX value %q differs from torch's output by %.3g", a.Module, a.Value, fe)
+				}
+				check("module "+a.Module, a.Value, a.Grad)
+			}
+			t.Logf("%d parameters, %d activations; worst error %.2g (%s)", len(e.Params), len(e.Activations), worst, worstAt)
+		})
+	}
+}
+
+// fp16Stats are one rounded gradient's statistics, as the PyTorch
+// experiment records them per module: whether the rounded gradient holds
+// Inf or NaN, and the fraction of its nonzero fp32 elements that round to
+// zero.
+func fp16Stats(raw, rounded []float32) (overflow bool, flush float64) {
+	nonzero, flushed := 0, 0
+	for i, r := range raw {
+		v := rounded[i]
+		if math.IsInf(float64(v), 0) || math.IsNaN(float64(v)) {
+			overflow = true
+		}
+		if r != 0 {
+			nonzero++
+			if v == 0 {
+				flushed++
+			}
+		}
+	}
+	if nonzero > 0 {
+		flush = float64(flushed) / float64(nonzero)
+	}
+	return overflow, flush
+}
+
+// flushTol bounds the difference in flushed fraction between the emulation
+// and PyTorch: an element within fp32 rounding of half the smallest fp16
+// subnormal may round either way.
+const flushTol = 0.01
+
+func TestFP16Experiment(t *testing.T) {
+	man := readManifest(t)
+	for _, e := range man.Fixtures {
+		if e.Experiment == nil {
+			continue
+		}
+		t.Run(e.Name, func(t *testing.T) {
+			round := func(*onnx.Model) *Rounding {
+				r := &Rounding{Values: map[string]int32{}}
+				for _, m := range e.Experiment.Modules {
+					r.Values[m.Value] = elemFloat16
+				}
+				return r
+			}
+			l := loadFixture(t, e, round)
+			defer l.sess.Close()
+			mismatches, worstFlush := 0, 0.0
+			overflowAt := map[string][]bool{}
+			flushAt := map[string][]float64{}
+			for k, exp := range man.Scales {
+				outs, err := l.sess.Run(l.inputs, l.target, float32(math.Ldexp(1, exp)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for mod, want := range e.Experiment.Modules {
+					gr, ok := l.res.GradOf(want.Value)
+					if !ok || gr.Raw == "" {
+						t.Fatalf("module %s: no rounded gradient for %q", mod, want.Value)
+					}
+					over, flush := fp16Stats(floats(t, outs[gr.Raw]), floats(t, outs[gr.Name]))
+					overflowAt[mod] = append(overflowAt[mod], over)
+					flushAt[mod] = append(flushAt[mod], flush)
+					worstFlush = math.Max(worstFlush, math.Abs(flush-want.Flush[k]))
+					if over != want.Overflow[k] || math.Abs(flush-want.Flush[k]) > flushTol {
+						mismatches++
+						t.Errorf("scale 2^%d module %s: overflow %v flushed %.4f, PyTorch overflow %v flushed %.4f",
+							exp, mod, over, flush, want.Overflow[k], want.Flush[k])
+					}
+				}
+			}
+			t.Logf("%d modules × %d scales, %d mismatches, largest flushed-fraction difference %.2g",
+				len(e.Experiment.Modules), len(man.Scales), mismatches, worstFlush)
+			// The verdicts each fixture was designed for, from the
+			// emulation's own numbers.
+			for mod, w := range expectedWindows[e.Name] {
+				clean, from := window(man.Scales, overflowAt[mod], flushAt[mod])
+				if clean != w[0] || from != w[1] {
+					t.Errorf("module %s: overflow-free up to 2^%d, flushes ≤ 1%% from 2^%d; want 2^%d and 2^%d", mod, clean, from, w[0], w[1])
+				}
+			}
+		})
+	}
+}
+
+// expectedWindows holds, per fixture and module, the largest loss-scale
+// exponent at which the module's fp16 gradient is still finite and the
+// smallest from which at most 1% of its nonzero elements flush to zero.
+var expectedWindows = map[string]map[string][2]int{
+	// mse on targets near 3000: scale·dL/dpred ≈ 2·3000/16·scale passes
+	// 65504 above 2^7; every module overflows from there on.
+	"regression": {"head": {6, 0}, "fc1": {6, 0}},
+	// LayerScale 1e-6 on block 0's branches: their outputs' gradients are
+	// a millionth of the residual stream's and flush below 2^10; the seed
+	// ((softmax − onehot)/4 ≤ 0.25) overflows from 2^18 on.
+	"transformer_o17": {"blocks.0.attn.proj": {18, 10}, "blocks.0.mlp.fc2": {18, 10}, "blocks.1.attn.proj": {18, 0}, "head": {18, 0}},
+	"transformer_o14": {"blocks.0.attn.proj": {18, 10}, "blocks.0.mlp.fc2": {18, 10}},
+	// raw pixels: conv1's output (|x| up to 4.5e3) is renormalized by
+	// train-mode BatchNorm, which divides its gradient by the batch std.
+	"cnn_bn_train": {"conv1": {18, 8}, "conv2": {18, 0}, "fc": {18, 0}},
+}
+
+// window returns the largest exponent up to which no scale overflows and
+// the smallest exponent at which the flushed fraction is at most 1%.
+func window(scales []int, overflow []bool, flush []float64) (int, int) {
+	clean := -1
+	for k, e := range scales {
+		if overflow[k] {
+			break
+		}
+		clean = e
+	}
+	from := -1
+	for k, e := range scales {
+		if flush[k] <= 0.01 {
+			from = e
+			break
+		}
+	}
+	return clean, from
+}
+
+// TestAutocastRounding builds the backward of the train-mode CNN with
+// autocast's rounding: Conv and Linear run in fp16, so their weight (and
+// bias) gradients are rounded Sites, their outputs' gradients are held in
+// fp16 (BatchNorm and ReLU keep their input's fp16), and the seed reaching
+// the fp16 logits overflows once scale × dL/dlogits passes 65504.
+func TestAutocastRounding(t *testing.T) {
+	var e fixtureEntry
+	for _, f := range readManifest(t).Fixtures {
+		if f.Name == "cnn_bn_train" {
+			e = f
+		}
+	}
+	round := func(m *onnx.Model) *Rounding {
+		pol, err := precision.PolicyByName("autocast-fp16")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := precision.Assign(pol, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
+		return AutocastRounding(m.Proto.Graph, a)
+	}
+	l := loadFixture(t, e, round)
+	defer l.sess.Close()
+	var sites []string
+	for _, s := range l.res.Sites {
+		sites = append(sites, s.Value)
+	}
+	slices.Sort(sites)
+	want := []string{"conv1.weight", "conv2.weight", "conv3.weight", "fc.bias", "fc.weight"}
+	if !slices.Equal(sites, want) {
+		t.Errorf("rounded sites %v, want %v", sites, want)
+	}
+	for _, v := range []string{"logits", "/conv1/Conv_output_0", "/bn1/BatchNormalization_output_0", "/relu1/Relu_output_0"} {
+		if gr, ok := l.res.GradOf(v); !ok || gr.Raw == "" {
+			t.Errorf("%s: gradient not held in fp16", v)
+		}
+	}
+	for _, c := range []struct {
+		exp      int
+		overflow bool
+	}{{10, false}, {24, true}} {
+		outs, err := l.sess.Run(l.inputs, l.target, float32(math.Ldexp(1, c.exp)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gr, _ := l.res.GradOf("logits")
+		over, _ := fp16Stats(floats(t, outs[gr.Raw]), floats(t, outs[gr.Name]))
+		if over != c.overflow {
+			t.Errorf("scale 2^%d: logits gradient overflow %v, want %v", c.exp, over, c.overflow)
+		}
+	}
+}
+
+// TestSummaries: the in-session summaries of each rounded gradient equal
+// the statistics computed from the fetched tensors, and a session that
+// fetches the summaries alone returns the same numbers.
+func TestSummaries(t *testing.T) {
+	var e fixtureEntry
+	for _, f := range readManifest(t).Fixtures {
+		if f.Name == "transformer_o17" {
+			e = f
+		}
+	}
+	requireORT(t)
+	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := loadFixture(t, e, nil)
+	l.sess.Close()
+	facts, err := Probe(m.Proto, l.inputs, sessionOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Rounding{Values: map[string]int32{}}
+	for _, mod := range e.Experiment.Modules {
+		r.Values[mod.Value] = elemFloat16
+	}
+	res, err := Build(m.Proto, facts, Options{Loss: Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r, Summaries: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := NewSession(res, sessionOptions, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	var names []string
+	for _, g := range res.Grads {
+		names = append(names, g.Summary.MaxAbs, g.Summary.NonFinite, g.Summary.NonZero)
+		if g.Summary.Flushed != "" {
+			names = append(names, g.Summary.Flushed)
+		}
+	}
+	small, err := NewSession(res, sessionOptions, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	flushedSeen := false
+	for _, exp := range []int{0, 10, 20} {
+		scale := float32(math.Ldexp(1, exp))
+		a, err := full.Run(l.inputs, l.target, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := small.Run(l.inputs, l.target, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f32 := func(o Outputs, name string) float64 { return float64(floats(t, o[name])[0]) }
+		for _, g := range res.Grads {
+			raw := g.Name
+			if g.Raw != "" {
+				raw = g.Raw
+			}
+			rv, gv := floats(t, a[raw]), floats(t, a[g.Name])
+			mx, nan := 0.0, false
+			nonfinite, nonzero, flushed := false, 0.0, 0.0
+			for i, v := range rv {
+				nan = nan || math.IsNaN(float64(v))
+				mx = math.Max(mx, math.Abs(float64(v)))
+				nonfinite = nonfinite || math.IsInf(float64(gv[i]), 0) || math.IsNaN(float64(gv[i]))
+				if v != 0 {
+					nonzero++
+					if gv[i] == 0 {
+						flushed++
+					}
+				}
+			}
+			s := g.Summary
+			if got := f32(a, s.MaxAbs); got != mx && !(nan && math.IsNaN(got)) && !(nan && math.IsInf(mx, 0)) {
+				t.Errorf("2^%d %s: max %g, tensor says %g", exp, g.Value, got, mx)
+			}
+			if got := a[s.NonFinite].Data[0] != 0; got != nonfinite {
+				t.Errorf("2^%d %s: nonfinite %v, tensor says %v", exp, g.Value, got, nonfinite)
+			}
+			if !nan {
+				if got := f32(a, s.NonZero); got != nonzero {
+					t.Errorf("2^%d %s: nonzero %g, tensor says %g", exp, g.Value, got, nonzero)
+				}
+				if s.Flushed != "" && f32(a, s.Flushed) != flushed {
+					t.Errorf("2^%d %s: flushed %g, tensor says %g", exp, g.Value, f32(a, s.Flushed), flushed)
+				}
+			}
+			flushedSeen = flushedSeen || flushed > 0
+			for _, name := range []string{s.MaxAbs, s.NonZero, s.Flushed} {
+				if name == "" {
+					continue
+				}
+				if x, y := f32(a, name), f32(b, name); x != y && !(math.IsNaN(x) && math.IsNaN(y)) {
+					t.Errorf("2^%d %s: summaries-only session says %s = %g, full session %g", exp, g.Value, name, y, x)
+				}
+			}
+		}
+	}
+	if !flushedSeen {
+		t.Error("no gradient flushed at 2^0: the fixture no longer exercises Flushed")
+	}
+}

@@ -1,0 +1,619 @@
+// Package grad generates the backward pass of an ONNX model as an ONNX
+// graph: it appends to the forward graph the nodes that compute a loss the
+// way fastai does (mean reduction, on fp32 predictions), the seed gradient
+// scale × dL/dpred, and the vector–Jacobian product of every op back to the
+// parameters, and it exposes as graph outputs the gradient of every float
+// activation and every float initializer. ONNX Runtime then runs forward and
+// backward in one session.
+//
+// The generated graph is specialised to one set of input shapes: Probe runs
+// the forward model once on a batch and records the shape of every value
+// (and the contents of the small integer values that shape arithmetic
+// computes), and the rules use those static shapes to sum broadcast
+// gradients back, to undo slicing and padding, and to size the transposed
+// convolutions. A batch of another shape needs a new Probe and Build.
+//
+// Rules (vector–Jacobian products) exist for these default-domain ops, at
+// opsets 13 and newer (the reductions' axes are read as an attribute or an
+// input as the opset says):
+//
+//	arithmetic:  Add Sub Mul Div Pow Sum Neg Abs Exp Log Sqrt Reciprocal
+//	activations: Relu LeakyRelu Elu Sigmoid Tanh Erf Gelu Softplus Softsign
+//	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
+//	linear:      Gemm MatMul Conv
+//	normalizing: Softmax LogSoftmax BatchNormalization LayerNormalization
+//	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin
+//	pooling:     MaxPool AveragePool GlobalAveragePool GlobalMaxPool
+//	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice
+//	             Gather GatherElements Expand Tile Pad Where
+//	pass-through: Identity Dropout Cast CastLike
+//
+// Comparisons, index and shape queries, random generators and rounding ops
+// (Floor, Ceil, Round, Sign) pass no gradient. Any other op is reported in
+// Result.Unsupported by name; the gradient stops there and the rest of the
+// graph is still differentiated.
+//
+// For the fp16 backward audit, Rounding names the gradients autocast holds
+// in half precision; each passes through Cast(FLOAT16)→Cast(FLOAT) (or
+// BFLOAT16), as the forward emulation does for activations, and the
+// unrounded value is exposed beside it, so a caller can count overflow and
+// flush-to-zero per value from one run. With Options.Summaries the counts
+// are made inside the session, and a Session can fetch those few scalars
+// per gradient instead of the tensors.
+//
+// Typical use: facts := Probe(model, batch); res := Build(model, facts,
+// Options{Loss: MSE, Rounding: AutocastRounding(graph, assignment)});
+// s := NewSession(res, opts, nil); outs := s.Run(batch, target, 65536);
+// then res.Grads maps each forward value to its gradient output.
+package grad
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"fp16audit/internal/onnx"
+)
+
+// Loss is the loss applied to the prediction output, computed as fastai's
+// flat losses compute it, with mean reduction.
+type Loss string
+
+// Supported losses.
+const (
+	// CrossEntropy is CrossEntropyLossFlat (F.cross_entropy): the output
+	// holds logits [N, C, d...] and the target int64 class indices [N,
+	// d...]; the mean runs over the N·d... positions. Class weights,
+	// label smoothing and ignore_index are not modelled.
+	CrossEntropy Loss = "cross-entropy"
+	// BCE is BCEWithLogitsLossFlat (F.binary_cross_entropy_with_logits),
+	// fastai's default multi-label loss: the output holds logits and the
+	// target float 0/1 labels with as many elements.
+	BCE Loss = "bce"
+	// MSE is MSELossFlat: mean((pred - target)²) over all elements.
+	MSE Loss = "mse"
+	// L1 is L1LossFlat: mean(|pred - target|) over all elements.
+	L1 Loss = "l1"
+	// ModelOutput means the output already is the loss (a model that
+	// returns its loss): the seed is scale × ones, so a non-scalar output
+	// is treated as summed.
+	ModelOutput Loss = "output"
+)
+
+// Losses lists the losses Build accepts, in the order a help text shows
+// them.
+func Losses() []Loss { return []Loss{CrossEntropy, BCE, MSE, L1, ModelOutput} }
+
+// Names the generated graph adds. Gradient outputs are named after the
+// forward value: value + GradSuffix, and value + GradSuffix + RawSuffix for
+// the unrounded gradient of a rounded one.
+const (
+	// GradSuffix is appended to a forward value's name to name the graph
+	// output holding scale × dL/dvalue.
+	GradSuffix = "::grad"
+	// RawSuffix is appended to a gradient's name to name its value before
+	// rounding to 16 bits.
+	RawSuffix = "::raw"
+	// LossOutput is the graph output holding the (unscaled) mean loss.
+	LossOutput = "loss::fp16audit"
+	// SeedOutput is the graph output holding scale × dL/dpred in fp32,
+	// before any rounding.
+	SeedOutput = "seed::fp16audit"
+	// ScaleInput is the scalar float graph input holding the loss scale.
+	ScaleInput = "loss_scale::fp16audit"
+	// TargetInput is the graph input holding the target of the loss.
+	TargetInput = "target::fp16audit"
+)
+
+// internal marks every intermediate name the backward graph invents.
+const internal = "::fp16audit"
+
+// Options configures Build.
+type Options struct {
+	// Loss is the loss applied to Output. Required.
+	Loss Loss
+	// Output is the graph output the loss applies to; "" means the graph's
+	// only output.
+	Output string
+	// TargetShape is the shape of the target input; nil derives it from
+	// the output's shape (the output's shape without axis 1 for
+	// CrossEntropy, the output's shape otherwise). Targets of another
+	// shape with the same number of elements are reshaped, as fastai's
+	// flat losses flatten both sides.
+	TargetShape []int64
+	// InputGrads also computes the gradients of float graph inputs. PyTorch
+	// computes none (inputs do not require grad), and skipping them saves
+	// the data gradient of the first layer, often the most expensive one.
+	InputGrads bool
+	// Rounding names the gradients held in 16 bits (nil: none).
+	Rounding *Rounding
+	// Summaries adds scalar outputs that summarize each gradient and each
+	// Site inside the session (Grad.Summary, Site.Summary), so that a
+	// caller can fetch a few numbers per value instead of every tensor.
+	Summaries bool
+}
+
+// Summary names the scalar graph outputs that summarize one gradient. For
+// a rounded gradient the counts compare the value before rounding (Raw)
+// with the value after; otherwise both are the gradient itself. Counts are
+// FLOAT, exact up to 2^24 elements per tensor.
+type Summary struct {
+	// MaxAbs (FLOAT) is max |x| before rounding: against 65504 it says
+	// how close an fp16 gradient is to overflowing. It is NaN or Inf when
+	// the unrounded gradient already holds NaN or Inf.
+	MaxAbs string
+	// NonFinite (BOOL) is set when an element after rounding is Inf or
+	// NaN: the gradient overflowed, and a GradScaler skips the step.
+	NonFinite string
+	// NonZero (FLOAT) counts the nonzero elements before rounding.
+	NonZero string
+	// Flushed (FLOAT) counts the elements nonzero before rounding and zero
+	// after: the gradient fp16 (or bf16) loses to underflow. "" when the
+	// gradient is not rounded.
+	Flushed string
+}
+
+// Kind tells what a gradient's forward value is.
+type Kind int
+
+// Kinds of values with a gradient.
+const (
+	// Activation is a node output.
+	Activation Kind = iota
+	// Parameter is a float initializer.
+	Parameter
+	// Input is a float graph input (with Options.InputGrads).
+	Input
+)
+
+// String returns "activation", "parameter" or "input".
+func (k Kind) String() string {
+	switch k {
+	case Activation:
+		return "activation"
+	case Parameter:
+		return "parameter"
+	case Input:
+		return "input"
+	}
+	return fmt.Sprintf("kind(%d)", int(k))
+}
+
+// Grad maps a forward value to the graph output holding its gradient.
+type Grad struct {
+	// Value is the forward value's name.
+	Value string
+	// Name is the graph output holding scale × dL/dValue (rounded when
+	// Rounding holds Value in 16 bits): Value + GradSuffix.
+	Name string
+	// Raw is the graph output holding the gradient before rounding, or ""
+	// when it is not rounded.
+	Raw string
+	// Kind tells whether Value is an activation, a parameter or an input.
+	Kind Kind
+	// Node is the index of the forward node that produces Value, or -1 for
+	// initializers and graph inputs.
+	Node int
+	// Shape is the gradient's (and Value's) shape.
+	Shape []int64
+	// Summary names the outputs summarizing the gradient (nil without
+	// Options.Summaries).
+	Summary *Summary
+	// Partial is set when the gradient misses the share of a consumer
+	// the rules could not differentiate (see Result.Unsupported), directly
+	// or through the values downstream of Value.
+	Partial bool
+}
+
+// Site is one gradient contribution rounded to 16 bits because the op that
+// computes it runs in half precision: autocast casts an fp32 input (a
+// Conv or Linear weight, or an fp32 activation) to fp16 for the op, so the
+// op's backward yields that input's gradient in fp16 before the cast back.
+type Site struct {
+	// Node and Input locate the forward op and its input slot.
+	Node, Input int
+	// Value is the forward value at that slot.
+	Value string
+	// Raw and Rounded are the graph outputs holding the contribution
+	// before and after rounding.
+	Raw, Rounded string
+	// ElemType is the 16-bit ONNX type rounded to.
+	ElemType int32
+	// Summary names the outputs summarizing the contribution (nil without
+	// Options.Summaries).
+	Summary *Summary
+}
+
+// Unsupported is a forward node whose gradient could not be generated; the
+// gradient stops there, and the rest of the graph is still covered.
+type Unsupported struct {
+	// Node is the forward node's index.
+	Node int
+	// Name and OpType are the node's name and op type.
+	Name, OpType string
+	// Reason says why: no rule for the op, or a rule's precondition.
+	Reason string
+}
+
+// Result is a generated backward graph and how to read it.
+type Result struct {
+	// Model is the forward model with the loss and backward nodes
+	// appended. It takes the forward inputs plus Target and Scale.
+	Model *onnx.ModelProto
+	// Output is the prediction the loss applies to.
+	Output string
+	// Target and Scale are the added inputs: the loss target (with
+	// TargetShape and TargetType) and the scalar loss scale.
+	Target, Scale string
+	// TargetShape and TargetType describe the Target input.
+	TargetShape []int64
+	TargetType  int32
+	// Loss and Seed are the outputs holding the mean loss and the fp32
+	// seed scale × dL/dOutput.
+	Loss, Seed string
+	// Grads lists every value with a gradient, in forward topological
+	// order, sources (inputs, then initializers) first.
+	Grads []Grad
+	// Sites lists the rounded gradient contributions.
+	Sites []Site
+	// Unsupported lists the nodes the gradient stops at.
+	Unsupported []Unsupported
+	// Blocked lists values that needed a gradient but got none because
+	// every path from them to the loss passes an unsupported node.
+	Blocked []string
+	// Opset is the default-domain opset of Model.
+	Opset int64
+}
+
+// GradOf returns the gradient entry of a forward value.
+func (r *Result) GradOf(value string) (Grad, bool) {
+	for _, g := range r.Grads {
+		if g.Value == value {
+			return g, true
+		}
+	}
+	return Grad{}, false
+}
+
+// Outputs returns the names of every graph output of Model: the forward
+// outputs, the loss and seed, every gradient (and its unrounded value) and
+// every Site and Summary output.
+func (r *Result) Outputs() []string {
+	out := make([]string, len(r.Model.Graph.Output))
+	for i, vi := range r.Model.Graph.Output {
+		out[i] = vi.Name
+	}
+	return out
+}
+
+// minOpset is the oldest default-domain opset Build reads: Softmax and
+// LogSoftmax changed meaning at 13 (one axis instead of a flattened
+// tail), as did Squeeze, Unsqueeze, Split and ReduceSum (axes became
+// inputs).
+const minOpset = 13
+
+// emitOpset is the opset the backward graph needs: ScatterElements and
+// ScatterND gained reduction="add" at 16.
+const emitOpset = 16
+
+// Build generates the backward graph of m (an fp32 model: run the model
+// through an upcast first if it holds half values) for the loss in opt.
+// facts must come from Probe on the same model. m is not modified.
+func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
+	if m.GetGraph() == nil {
+		return nil, errors.New("grad: model has no graph")
+	}
+	if facts == nil {
+		return nil, errors.New("grad: no facts; run Probe on a batch first")
+	}
+	if !slices.Contains(Losses(), opt.Loss) {
+		return nil, fmt.Errorf("grad: loss %q: want one of cross-entropy, bce, mse, l1, output", opt.Loss)
+	}
+	opset := defaultOpset(m)
+	if opset < minOpset {
+		return nil, fmt.Errorf("grad: the model uses opset %d; the backward pass needs opset %d or newer (Softmax, Squeeze and the reductions changed meaning at 13): export with opset_version=%d or newer (torch ≥ 1.13 defaults to 14)",
+			opset, minOpset, minOpset)
+	}
+	ix, err := onnx.NewIndex(m.Graph)
+	if err != nil {
+		return nil, fmt.Errorf("grad: %w", err)
+	}
+	out := opt.Output
+	if out == "" {
+		if len(m.Graph.Output) != 1 {
+			return nil, fmt.Errorf("grad: the model has %d outputs; name the one the loss applies to", len(m.Graph.Output))
+		}
+		out = m.Graph.Output[0].Name
+	}
+	if !slices.ContainsFunc(m.Graph.Output, func(vi *onnx.ValueInfoProto) bool { return vi.Name == out }) {
+		return nil, fmt.Errorf("grad: %q is not a graph output", out)
+	}
+	if t := ix.ElemType(out); t != 0 && t != elemFloat {
+		return nil, fmt.Errorf("grad: output %q is %s; the loss needs a FLOAT output (upcast the model first)", out, onnx.DataTypeName(t))
+	}
+
+	b := newBuilder(m, ix, facts, max(opset, emitOpset))
+	res := &Result{Output: out, Scale: ScaleInput, Target: TargetInput, Loss: LossOutput, Seed: SeedOutput, Opset: b.opset}
+	if err := b.checkNames(); err != nil {
+		return nil, err
+	}
+	b.upgrade(opset)
+
+	seed, err := b.loss(opt, res)
+	if err != nil {
+		return nil, err
+	}
+	d := &driver{b: b, ix: ix, opt: opt, res: res, contrib: map[string][]string{}}
+	d.run(out, seed)
+	b.finish(res)
+	return res, nil
+}
+
+// driver walks the forward graph backwards, calling each node's rule and
+// accumulating the contributions every value receives.
+type driver struct {
+	b       *builder
+	ix      *onnx.Index
+	opt     Options
+	res     *Result
+	active  map[string]bool
+	contrib map[string][]string
+	// stopped holds values a consumer could not differentiate for
+	// (an unsupported op), so that a value left without any
+	// contribution can be told apart from one whose gradient is zero.
+	stopped map[string]bool
+	// partial holds values whose gradient misses a share: a consumer
+	// was unsupported, or a contribution came from a partial gradient.
+	partial map[string]bool
+}
+
+func (d *driver) run(out, seed string) {
+	g := d.b.src
+	d.markActive(out)
+	d.stopped = map[string]bool{}
+	d.partial = map[string]bool{}
+	d.contrib[out] = append(d.contrib[out], seed)
+
+	order := d.ix.Order()
+	for k := len(order) - 1; k >= 0; k-- {
+		i := order[k]
+		n := g.Node[i]
+		gy := make([]string, len(n.Output))
+		hasGrad := false
+		for j, o := range n.Output {
+			if o == "" || !d.active[o] {
+				continue
+			}
+			gy[j] = d.finalize(o, Activation, i)
+			hasGrad = hasGrad || gy[j] != ""
+		}
+		if !hasGrad {
+			continue
+		}
+		need := make([]bool, len(n.Input))
+		anyNeed := false
+		for j, in := range n.Input {
+			need[j] = in != "" && d.active[in]
+			anyNeed = anyNeed || need[j]
+		}
+		if !anyNeed {
+			continue
+		}
+		c := &call{b: d.b, n: n, i: i, gy: gy, need: need, dx: make([]string, len(n.Input))}
+		d.b.label = nodeLabel(n, i)
+		c.mark()
+		r, ok := rules[n.OpType]
+		if n.Domain != "" && n.Domain != "ai.onnx" {
+			ok = false
+		}
+		var err error
+		if !ok {
+			err = errNoRule
+		} else {
+			err = r(c)
+		}
+		if err != nil {
+			reason := err.Error()
+			if errors.Is(err, errNoRule) {
+				reason = "no gradient rule for " + n.OpType
+			}
+			d.res.Unsupported = append(d.res.Unsupported, Unsupported{Node: i, Name: n.Name, OpType: n.OpType, Reason: reason})
+			for j, in := range n.Input {
+				if need[j] {
+					d.stopped[in] = true
+				}
+			}
+			c.rollback()
+			continue
+		}
+		fromPartial := slices.ContainsFunc(n.Output, func(o string) bool { return o != "" && d.partial[o] })
+		for j, dx := range c.dx {
+			if dx == "" || !need[j] {
+				continue
+			}
+			if fromPartial {
+				d.partial[n.Input[j]] = true
+			}
+			d.contrib[n.Input[j]] = append(d.contrib[n.Input[j]], d.roundSite(i, j, n.Input[j], dx))
+		}
+	}
+	// Sources last: graph inputs first, then initializers, in file order.
+	for _, vi := range d.ix.GraphInputs() {
+		if d.active[vi.Name] {
+			d.finalize(vi.Name, Input, -1)
+		}
+	}
+	for _, t := range g.Initializer {
+		if d.active[t.Name] {
+			d.finalize(t.Name, Parameter, -1)
+		}
+	}
+	// Grads were appended in reverse order for activations; report them
+	// in forward order with sources first.
+	pos := map[string]int{}
+	for k, i := range order {
+		for _, o := range g.Node[i].Output {
+			pos[o] = k + 1
+		}
+	}
+	sort.SliceStable(d.res.Grads, func(a, b int) bool {
+		return pos[d.res.Grads[a].Value] < pos[d.res.Grads[b].Value]
+	})
+}
+
+// markActive computes which values need a gradient: float values that
+// depend on a parameter (or, with InputGrads, a float input) and on which
+// the loss depends.
+func (d *driver) markActive(out string) {
+	g := d.b.src
+	req := map[string]bool{}
+	for _, t := range g.Initializer {
+		if t.DataType == elemFloat {
+			req[t.Name] = true
+		}
+	}
+	if d.opt.InputGrads {
+		for _, vi := range d.ix.GraphInputs() {
+			if d.ix.ElemType(vi.Name) == elemFloat {
+				req[vi.Name] = true
+			}
+		}
+	}
+	order := d.ix.Order()
+	for _, i := range order {
+		n := g.Node[i]
+		if nondiff[n.OpType] {
+			continue
+		}
+		dep := false
+		for _, in := range n.Input {
+			dep = dep || req[in]
+		}
+		if !dep {
+			continue
+		}
+		for _, o := range n.Output {
+			if o != "" && d.b.isFloat(o) {
+				req[o] = true
+			}
+		}
+	}
+	reach := map[string]bool{out: true}
+	for k := len(order) - 1; k >= 0; k-- {
+		n := g.Node[order[k]]
+		hit := false
+		for _, o := range n.Output {
+			hit = hit || reach[o]
+		}
+		if !hit || nondiff[n.OpType] {
+			continue
+		}
+		for _, in := range n.Input {
+			if in != "" {
+				reach[in] = true
+			}
+		}
+	}
+	d.active = map[string]bool{}
+	for v := range req {
+		if reach[v] && d.b.isFloat(v) {
+			d.active[v] = true
+		}
+	}
+}
+
+// finalize sums the contributions v received into its gradient output,
+// rounding it when Rounding holds v in 16 bits, and records the Grad. It
+// returns the gradient's name, or "" when v received none.
+func (d *driver) finalize(v string, kind Kind, node int) string {
+	cs := d.contrib[v]
+	if len(cs) == 0 {
+		if d.stopped[v] {
+			d.res.Blocked = append(d.res.Blocked, v)
+		}
+		return ""
+	}
+	if d.stopped[v] {
+		d.partial[v] = true
+	}
+	b := d.b
+	name := v + GradSuffix
+	et := d.opt.Rounding.value(v)
+	target := name
+	if et != 0 {
+		target = name + RawSuffix
+	}
+	b.label = v
+	if len(cs) == 1 {
+		b.rename(cs[0], target)
+	} else {
+		b.emitTo("Sum", cs, target)
+	}
+	gr := Grad{Value: v, Name: name, Kind: kind, Node: node, Shape: b.mustShape(v), Partial: d.partial[v]}
+	if et != 0 {
+		b.round(target, name, et)
+		gr.Raw = target
+		b.output(target, gr.Shape)
+	}
+	b.output(name, gr.Shape)
+	if d.opt.Summaries {
+		gr.Summary = b.summarize(target, name, name)
+	}
+	d.res.Grads = append(d.res.Grads, gr)
+	return name
+}
+
+// roundSite rounds the contribution dx of node i's input slot j when
+// Rounding says the op computes it in 16 bits, and records the Site.
+func (d *driver) roundSite(i, j int, v, dx string) string {
+	et := d.opt.Rounding.input(i, j)
+	if et == 0 {
+		return dx
+	}
+	b := d.b
+	n := b.src.Node[i]
+	raw := fmt.Sprintf("%s%s@%s%s", v, GradSuffix, nodeLabel(n, i), RawSuffix)
+	rounded := fmt.Sprintf("%s%s@%s", v, GradSuffix, nodeLabel(n, i))
+	b.rename(dx, raw)
+	b.round(raw, rounded, et)
+	shape := b.mustShape(v)
+	b.output(raw, shape)
+	b.output(rounded, shape)
+	site := Site{Node: i, Input: j, Value: v, Raw: raw, Rounded: rounded, ElemType: et}
+	if d.opt.Summaries {
+		site.Summary = b.summarize(raw, rounded, rounded)
+	}
+	d.res.Sites = append(d.res.Sites, site)
+	return rounded
+}
+
+// nondiff are ops whose float outputs carry no gradient back to their
+// inputs: comparisons and index computations, shape queries, random
+// generators and rounding steps (zero derivative almost everywhere).
+var nondiff = map[string]bool{
+	"Shape": true, "Size": true, "Equal": true, "Less": true, "Greater": true,
+	"LessOrEqual": true, "GreaterOrEqual": true, "Not": true, "And": true,
+	"Or": true, "Xor": true, "IsNaN": true, "IsInf": true, "ArgMax": true,
+	"ArgMin": true, "NonZero": true, "ConstantOfShape": true, "Constant": true,
+	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true,
+	"RandomUniformLike": true, "Bernoulli": true, "Multinomial": true,
+	"EyeLike": true, "Range": true, "OneHot": true,
+	"Floor": true, "Ceil": true, "Round": true, "Sign": true,
+}
+
+func defaultOpset(m *onnx.ModelProto) int64 {
+	for _, o := range m.OpsetImport {
+		if o.Domain == "" || o.Domain == "ai.onnx" {
+			return o.Version
+		}
+	}
+	return 0
+}
+
+func nodeLabel(n *onnx.NodeProto, i int) string {
+	if n.Name != "" {
+		return n.Name
+	}
+	return fmt.Sprintf("%s#%d", n.OpType, i)
+}
