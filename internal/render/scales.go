@@ -59,6 +59,7 @@ func scalesText(w io.Writer, r *report.ScalesReport, opt TextOptions) error {
 	if c := r.Comparison; c != nil {
 		p.printf("vs fp32 baseline: %s\n", comparisonText(c))
 	}
+	scalesTelemetryText(&p.errWriter, r)
 
 	p.printf("\n")
 	if len(r.Findings) == 0 {
