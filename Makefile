@@ -14,6 +14,9 @@ STATICCHECK := $(TOOLS)/staticcheck
 
 GO      ?= go
 BIN     := bin/fp16audit
+# The Python companion's tests need torch: Debian's python3-torch is
+# installed for /usr/bin/python3 (a python3 earlier on PATH may lack it).
+PYTHON_TORCH ?= /usr/bin/python3
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
 .PHONY: all ort build test demo bench proto fixtures fuzz conformance vet staticcheck clean
@@ -49,6 +52,14 @@ test: ort $(STATICCHECK)
 	@test -z "$$($(GO) mod tidy -diff)" || { echo "go.mod/go.sum not tidy: run go mod tidy"; $(GO) mod tidy -diff; exit 1; }
 	$(STATICCHECK) ./...
 	$(GO) test -count=1 ./...
+	@if $(PYTHON_TORCH) -c 'import torch' 2>/dev/null; then \
+	  echo "$(PYTHON_TORCH) -m unittest discover -s python/tests"; \
+	  $(PYTHON_TORCH) -m unittest discover -s python/tests; \
+	elif [ -n "$$CI" ]; then \
+	  echo "make test: $(PYTHON_TORCH) has no torch, and CI must run the Python companion's tests (apt-get install python3-torch)"; exit 1; \
+	else \
+	  echo "make test: skipped the Python companion's tests: $(PYTHON_TORCH) has no torch (apt-get install python3-torch)"; \
+	fi
 
 # staticcheck is installed from the Go module proxy into .tools/ (ignored).
 $(STATICCHECK):

@@ -281,8 +281,14 @@ type NodeReport struct {
 	Precision  string      `json:"precision"`
 	Provenance *Provenance `json:"provenance,omitempty"`
 	// Flagged marks an origin or a node with non-finite outputs in any pass.
-	Flagged bool          `json:"flagged,omitempty"`
-	Outputs []ValueReport `json:"outputs"`
+	Flagged bool `json:"flagged,omitempty"`
+	// Constant marks a node that computes only from initializers and
+	// constants (the exporter's Identity of a shared weight, constant
+	// folding leftovers): every input is an initializer, a Constant's
+	// output or the output of another such node. Renderers hide these rows
+	// unless they are flagged.
+	Constant bool          `json:"constant,omitempty"`
+	Outputs  []ValueReport `json:"outputs"`
 }
 
 // ValueReport is one float value (a node output or a graph input) with its

@@ -82,6 +82,10 @@ type ScalesReport struct {
 	// consecutive steps, for plots.
 	Series   []Bucket         `json:"series"`
 	Findings []checks.Finding `json:"findings"`
+	// Telemetry is what the companion's per-module gradient telemetry
+	// (python/README.md) says about the modules whose gradients overflow
+	// or underflow; absent when the log carries none.
+	Telemetry *TelemetryStats `json:"telemetry,omitempty"`
 	// NotDerived names what the log did not allow to derive, and why.
 	NotDerived []string `json:"not_derived"`
 	// Notes are facts about how the log was read that a reader must know.
@@ -90,13 +94,30 @@ type ScalesReport struct {
 
 // RunInfo describes one input log.
 type RunInfo struct {
-	Path          string `json:"path"`
-	Steps         int    `json:"steps"`
-	FirstStep     int    `json:"first_step"`
-	HasLosses     bool   `json:"has_losses"`
-	HasScales     bool   `json:"has_scales"`
-	Epochs        int    `json:"epochs,omitempty"`
-	StepsPerEpoch int    `json:"steps_per_epoch,omitempty"`
+	Path string `json:"path"`
+	// Steps is the number of optimizer steps the log spans, from FirstStep
+	// to its last step; for a per-epoch log (PerEpoch), the number of
+	// epochs. A sampled log whose first sample lies within one sampling
+	// gap of step 0 is read from step 0 (its first scale follows
+	// init_scale), and FirstStep is then 0.
+	Steps         int  `json:"steps"`
+	FirstStep     int  `json:"first_step"`
+	HasLosses     bool `json:"has_losses"`
+	HasScales     bool `json:"has_scales"`
+	Epochs        int  `json:"epochs,omitempty"`
+	StepsPerEpoch int  `json:"steps_per_epoch,omitempty"`
+	// Format is how the log was read: json, csv, tsv, jsonl, trainlog (the
+	// companion's JSON Lines log), tfevents, npy, list (a plain list of
+	// numbers) or fastai-history (fastai's CSVLogger history.csv).
+	Format string `json:"format,omitempty"`
+	// Samples is the number of entries of a log that does not hold every
+	// step (sampled every SampleEvery steps, the most common gap); absent
+	// for a log with one entry per step.
+	Samples     int `json:"samples,omitempty"`
+	SampleEvery int `json:"sample_every,omitempty"`
+	// PerEpoch is set when the log holds one entry per epoch (fastai's
+	// history.csv): step numbers in the report are then epoch numbers.
+	PerEpoch bool `json:"per_epoch,omitempty"`
 }
 
 // ScalerInfo is the GradScaler configuration used for the reconstruction
@@ -111,9 +132,13 @@ type ScalerInfo struct {
 // ScaleStats is what the scale series says about the scaler.
 type ScaleStats struct {
 	// Skipped counts every step whose scale backed off: its gradients held
-	// Inf/NaN and the optimizer step was skipped.
-	Skipped  int     `json:"skipped_steps"`
-	SkipRate float64 `json:"skip_rate"`
+	// Inf/NaN and the optimizer step was skipped. In a sampled log it is a
+	// lower bound (SkippedLowerBound): the backoffs the scale ratios
+	// between samples prove, and SkippedMax the most the gaps allow.
+	Skipped           int     `json:"skipped_steps"`
+	SkipRate          float64 `json:"skip_rate"`
+	SkippedLowerBound bool    `json:"skipped_lower_bound,omitempty"`
+	SkippedMax        *int    `json:"skipped_steps_max,omitempty"`
 	// SkippedAt lists the skipped steps, at most 1000 of them.
 	SkippedAt          []int `json:"skipped_at"`
 	SkippedAtTruncated bool  `json:"skipped_at_truncated,omitempty"`
@@ -160,7 +185,10 @@ type ScaleStats struct {
 
 // LossStats summarizes the loss series.
 type LossStats struct {
-	NonFinite int `json:"nonfinite"`
+	// NonFinite counts the NaN/Inf losses, TrailingNonFinite those of them
+	// that end the log in one run (a run that never recovered).
+	NonFinite         int `json:"nonfinite"`
+	TrailingNonFinite int `json:"trailing_nonfinite,omitempty"`
 	// FirstNonFiniteStep is the step of the first NaN/Inf loss, absent
 	// when every loss is finite. Inferred is set when the log has no
 	// losses and the step was inferred from the scale halving on every
@@ -169,10 +197,23 @@ type LossStats struct {
 	FirstNonFiniteValue string `json:"first_nonfinite_value,omitempty"`
 	Inferred            bool   `json:"inferred,omitempty"`
 	// FirstLoss and FinalLoss are means of the first and last windows of
-	// finite losses (FinalWindow steps, before any NaN).
-	FirstLoss   *float64 `json:"first_loss,omitempty"`
-	FinalLoss   *float64 `json:"final_loss,omitempty"`
-	FinalWindow int      `json:"final_window"`
+	// finite losses (FinalWindow steps, before any NaN); FirstSteps and
+	// FinalSteps are the steps those windows span.
+	FirstLoss   *float64   `json:"first_loss,omitempty"`
+	FinalLoss   *float64   `json:"final_loss,omitempty"`
+	FinalWindow int        `json:"final_window"`
+	FirstSteps  *StepRange `json:"first_steps,omitempty"`
+	FinalSteps  *StepRange `json:"final_steps,omitempty"`
+	// LastFiniteStep is the step of the last finite loss in the log (after
+	// a NaN that the run recovered from, later than FinalSteps); absent
+	// when no loss is finite.
+	LastFiniteStep *int `json:"last_finite_step,omitempty"`
+}
+
+// StepRange is the steps From to To of a log, both included.
+type StepRange struct {
+	From int `json:"from"`
+	To   int `json:"to"`
 }
 
 // Comparison sets the run's final loss against the fp32 baseline's over the
@@ -198,16 +239,88 @@ type EpochStats struct {
 }
 
 // Bucket summarizes consecutive steps From..To for plots: the mean of the
-// finite losses, the non-finite losses, log2 of the scale's range and the
+// finite losses (and of the fp32 baseline's over the same steps, when one
+// is given), the non-finite losses, log2 of the scale's range and the
 // skipped steps.
 type Bucket struct {
 	From         int      `json:"from"`
 	To           int      `json:"to"`
 	Loss         *float64 `json:"loss,omitempty"`
+	BaselineLoss *float64 `json:"baseline_loss,omitempty"`
 	NonFinite    int      `json:"nonfinite,omitempty"`
 	Log2ScaleMin *float64 `json:"log2_scale_min,omitempty"`
 	Log2ScaleMax *float64 `json:"log2_scale_max,omitempty"`
 	Skipped      int      `json:"skipped,omitempty"`
+}
+
+// TelemetryStats summarizes the per-module gradient telemetry of a log
+// written by the Python companion: which module's gradients began the
+// overflows of the skipped steps, and which modules lose a share of their
+// gradient to fp16 underflow.
+type TelemetryStats struct {
+	// Lines counts the telemetry lines read; FullLines those measured in
+	// full (with underflow counts), SkippedLines those of skipped steps.
+	Lines        int `json:"lines"`
+	FullLines    int `json:"full_lines"`
+	SkippedLines int `json:"skipped_lines"`
+	// Modules is the number of modules the companion watched.
+	Modules int `json:"modules"`
+	// OverflowFrom and OverflowTo bound the steps whose skipped-step lines
+	// Overflow counts: after the warm-up, before the first NaN (when the
+	// run has a collapse, its window before the NaN).
+	OverflowFrom int `json:"overflow_from"`
+	OverflowTo   int `json:"overflow_to"`
+	// Overflow lists the modules where the overflows of those skipped steps
+	// began, most often first.
+	Overflow []ModuleOverflow `json:"overflow"`
+	// Underflow lists the modules whose gradients flush to zero in fp16
+	// at or above the underflow_fraction threshold, most first, measured
+	// on the full lines after the warm-up and before any NaN.
+	Underflow []ModuleUnderflow `json:"underflow"`
+}
+
+// ModuleOverflow is one module named as the origin of overflows: the first
+// module, in backward order, whose output gradient (or, failing that,
+// parameter gradient) did not fit fp16 on a skipped step.
+type ModuleOverflow struct {
+	Module string `json:"module"`
+	Type   string `json:"type,omitempty"`
+	// Steps counts the skipped steps whose overflow began here, of
+	// OfSteps skipped steps with telemetry in the window.
+	Steps   int `json:"steps"`
+	OfSteps int `json:"of_steps"`
+	// OutputSteps counts the steps, of Steps, on which the module's output
+	// gradient overflowed (on the others, only its parameter gradient
+	// did); Via is "output" when that is most of them, else "params".
+	OutputSteps int    `json:"output_steps"`
+	Via         string `json:"via"`
+	FirstStep   int    `json:"first_step"`
+	LastStep    int    `json:"last_step"`
+	// MaxAbs is the largest finite scaled gradient the module held on
+	// those steps and MaxUnscaled the largest MaxAbs / scale_used: the
+	// gradient itself, which the scale cannot shrink.
+	MaxAbs      float64 `json:"max_abs"`
+	MaxUnscaled float64 `json:"max_unscaled"`
+}
+
+// ModuleUnderflow is one module whose gradient loses a share of its
+// elements to fp16 underflow at the scales the run used.
+type ModuleUnderflow struct {
+	Module string `json:"module"`
+	Type   string `json:"type,omitempty"`
+	// Gradient is "output" or "params": the gradient measured.
+	Gradient string `json:"gradient"`
+	// Measure is "underflow" (elements fp16 flushes to zero, measured on
+	// a gradient wider than fp16) or "subnormal" (elements already in
+	// fp16's subnormal range, where underflow cannot be measured).
+	Measure string `json:"measure"`
+	// Fraction is Count / Nonzero summed over Lines full lines.
+	Fraction float64 `json:"fraction"`
+	Count    int     `json:"count"`
+	Nonzero  int     `json:"nonzero"`
+	Lines    int     `json:"lines"`
+	// MedianScale is the median scale_used of those lines.
+	MedianScale float64 `json:"median_scale"`
 }
 
 // MaxSeverity is the highest severity among the findings, -1 when none.
@@ -241,6 +354,10 @@ type ScalesThresholds struct {
 	// WarmupSkips is the smallest number of skipped steps at the start
 	// that is reported as wasted warm-up.
 	WarmupSkips int `json:"warmup_skips"`
+	// UnderflowFraction is the share of a module's nonzero gradient
+	// elements flushing to zero in fp16, in the companion's telemetry, at
+	// or above which the module counts as underflowing.
+	UnderflowFraction float64 `json:"underflow_fraction"`
 }
 
 // ScalerConfig is GradScaler's configuration. Zero values mean unknown.

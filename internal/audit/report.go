@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"fp16audit/checks"
@@ -90,11 +91,13 @@ func modelInfo(m *onnx.Model) report.ModelInfo {
 // their comparison with fp32.
 func (a *audit) nodeReports() []report.NodeReport {
 	g := a.model.Proto.Graph
+	constant := constantNodes(g, a.model.Index, a.static.Order)
 	nodes := make([]report.NodeReport, 0, len(a.static.Order))
 	for _, ni := range a.static.Order {
 		n := g.Node[ni]
 		nr := report.NodeReport{Index: ni, Name: n.Name, OpType: n.OpType, Domain: n.Domain,
-			Module: onnx.ModulePath(n), Precision: a.static.Assign.Node[ni].String(), Outputs: []report.ValueReport{}}
+			Module: onnx.ModulePath(n), Precision: a.static.Assign.Node[ni].String(), Constant: constant[ni],
+			Outputs: []report.ValueReport{}}
 		for _, o := range n.Output {
 			if w := a.static.Assign.Why[o]; w != 0 {
 				nr.Provenance = &report.Provenance{Reasons: w.Names()}
@@ -129,6 +132,38 @@ func (a *audit) nodeReports() []report.NodeReport {
 		nodes = append(nodes, nr)
 	}
 	return nodes
+}
+
+// constantNodes marks the nodes that compute only from initializers and
+// constants: a Constant, or a node whose every input (its subgraphs' outer
+// names included) is an initializer or the output of a marked node. These
+// are what the exporter leaves around weights (an Identity per shared
+// parameter, folding leftovers); the renderers keep them out of the way.
+// Random generators are never constant, whatever they read.
+func constantNodes(g *onnx.GraphProto, ix *onnx.Index, order []int) map[int]bool {
+	constant := map[int]bool{}
+	fromConstants := func(name string) bool {
+		if name == "" || ix.IsInitializer(name) {
+			return true // "" is an omitted optional input
+		}
+		p := ix.Producer(name)
+		return p >= 0 && constant[p]
+	}
+	for _, ni := range order {
+		n := g.Node[ni]
+		if n.Domain != "" && n.Domain != "ai.onnx" || strings.HasPrefix(n.OpType, "Random") ||
+			n.OpType == "Multinomial" || n.OpType == "Bernoulli" {
+			continue
+		}
+		inputs := append(slices.Clone(n.Input), ix.ImplicitInputs(ni)...)
+		if len(inputs) == 0 && n.OpType != "Constant" {
+			continue
+		}
+		if !slices.ContainsFunc(inputs, func(name string) bool { return !fromConstants(name) }) {
+			constant[ni] = true
+		}
+	}
+	return constant
 }
 
 // summarize condenses the node statistics; the headroom is over the values

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"fp16audit/checks"
+	"fp16audit/internal/diagnose"
 	"fp16audit/internal/lint"
 )
 
@@ -107,13 +108,18 @@ func isStatic(id string) bool {
 	return slices.ContainsFunc(lint.Analyzers(), func(a *lint.Analyzer) bool { return a.Check.ID == id })
 }
 
+// isDynamic reports whether run's diagnosis runs the check.
+func isDynamic(id string) bool {
+	return slices.ContainsFunc(diagnose.Analyzers(), func(a *diagnose.Analyzer) bool { return a.Check.ID == id })
+}
+
 // commandOf names the commands that report a check: lint for the static
 // checks, scales for the training-log diagnosis (FP5xxx), run for the rest.
-// FP4002 is reported by both lint (it lists the ops) and run (it emulates
-// them).
+// A static check the dynamic audit runs too (FP4002, FP4004) is reported by
+// both.
 func commandOf(id string) string {
 	switch {
-	case id == "FP4002":
+	case isStatic(id) && isDynamic(id):
 		return "lint, run"
 	case isStatic(id):
 		return "lint"

@@ -168,3 +168,16 @@ func TestOutputToDevice(t *testing.T) {
 		t.Fatalf("%s is no longer a device: %v %v", os.DevNull, fi.Mode(), err)
 	}
 }
+
+// TestChecksBeforeAudit: a check switched off with --checks does not run,
+// so it cannot make the verdict or the exit code; the verdict text says an
+// overflow went unreported.
+func TestChecksBeforeAudit(t *testing.T) {
+	code, out, errOut := run(t, "run", models+"overflowing_op.onnx", "-i", batches+"overflowing_op.npy", "--checks", "all,-FP2001", "--format", "json")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0 with FP2001 off: %s", code, errOut)
+	}
+	if strings.Contains(out, `"FP2001"`) || !strings.Contains(out, `"verdict": "healthy"`) || !strings.Contains(out, "went unreported") {
+		t.Errorf("report with FP2001 off:\n%.2000s", out)
+	}
+}

@@ -14,23 +14,27 @@ import (
 
 // renderOptions are the flags of `fp16audit render`.
 type renderOptions struct {
-	format      string
-	output      string
-	pass        string
-	onlyFlagged bool
-	noColor     bool
+	format        string
+	output        string
+	pass          string
+	onlyFlagged   bool
+	constantNodes bool
+	noColor       bool
 }
 
-// cmdRender re-renders a report saved with --format json, without running
-// the model again.
+// cmdRender re-renders a document saved with --format json (an audit
+// report, a training-log diagnosis or lint findings) without running
+// anything again.
 func cmdRender(args []string, stdout, stderr io.Writer) int {
 	var o renderOptions
 	fs := newFlagSet("render", "fp16audit render REPORT.json [flags]",
-		"  fp16audit run model.onnx -i batch.npy --format json -o render.json\n  fp16audit render render.json --format html -o render.html", stdout)
-	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindAudit), ", "))
+		"  fp16audit run model.onnx -i batch.npy --format json -o render.json\n  fp16audit render render.json --format html -o render.html\n"+
+			"  fp16audit scales run.csv --format json -o scales.json\n  fp16audit render scales.json --format markdown >> \"$GITHUB_STEP_SUMMARY\"", stdout)
+	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(renderFormats(), ", ")+" (sarif for lint findings)")
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
-	fs.StringVar(&o.pass, "pass", "", "text: the pass whose statistics the node table shows (default: the policy's emulated pass)")
-	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
+	fs.StringVar(&o.pass, "pass", "", "audit text: the pass whose statistics the node table shows (default: the policy's emulated pass)")
+	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "audit text: list only nodes with NaN/Inf in some pass")
+	fs.BoolVar(&o.constantNodes, "constant-nodes", false, "audit text: also list the nodes that compute only from weights and constants")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
@@ -39,33 +43,51 @@ func cmdRender(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fp16audit render: want exactly one REPORT.json argument, got %d\nRun 'fp16audit render --help' for usage.\n", fs.NArg())
 		return exitUsage
 	}
-	if !render.IsFormat(o.format, report.KindAudit) {
-		fmt.Fprintf(stderr, "fp16audit render: --format %q: want one of %s\n", o.format, strings.Join(render.Formats(report.KindAudit), ", "))
+	if !slices.Contains(renderFormats(), o.format) && !render.IsFormat(o.format, report.KindLint) {
+		fmt.Fprintf(stderr, "fp16audit render: --format %q: want one of %s\n", o.format, strings.Join(renderFormats(), ", "))
 		return exitUsage
 	}
-	r, err := readReport(fs.Arg(0))
+	doc, err := readDocument(fs.Arg(0))
 	if err != nil {
 		fmt.Fprintf(stderr, "fp16audit render: %v\n", err)
 		return exitUsage
 	}
-	if o.pass != "" && !slices.Contains(r.Passes, o.pass) {
+	r, audit := doc.(*report.Report)
+	switch {
+	case !audit && (o.pass != "" || o.onlyFlagged || o.constantNodes):
+		fmt.Fprintf(stderr, "fp16audit render: --pass, --only-flagged and --constant-nodes apply to audit reports; %s is a %s document\n", fs.Arg(0), doc.Kind())
+		return exitUsage
+	case audit && o.pass != "" && !slices.Contains(r.Passes, o.pass):
 		fmt.Fprintf(stderr, "fp16audit render: --pass %q: the report has passes %s\n", o.pass, strings.Join(r.Passes, ", "))
 		return exitUsage
 	}
-	topt := render.TextOptions{Pass: o.pass, OnlyFlagged: o.onlyFlagged}
+	topt := render.TextOptions{Pass: o.pass, OnlyFlagged: o.onlyFlagged, ConstantNodes: o.constantNodes}
 	if o.output == "" {
 		topt.Color, topt.Width = terminalStyle(stdout, o.noColor)
 	}
-	if err := writeDocument(r, o.format, o.output, render.Options{Text: topt}, stdout); err != nil {
+	if err := writeDocument(doc, o.format, o.output, render.Options{Text: topt}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit render: %v\n", err)
 		return exitUsage
 	}
 	return exitOK
 }
 
-// readReport decodes a JSON report and checks that it has the schema this
-// build renders.
-func readReport(path string) (*report.Report, error) {
+// renderFormats are the formats of both audit reports and training-log
+// diagnoses, in --help's order.
+func renderFormats() []string {
+	names := render.Formats(report.KindAudit)
+	for _, f := range render.Formats(report.KindScales) {
+		if !slices.Contains(names, f) {
+			names = append(names, f)
+		}
+	}
+	return names
+}
+
+// readDocument decodes a saved JSON document by its schema: an audit
+// report (this version's or v1, which it upgrades), a training-log
+// diagnosis or lint findings.
+func readDocument(path string) (report.Document, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -74,24 +96,33 @@ func readReport(path string) (*report.Report, error) {
 		Schema *string `json:"schema"`
 	}
 	if err := json.Unmarshal(data, &head); err != nil {
-		return nil, fmt.Errorf("read report %s: %w (want a report written by 'fp16audit run --format json')", path, err)
+		return nil, fmt.Errorf("read report %s: %w (want a report written by 'fp16audit run --format json' or 'fp16audit scales --format json')", path, err)
 	}
-	if head.Schema == nil || (*head.Schema != report.ReportSchema && *head.Schema != report.ReportSchemaV1) {
+	var doc report.Document
+	switch {
+	case head.Schema == nil:
+	case *head.Schema == report.ReportSchema || *head.Schema == report.ReportSchemaV1:
+		doc = &report.Report{}
+	case *head.Schema == report.ScalesSchema:
+		doc = &report.ScalesReport{}
+	case *head.Schema == report.LintSchema:
+		doc = &report.LintReport{}
+	}
+	if doc == nil {
 		found := "no schema field"
 		if head.Schema != nil {
 			found = fmt.Sprintf("schema %q", *head.Schema)
 		}
-		return nil, fmt.Errorf("read report %s: want schema %q, found %s; re-create it with this version's 'fp16audit run --format json'",
-			path, report.ReportSchema, found)
+		return nil, fmt.Errorf("read report %s: want schema %q (fp16audit run), %q (fp16audit scales) or %q (fp16audit lint), found %s; re-create it with this version's --format json",
+			path, report.ReportSchema, report.ScalesSchema, report.LintSchema, found)
 	}
-	var r report.Report
-	if err := json.Unmarshal(data, &r); err != nil {
+	if err := json.Unmarshal(data, doc); err != nil {
 		return nil, fmt.Errorf("read report %s: %w", path, err)
 	}
-	if r.Schema == report.ReportSchemaV1 {
-		upgradeV1(&r)
+	if r, ok := doc.(*report.Report); ok && r.Schema == report.ReportSchemaV1 {
+		upgradeV1(r)
 	}
-	return &r, nil
+	return doc, nil
 }
 
 // upgradeV1 reads a v1 report's statistics as v1.1 says them: v1 wrote 0

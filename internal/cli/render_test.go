@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-const savedReport = "../render/testdata/demo_cnn.json"
+const savedReport = "../render/testdata/audit/demo_cnn_raw.json"
 
 func TestRenderFormats(t *testing.T) {
 	for _, c := range []struct {
@@ -64,8 +64,9 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{[]string{"render"}, "want exactly one REPORT.json argument, got 0"},
 		{[]string{"render", savedReport, "--format", "pdf"}, `--format "pdf": want one of text, json, markdown, html`},
-		{[]string{"render", other}, `want schema "fp16audit.report/v1.1", found schema "fp16audit.report/v0"; re-create it`},
-		{[]string{"render", none}, `want schema "fp16audit.report/v1.1", found no schema field`},
+		{[]string{"render", other}, `want schema "fp16audit.report/v1.1" (fp16audit run), "fp16audit.scales/v1" (fp16audit scales) or "fp16audit.lint/v1" (fp16audit lint), found schema "fp16audit.report/v0"; re-create it`},
+		{[]string{"render", none}, `found no schema field`},
+		{[]string{"render", savedReport, "--format", "sarif"}, "format sarif has no audit rendering (want text, json, markdown, html)"},
 		{[]string{"render", broken}, "want a report written by 'fp16audit run --format json'"},
 		{[]string{"render", filepath.Join(dir, "missing.json")}, "no such file"},
 		{[]string{"render", savedReport, "--pass", "fp8"}, `--pass "fp8": the report has passes fp32, fp16, bf16`},
@@ -83,5 +84,49 @@ func TestRenderErrors(t *testing.T) {
 func TestTerminalStyle(t *testing.T) {
 	if color, width := terminalStyle(&bytes.Buffer{}, false); color || width != 0 {
 		t.Errorf("terminalStyle(buffer) = %v, %d; want no colour and no width", color, width)
+	}
+}
+
+// TestRenderScales: a diagnosis saved by `fp16audit scales --format json`
+// renders in every format, as the scales command itself would write it.
+func TestRenderScales(t *testing.T) {
+	dir := t.TempDir()
+	saved := filepath.Join(dir, "scales.json")
+	if code, _, stderr := runScales(t, scalesData+"plateau_underflow.json", "--baseline", scalesData+"baseline_fp32.json",
+		"--format", "json", "-o", saved, "--fail-on", "never"); code != exitOK {
+		t.Fatalf("scales: exit %d: %s", code, stderr)
+	}
+	for _, c := range []struct {
+		format string
+		want   string
+	}{
+		{"text", "verdict: plateau-underflow"},
+		{"markdown", "## fp16audit scales: ⚠️ `plateau-underflow`"},
+		{"html", `<svg id="scale-chart"`},
+		{"json", `"schema": "fp16audit.scales/v1"`},
+	} {
+		_, direct, _ := runScales(t, scalesData+"plateau_underflow.json", "--baseline", scalesData+"baseline_fp32.json", "--format", c.format)
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{"render", saved, "--format", c.format}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("render --format %s: exit %d: %s", c.format, code, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), c.want) {
+			t.Errorf("render --format %s: output lacks %q", c.format, c.want)
+		}
+		if stdout.String() != direct {
+			t.Errorf("render --format %s of the saved diagnosis differs from scales --format %s", c.format, c.format)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"render", saved, "--pass", "fp16"}, "apply to audit reports"},
+		{[]string{"render", saved, "--format", "sarif"}, "format sarif has no scales rendering"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(c.args, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, code, stderr.String(), exitUsage, c.want)
+		}
 	}
 }

@@ -18,6 +18,10 @@ type scalesOptions struct {
 	format   string
 	output   string
 	failOn   string
+	columns  string
+	tags     string
+	series   string
+	noColor  bool
 	opt      trainlog.Options
 }
 
@@ -25,14 +29,27 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	o := scalesOptions{opt: trainlog.DefaultOptions}
 	fs := newFlagSet("scales", "fp16audit scales RUN [--baseline FP32RUN] [flags]",
 		"  fp16audit scales run.json --baseline fp32.json\n"+
-			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n\n"+
-			"RUN is a JSON log {\"losses\": [...], \"scales\": [...], \"steps_per_epoch\": N, \"grad_scaler\": {...}}\n"+
-			"or a CSV with a step,loss,scale header (one row per optimizer step); record it with\n"+
-			"examples/fastai_scales_callback.py or examples/torch_scales_loop.py. See docs/scales.md.", stdout)
+			"  fp16audit scales run.jsonl                    # the Python companion's log, with gradient telemetry\n"+
+			"  fp16audit scales metrics.csv --columns step=iteration,loss=train_loss,scale=loss_scale\n"+
+			"  fp16audit scales runs/exp1 --tag loss=train/loss,scale=amp/scale   # TensorBoard\n"+
+			"  fp16audit scales history.csv --baseline fp32/history.csv          # fastai CSVLogger\n"+
+			"  fp16audit scales scales.npy --series scale\n"+
+			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n"+
+			"  fp16audit scales run.csv --baseline fp32.csv --format html --output scales.html\n"+
+			"  fp16audit scales run.csv --format markdown >> \"$GITHUB_STEP_SUMMARY\"\n\n"+
+			"RUN is the loss and GradScaler scale of every optimizer step (or every N steps), as\n"+
+			"fp16audit's JSON or CSV, a CSV/TSV/JSON/JSON Lines table whose columns are recognised by\n"+
+			"name, a plain list of numbers (.npy, JSON array, one per line), a TensorBoard event file or\n"+
+			"log directory, fastai's history.csv, or the Python companion's log (python/README.md).\n"+
+			"See docs/scales.md.", stdout)
 	fs.StringVar(&o.baseline, "baseline", "", "log of the same training in fp32 (losses), to tell a plateau from noise")
+	fs.StringVar(&o.columns, "columns", "", "name the columns (or JSON fields) of a table: step=COL,loss=COL,scale=COL,skipped=COL,epoch=COL")
+	fs.StringVar(&o.tags, "tag", "", "choose TensorBoard scalar tags: loss=TAG,scale=TAG,skipped=TAG")
+	fs.StringVar(&o.series, "series", "", "what a plain list of numbers holds: loss, scale, or fastai-scales (MixedPrecision.scales: unskipped steps only); default: scale when every value is a power of two, else loss")
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindScales), ", "))
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.Float64Var(&o.opt.PlateauTolerance, "plateau-tolerance", o.opt.PlateauTolerance, "relative gap of the final loss over the baseline's that counts as a plateau")
 	fs.IntVar(&o.opt.EarlySteps, "early-steps", o.opt.EarlySteps, "a NaN within this many steps is early, when the log does not give epochs (else: the first epoch)")
 	fs.Float64Var(&o.opt.SkipRate, "skip-rate", o.opt.SkipRate, "lowest skip rate reported as high (never below two skips per growth interval)")
@@ -40,6 +57,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.opt.PinnedIntervals, "pinned-intervals", o.opt.PinnedIntervals, "growth intervals without growth that make a pinned scale")
 	fs.Float64Var(&o.opt.CollapseBits, "collapse-bits", o.opt.CollapseBits, "fall of the scale, in powers of two, before a NaN that makes a collapse")
 	fs.IntVar(&o.opt.WarmupSkips, "warmup-skips", o.opt.WarmupSkips, "skipped steps at the start reported as wasted warm-up")
+	fs.Float64Var(&o.opt.UnderflowFraction, "underflow-fraction", o.opt.UnderflowFraction, "with gradient telemetry: a module whose gradient loses this fraction of its nonzero elements to fp16 underflow is named")
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
 	}
@@ -66,15 +84,43 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		return usage("--skip-rate %g: want a fraction between 0 and 1", o.opt.SkipRate)
 	case !(o.opt.LowScale > 0) || !(o.opt.CollapseBits > 0):
 		return usage("--low-scale and --collapse-bits want positive numbers")
+	case !(o.opt.UnderflowFraction > 0 && o.opt.UnderflowFraction <= 1):
+		return usage("--underflow-fraction %g: want a fraction above 0 and at most 1", o.opt.UnderflowFraction)
+	}
+	ropt := trainlog.ReadOptions{Series: o.series}
+	switch o.series {
+	case "", trainlog.SeriesLoss, trainlog.SeriesScale, trainlog.SeriesFastaiScales:
+	default:
+		return usage("--series %q: want %s, %s or %s", o.series, trainlog.SeriesLoss, trainlog.SeriesScale, trainlog.SeriesFastaiScales)
+	}
+	cols, err := trainlog.ParseMapping(o.columns)
+	if err != nil {
+		return usage("--columns: %v", err)
+	}
+	tags, err := trainlog.ParseMapping(o.tags)
+	if err != nil {
+		return usage("--tag: %v", err)
+	}
+	// --tag and --columns name the same thing for two kinds of log; a
+	// meaning given by both must agree.
+	ropt.Columns = cols
+	for k, v := range tags {
+		if c, ok := cols[k]; ok && c != v {
+			return usage("--columns %s=%s and --tag %s=%s disagree: give one", k, c, k, v)
+		}
+		ropt.Columns[k] = v
 	}
 
-	run, err := trainlog.ReadFile(fs.Arg(0))
+	run, err := trainlog.Read(fs.Arg(0), ropt)
 	if err != nil {
 		return logError(stderr, err)
 	}
 	var baseline *trainlog.Log
 	if o.baseline != "" {
-		if baseline, err = trainlog.ReadFile(o.baseline); err != nil {
+		// The baseline is the fp32 run: what it holds is its losses.
+		bopt := ropt
+		bopt.Baseline, bopt.Series = true, trainlog.SeriesLoss
+		if baseline, err = trainlog.Read(o.baseline, bopt); err != nil {
 			return logError(stderr, err)
 		}
 		if baseline.Losses == nil {
@@ -83,7 +129,11 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	r := trainlog.Analyze(run, baseline, o.opt)
-	if err := writeDocument(r, o.format, o.output, render.Options{}, stdout); err != nil {
+	var topt render.TextOptions
+	if o.output == "" {
+		topt.Color, _ = terminalStyle(stdout, o.noColor)
+	}
+	if err := writeDocument(r, o.format, o.output, render.Options{Text: topt}, stdout); err != nil {
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
 		return exitUsage
 	}
@@ -101,7 +151,7 @@ func logError(stderr io.Writer, err error) int {
 	case errors.As(err, &pe):
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
 	case errors.Is(err, os.ErrNotExist):
-		fmt.Fprintf(stderr, "fp16audit scales: %v: want a JSON or CSV training log\n", err)
+		fmt.Fprintf(stderr, "fp16audit scales: %v: want a training log (see fp16audit scales --help)\n", err)
 	default:
 		fmt.Fprintf(stderr, "fp16audit scales: read log: %v\n", err)
 	}

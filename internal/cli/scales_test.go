@@ -49,6 +49,17 @@ func TestScalesExitCodes(t *testing.T) {
 		{"zero scale", []string{write("zero.csv", "step,scale\n0,65536\n1,0\n")}, exitUsage, "zero.csv:3: scale: want a positive finite loss scale, found 0"},
 		{"mismatched lengths", []string{write("mis.json", `{"losses": [1, 2], "scales": [65536]}`)}, exitUsage, "scales has 1 entries and losses 2"},
 		{"baseline without losses", []string{scalesData + "healthy.json", "--baseline", scalesData + "healthy_scales_only.json"}, exitUsage, "has no losses"},
+		{"other column names", []string{write("it.csv", "iteration,train_loss,loss_scale\n0,2.5,32768\n1,nan,16384\n")}, exitFindings, ""},
+		{"mapped columns", []string{write("m.csv", "n,obj,s\n0,2.5,32768\n1,2.4,32768\n"), "--columns", "step=n,loss=obj,scale=s"}, exitOK, ""},
+		{"unknown columns", []string{write("u.csv", "n,obj,s\n0,2.5,32768\n")}, exitUsage, "u.csv:1: the log has neither losses nor scales: no column holds the loss or the loss scale"},
+		{"bad columns flag", []string{scalesData + "healthy.json", "--columns", "lr=x"}, exitUsage, "--columns: \"lr=x\": want one of step, epoch, loss, scale, skipped"},
+		{"columns and tag disagree", []string{scalesData + "healthy.json", "--columns", "loss=a", "--tag", "loss=b"}, exitUsage, "disagree"},
+		{"bad series", []string{scalesData + "healthy.json", "--series", "losses"}, exitUsage, "--series \"losses\": want loss, scale or fastai-scales"},
+		{"bad underflow fraction", []string{scalesData + "healthy.json", "--underflow-fraction", "0"}, exitUsage, "--underflow-fraction"},
+		{"scales list", []string{scalesData + "companion/gradient_overflow_nan.scales.npy"}, exitFindings, ""},
+		{"losses list as scales", []string{scalesData + "companion/gradient_overflow_nan.losses.npy", "--series", "scale"}, exitUsage, "gradient_overflow_nan.losses.npy: [351]: want a positive finite loss scale, found +Inf (a list of loss scales; pass --series loss"},
+		{"companion log", []string{scalesData + "companion/gradient_overflow_nan.jsonl"}, exitFindings, ""},
+		{"companion as baseline", []string{scalesData + "companion/gradient_overflow_nan.jsonl", "--baseline", scalesData + "companion/gradient_overflow_nan.losses.npy", "--series", "scale"}, exitFindings, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -326,6 +326,9 @@ func runHeadroom(f *Facts) ([]checks.Finding, error) {
 	var low []warn
 	g := f.graph()
 	for _, ni := range f.Static.Order {
+		if f.masked()[ni] {
+			continue
+		}
 		for _, v := range g.Node[ni].Output {
 			if h, ok := f.headroom(v); ok && h < f.Thresholds.HeadroomBits {
 				low = append(low, warn{ni, v, h})
@@ -352,23 +355,77 @@ func runUnderflow(f *Facts) ([]checks.Finding, error) {
 	}
 	main := f.Passes[f.Main]
 	g := f.graph()
+	flushes := func(v string) bool {
+		p := f.Static.Assign.Value[v]
+		d := main.Diffs[v]
+		return (p == precision.FP16 || p == precision.BF16) && d != nil && d.NonzeroRef >= 16 && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+	}
+	isOut := map[string]bool{}
+	for _, o := range g.Output {
+		isOut[o.Name] = true
+	}
+	// Underflow is reported where it starts: a value that flushes while
+	// no value its node reads does. What follows from it is counted there.
 	var out []checks.Finding
+	started := map[string]bool{}
 	for _, ni := range f.Static.Order {
-		for _, v := range g.Node[ni].Output {
-			if p := f.Static.Assign.Value[v]; p != precision.FP16 && p != precision.BF16 {
+		n := g.Node[ni]
+		inherited := false
+		for _, in := range n.Input {
+			if in != "" && started[in] {
+				inherited = true
+			}
+		}
+		for _, v := range n.Output {
+			if v == "" || !flushes(v) {
 				continue
 			}
-			ref, ok := f.Passes[PassFP32].Stats[v]
-			if !ok {
+			started[v] = true
+			if inherited {
 				continue
 			}
-			if d := main.Diffs[v]; d != nil && d.NonzeroRef >= 16 && d.FlushedFraction() > f.Thresholds.UnderflowFraction {
-				out = append(out, f.nodeFinding(checkUnderflow, ni, v, f.Main, fmt.Sprintf("%.0f%% of the nonzero values of %q become 0 in %s (smallest nonzero |x| %.3g)",
-					100*d.FlushedFraction(), v, f.Main, ref.MinNonzero)))
+			ref := f.Passes[PassFP32].Stats[v]
+			d := main.Diffs[v]
+			follow, outputs := f.underflowReach(v, flushes, isOut)
+			msg := fmt.Sprintf("%.0f%% of the nonzero values of %q become 0 in %s (fp32 max |x| %.3g, smallest nonzero %.3g)",
+				100*d.FlushedFraction(), v, f.Main, ref.MaxAbs, ref.MinNonzero)
+			if follow > 0 {
+				msg += fmt.Sprintf("; %d value(s) after it flush too", follow)
 			}
+			if len(outputs) > 0 {
+				msg += "; in the outputs " + strings.Join(outputs, ", ")
+			}
+			out = append(out, f.nodeFinding(checkUnderflow, ni, v, f.Main, msg))
 		}
 	}
 	return out, nil
+}
+
+// underflowReach counts the values downstream of v that flush as well and
+// the graph outputs among them.
+func (f *Facts) underflowReach(v string, flushes func(string) bool, isOut map[string]bool) (int, []string) {
+	g := f.graph()
+	seen := map[string]bool{v: true}
+	queue := []string{v}
+	count := 0
+	var outputs []string
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		if isOut[x] {
+			outputs = append(outputs, x)
+		}
+		for _, c := range f.Static.Model.Index.Consumers(x) {
+			for _, o := range g.Node[c].Output {
+				if o != "" && !seen[o] && flushes(o) {
+					seen[o] = true
+					count++
+					queue = append(queue, o)
+				}
+			}
+		}
+	}
+	return count, outputs
 }
 
 // moduleOr names a node by its module path, else by its node name.

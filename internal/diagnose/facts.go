@@ -74,6 +74,8 @@ type Facts struct {
 	notes     []string
 	// consts marks the values fixed without running the model.
 	consts map[string]bool
+	// maskedNodes caches masked.
+	maskedNodes map[int]bool
 }
 
 func (f *Facts) graph() *onnx.GraphProto { return f.Static.Model.Proto.GetGraph() }
@@ -295,11 +297,42 @@ func formatMax(p precision.Precision) float64 {
 	return 0
 }
 
+// masked marks the nodes whose values carry a mask constant: the readers
+// of a constant out of the format's range in the emulated pass and what
+// its ±Inf reached. Their magnitude is the mask's, not the model's, so
+// headroom says nothing about them.
+func (f *Facts) masked() map[int]bool {
+	if f.maskedNodes != nil {
+		return f.maskedNodes
+	}
+	f.maskedNodes = map[int]bool{}
+	idx := f.Static.Model.Index
+	for _, p := range []string{PassFP32, f.Main} {
+		for _, o := range f.Origins(p) {
+			if o.Cause != report.CauseConstant || o.Index < 0 {
+				continue
+			}
+			f.maskedNodes[o.Index] = true
+			for _, name := range o.Affected {
+				for ni, n := range f.graph().Node {
+					if onnx.NodeName(f.graph(), ni) == name && len(n.Output) > 0 && idx.Producer(n.Output[0]) == ni {
+						f.maskedNodes[ni] = true
+					}
+				}
+			}
+		}
+	}
+	return f.maskedNodes
+}
+
 // MinHeadroom is the smallest headroom over the observed values the policy
-// holds in reduced precision, the value that has it and the format's limit;
-// ok is false when there is none.
+// holds in reduced precision (mask values aside), the value that has it and
+// the format's limit; ok is false when there is none.
 func (f *Facts) MinHeadroom() (bits float64, value string, limit float64, ok bool) {
 	for _, v := range f.Values {
+		if p := f.Static.Model.Index.Producer(v); p >= 0 && f.masked()[p] {
+			continue
+		}
 		h, found := f.headroom(v)
 		if !found {
 			continue

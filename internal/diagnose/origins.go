@@ -282,29 +282,35 @@ func (f *Facts) nodeOrigin(pass string, ni int, res *observe.PassResult, asg *pr
 			or.Provenance.Casts = []string{f.nodeName(ni)}
 		}
 	}
-	if pass != PassFP32 {
-		if c, v, ok := f.outOfRangeConstant(ni, asg); ok {
-			or.Cause, or.Constant, or.ConstantValue = report.CauseConstant, c, &v
-			or.ExplicitCast = false
-		}
+	if c, v, ok := f.outOfRangeConstant(ni, asg, pass == PassFP32); ok {
+		or.Cause, or.Constant, or.ConstantValue = report.CauseConstant, c, &v
+		or.ExplicitCast = false
 	}
 	return or
 }
 
 // outOfRangeConstant returns a constant input of node ni that the node
 // holds in a precision too narrow for it (the first such input, its most
-// extreme value): a mask fill of -1e9 or finfo(float32).min in fp16.
-func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment) (string, float64, bool) {
+// extreme value): a mask fill of -1e9 or finfo(float32).min in fp16. In the
+// fp32 pass (fp32 set) only ±float32's largest value counts: a mask of
+// finfo(float32).min added to a negative score is -Inf in fp32 as well.
+func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool) (string, float64, bool) {
 	n := f.graph().Node[ni]
 	for _, in := range n.Input {
 		if in == "" || !f.consts[in] {
 			continue
 		}
-		held := f.Static.HeldAtIn(asg, in, ni)
 		v, ok := f.constantExtreme(in)
 		if !ok {
 			continue
 		}
+		if fp32 {
+			if dtypeAwareLimit(v) || math.IsInf(v, 0) {
+				return in, v, true
+			}
+			continue
+		}
+		held := f.Static.HeldAtIn(asg, in, ni)
 		if limit := overflowAt(held); limit > 0 && math.Abs(v) >= limit {
 			return in, v, true
 		}

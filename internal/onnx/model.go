@@ -78,13 +78,15 @@ func Load(path string) (*Model, error) {
 
 // LoadBytes decodes and checks a serialized model as Load does. path names
 // the model in errors and fixes the folder external data is resolved in.
+// The model's large initializers keep their data in data, which must not
+// change afterwards.
 func LoadBytes(data []byte, path string) (*Model, error) {
 	m := &Model{Path: path, Dir: filepath.Dir(path), Size: int64(len(data))}
 	if err := sniff(data); err != nil {
 		return nil, &LoadError{path, err}
 	}
 	mp := &ModelProto{}
-	if err := proto.Unmarshal(data, mp); err != nil {
+	if err := unmarshalAliased(data, mp); err != nil {
 		if truncated(data) {
 			return nil, &LoadError{path, fmt.Errorf("%w: the protobuf data ends in the middle of a field after %d bytes; the copy or export was cut short, export or copy the model again", ErrTruncated, len(data))}
 		}

@@ -327,19 +327,27 @@ func (s *assigner) zeroDim(name string) bool {
 }
 
 // markShape records whether node i's outputs are computed from shapes and
-// constants alone.
+// constants alone: Shape and Size, data movement whose data input is such
+// a value (Gather of a shape, Cast, Unsqueeze...), and arithmetic whose
+// every operand is such a value or a one-element constant. A Slice of a
+// weight with bounds from a shape is a tensor, not a number.
 func (s *assigner) markShape(i int) {
 	n := s.g.Node[i]
 	if !onnx.IsDefaultDomain(n.Domain) {
 		return
 	}
 	from := n.OpType == "Shape" || n.OpType == "Size"
-	if !from && scalarArith[n.OpType] {
+	switch {
+	case from:
+	case shapeMove[n.OpType]:
+		from = len(n.Input) > 0 && s.fromShape[n.Input[0]]
+	case shapeArith[n.OpType]:
 		for _, in := range n.Input {
-			switch {
-			case in == "" || s.consts[in] != nil:
+			switch t := s.consts[in]; {
+			case in == "":
 			case s.fromShape[in]:
 				from = true
+			case t != nil && tensorLen(t) <= 1:
 			default:
 				return
 			}
@@ -354,13 +362,22 @@ func (s *assigner) markShape(i int) {
 	}
 }
 
-// scalarArith are the ops through which arithmetic on shapes stays Python
-// arithmetic on numbers; tensor factories such as ConstantOfShape, Expand
-// and Range make tensors of those sizes instead.
-var scalarArith = toSet([]string{
-	"Gather", "Cast", "Pow", "Mul", "Div", "Add", "Sub", "Sqrt", "Reciprocal", "Neg", "Floor",
-	"Ceil", "Identity", "Squeeze", "Unsqueeze", "Slice", "Concat", "Reshape", "ReduceProd", "Min", "Max", "Mod",
-})
+// shapeMove and shapeArith are the ops through which arithmetic on shapes
+// stays Python arithmetic on numbers; tensor factories such as
+// ConstantOfShape, Expand and Range make tensors of those sizes instead.
+var (
+	shapeMove = toSet([]string{"Gather", "Cast", "Identity", "Squeeze", "Unsqueeze", "Slice", "Reshape",
+		"ReduceProd", "Sqrt", "Reciprocal", "Neg", "Floor", "Ceil"})
+	shapeArith = toSet([]string{"Mul", "Div", "Add", "Sub", "Pow", "Min", "Max", "Mod", "Concat"})
+)
+
+func tensorLen(t *onnx.TensorProto) int64 {
+	n := int64(1)
+	for _, d := range t.Dims {
+		n *= d
+	}
+	return n
+}
 
 func (s *assigner) node(i int) {
 	s.markShape(i)

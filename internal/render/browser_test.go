@@ -77,7 +77,7 @@ func TestBrowser(t *testing.T) {
 	bin := chromium(t)
 	dir := t.TempDir()
 	var page bytes.Buffer
-	if err := auditHTML(&page, loadReport(t, "demo_cnn")); err != nil {
+	if err := auditHTML(&page, loadReport(t, "demo_cnn_raw")); err != nil {
 		t.Fatal(err)
 	}
 	probed := strings.Replace(page.String(), "</body>", hoverProbe+"</body>", 1)
@@ -92,7 +92,7 @@ func TestBrowser(t *testing.T) {
 	}
 	for _, want := range []string{
 		`<span id="verdict-id">unnormalized-input</span>`,
-		"the inputs are not normalized",
+		"is not normalized; with it standardized the fp16 pass is clean",
 		`<svg id="chart"`, `class="series"`, "fp16 max 65504", "origin: conv1 (Conv)",
 		`<table id="nodes"`, `<tr data-pos="0" class="orig">`, "showing 13 of 13 rows",
 		`data-hover="#0 /conv1/Conv`,
@@ -107,7 +107,7 @@ func TestBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The README shows the release's version, not the tests' blank.
-		r := loadReport(t, "demo_cnn")
+		r := loadReport(t, "demo_cnn_raw")
 		r.Tool.Version = report.Version
 		page.Reset()
 		if err := auditHTML(&page, r); err != nil {
@@ -171,7 +171,7 @@ func TestBrowserFixtures(t *testing.T) {
 	bin := chromium(t)
 	var parent strings.Builder
 	parent.WriteString("<!DOCTYPE html><html><body>")
-	for _, name := range fixtures {
+	for _, name := range goldenNames(t) {
 		var page bytes.Buffer
 		if err := auditHTML(&page, loadReport(t, name)); err != nil {
 			t.Fatal(err)
@@ -203,14 +203,97 @@ window.addEventListener("load", function () {
 		k, v, _ := strings.Cut(kv, "=")
 		got[k] = v
 	}
-	for _, name := range fixtures {
+	for _, name := range goldenNames(t) {
 		r := loadReport(t, name)
 		rows := 0
 		for _, n := range r.Nodes {
-			rows += max(len(n.Outputs), 1)
+			if shownNode(r, n, false) {
+				rows += max(len(n.Outputs), 1)
+			}
 		}
 		if want := fmt.Sprintf("1/%d", rows); got[name] != want {
 			t.Errorf("%s: script ended %q, want ready with %d table rows", name, got[name], rows)
 		}
+	}
+}
+
+// tableProbe runs after the page's script: it records which number
+// columns of the node table lie outside the table's visible box (as
+// "header:right edge"), the viewport's width, and the rows before and
+// after the constant-only toggle is clicked.
+const tableProbe = `<script>
+(function () {
+  var box = document.querySelector(".tablebox").getBoundingClientRect(), off = [];
+  document.querySelectorAll("#nodes thead th.num").forEach(function (th) {
+    var r = th.getBoundingClientRect();
+    if (r.left < box.left || r.right > box.right) off.push(th.textContent + ":" + Math.round(r.right));
+  });
+  var b = document.body, rows = function () { return document.querySelectorAll("#nodes tbody tr").length; };
+  b.setAttribute("data-offscreen", off.join("|") || "none");
+  b.setAttribute("data-viewport", String(document.documentElement.clientWidth));
+  b.setAttribute("data-rows", String(rows()));
+  var c = document.getElementById("f-const");
+  if (c) { c.click(); b.setAttribute("data-rows-const", String(rows())); }
+})();
+</script>`
+
+// probePage renders r, appends probe and returns the DOM Chromium dumps
+// with a window of the given width.
+func probePage(t *testing.T, bin string, r *report.Report, probe string, width int) string {
+	t.Helper()
+	var page bytes.Buffer
+	if err := auditHTML(&page, r); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "probe.html")
+	if err := os.WriteFile(path, []byte(strings.Replace(page.String(), "</body>", probe+"</body>", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom := string(runChromium(t, bin, path, "--dump-dom", fmt.Sprintf("--window-size=%d,900", width)))
+	body := bodyTag.FindString(dom)
+	if !strings.Contains(body, `data-ready="1"`) || strings.Contains(body, "data-error") {
+		t.Fatalf("the page's script did not finish cleanly: %s", body)
+	}
+	return body
+}
+
+func attr(body, name string) string {
+	m := regexp.MustCompile(name + `="([^"]*)"`).FindStringSubmatch(body)
+	if m == nil {
+		return ""
+	}
+	return html.UnescapeString(m[1])
+}
+
+// TestBrowserTableWidth: at 1400 px the node table of a model with long
+// node and module names keeps every number column in view, without
+// scrolling sideways.
+func TestBrowserTableWidth(t *testing.T) {
+	bin := chromium(t)
+	r := syntheticReport(300)
+	for i := range r.Nodes {
+		n := &r.Nodes[i]
+		n.Name = "/model/encoder/layers." + strconv.Itoa(i) + "/self_attention/attention_dropout_and_projection/" + n.Name
+		n.Module = strings.ReplaceAll(strings.TrimPrefix(n.Name, "/"), "/", ".")
+		n.OpType = "BatchNormalization"
+		n.Outputs[0].Name = n.Name + "/quantized_output_that_is_very_long"
+		n.Outputs[0].Shape = "[1024,4096,128,128]"
+	}
+	body := probePage(t, bin, r, tableProbe, 1400)
+	if vp := attr(body, "data-viewport"); vp != "1400" {
+		t.Logf("viewport %s px wide", vp)
+	}
+	if off := attr(body, "data-offscreen"); off != "none" {
+		t.Errorf("number columns outside the visible table at 1400 px: %s", off)
+	}
+}
+
+// TestBrowserConstantToggle: constant-only rows are hidden until the
+// toggle is clicked.
+func TestBrowserConstantToggle(t *testing.T) {
+	bin := chromium(t)
+	body := probePage(t, bin, schemaReport(), tableProbe, 1400)
+	if got, want := attr(body, "data-rows")+"→"+attr(body, "data-rows-const"), "5→6"; got != want {
+		t.Errorf("node table rows before→after the constant-only toggle: %s, want %s", got, want)
 	}
 }

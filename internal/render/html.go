@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,10 +27,11 @@ func auditHTML(w io.Writer, r *report.Report) error {
 	}
 	v := htmlView{
 		R:        r,
-		Healthy:  r.Verdict == report.VerdictHealthy,
+		Mood:     verdictMood(r),
 		Chart:    template.HTML(chartSVG(r)),
 		Data:     template.JS(data),
 		Emulated: emulatedPasses(r),
+		Hidden:   hiddenConstants(r),
 		CSS:      template.CSS(htmlCSS),
 		Script:   template.JS(htmlScript),
 	}
@@ -48,15 +50,19 @@ func auditHTML(w io.Writer, r *report.Report) error {
 const htmlFindings = 1000
 
 type htmlView struct {
-	R           *report.Report
+	R *report.Report
+	// Hidden counts the constant-only nodes the table leaves out until
+	// the reader asks for them.
+	Hidden      int
 	Findings    []checks.Finding
 	FindingsCut int
-	Healthy     bool
-	Chart       template.HTML
-	Data        template.JS
-	Emulated    []string
-	CSS         template.CSS
-	Script      template.JS
+	// Mood is the verdict card's look: ok, caution or fail.
+	Mood     string
+	Chart    template.HTML
+	Data     template.JS
+	Emulated []string
+	CSS      template.CSS
+	Script   template.JS
 }
 
 // num is a float written to the page's JSON with 4 significant digits,
@@ -71,22 +77,32 @@ func (x num) MarshalJSON() ([]byte, error) {
 	return strconv.AppendFloat(nil, f, 'g', 4, 64), nil
 }
 
+// Node flags in the page's JSON.
+const (
+	nodeFlagged = 1 // NaN/Inf in some pass
+	nodeHidden  = 2 // constant-only: out of the table until asked for
+)
+
 // htmlData is the JSON the page's script reads: the passes, the origins'
-// node positions, a table of repeated strings, and per node [index, name,
-// op, module, precision, flagged, outputs], each output [name, shape, stats
-// per pass], each stats [max|x|, nan, +inf, -inf] or null, the fp32 one with
-// its headroom (or null) appended. Op, precision and shape are indexes into
-// the string table. An output name equal to the node name plus "_output_0"
-// (the exporters' default) is sent as "" and rebuilt by the script. For a
-// 20 000-node model this is most of the page.
+// node positions, the positions the chart plots (chartNodes), a table of
+// repeated strings, and per node [index, name, op, module, precision,
+// flags, outputs, provenance], each output [name, shape, stats per pass],
+// each stats [max|x|, nan, +inf, -inf, extra] or null, where extra is the
+// headroom for fp32 and the relative error against fp32 for the other
+// passes (null where there is none). Op, precision, provenance and shape
+// are indexes into the string table. An output name equal to the node name
+// plus "_output_0" (the exporters' default) is sent as "" and rebuilt by
+// the script. For a 20 000-node model this is most of the page.
 func htmlData(r *report.Report) (string, error) {
 	type page struct {
 		Passes  []string `json:"passes"`
 		Origins []int    `json:"origins"`
+		Chart   []int    `json:"chart"`
 		Strings []string `json:"strings"`
 		Nodes   [][]any  `json:"nodes"`
 	}
-	p := page{Passes: r.Passes, Origins: append([]int{}, originPositions(r)...), Strings: []string{}, Nodes: make([][]any, len(r.Nodes))}
+	p := page{Passes: r.Passes, Origins: append([]int{}, originPositions(r)...), Chart: append([]int{}, chartNodes(r)...),
+		Strings: []string{}, Nodes: make([][]any, len(r.Nodes))}
 	if p.Passes == nil {
 		p.Passes = []string{}
 	}
@@ -100,6 +116,12 @@ func htmlData(r *report.Report) (string, error) {
 		}
 		return i
 	}
+	opt := func(x *float64) any {
+		if x == nil {
+			return nil
+		}
+		return num(*x)
+	}
 	for i, n := range r.Nodes {
 		outs := make([]any, len(n.Outputs))
 		for j, o := range n.Outputs {
@@ -109,19 +131,11 @@ func htmlData(r *report.Report) (string, error) {
 				if !ok {
 					continue
 				}
-				var mx any
-				if s.MaxAbs != nil {
-					mx = num(*s.MaxAbs)
-				}
-				st := []any{mx, s.NaN, s.PosInf, s.NegInf}
+				extra := opt(s.RelErr)
 				if ps == report.PassFP32 {
-					var head any
-					if s.HeadroomBits != nil {
-						head = num(*s.HeadroomBits)
-					}
-					st = append(st, head)
+					extra = opt(s.HeadroomBits)
 				}
-				stats[k] = st
+				stats[k] = []any{opt(s.MaxAbs), s.NaN, s.PosInf, s.NegInf, extra}
 			}
 			name := o.Name
 			if name == n.Name+"_output_0" {
@@ -129,20 +143,45 @@ func htmlData(r *report.Report) (string, error) {
 			}
 			outs[j] = []any{name, str(o.Shape), stats}
 		}
-		flagged := 0
+		flags := 0
 		if n.Flagged {
-			flagged = 1
+			flags |= nodeFlagged
 		}
-		p.Nodes[i] = []any{n.Index, n.Name, str(n.OpType), n.Module, str(n.Precision), flagged, outs}
+		if !shownNode(r, n, false) {
+			flags |= nodeHidden
+		}
+		p.Nodes[i] = []any{n.Index, n.Name, str(n.OpType), n.Module, str(precisionLabel(n.Precision, n.Provenance, false)), flags, outs,
+			str(provenanceText(n.Provenance, true))}
 	}
 	b, err := json.Marshal(p)
 	return string(b), err
 }
 
-// originPositions are the positions in r.Nodes of the origin nodes.
+// chartNodes are the positions in r.Nodes the chart plots, left to right:
+// the nodes with statistics of a float output, less the constant-only ones
+// the node table hides. Leaving the others out, instead of leaving gaps,
+// keeps the lines continuous.
+func chartNodes(r *report.Report) []int {
+	var pos []int
+	for i, n := range r.Nodes {
+		if !shownNode(r, n, false) {
+			continue
+		}
+		if slices.ContainsFunc(n.Outputs, func(v report.ValueReport) bool { return len(v.Stats) > 0 }) {
+			pos = append(pos, i)
+		}
+	}
+	return pos
+}
+
+// originPositions are the positions in r.Nodes of the origin nodes (an
+// input origin has none).
 func originPositions(r *report.Report) []int {
 	var pos []int
 	for _, o := range r.Origins {
+		if o.Index < 0 {
+			continue
+		}
 		for i, n := range r.Nodes {
 			if n.Index == o.Index {
 				pos = append(pos, i)
@@ -176,10 +215,11 @@ var seriesColors = []string{"#1c4f9c", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad
 // nested <svg> whose user units are (node position, -log2 max|x|) and whose
 // viewBox the script narrows to zoom; strokes do not scale with it.
 func chartSVG(r *report.Report) string {
-	n := len(r.Nodes)
-	// Per node and pass: log2 of the largest max|x| over its outputs, and
-	// whether an output held NaN/Inf. This is a choice of what to draw, not
-	// a new statistic.
+	plotted := chartNodes(r)
+	n := len(plotted)
+	// Per plotted node and pass: log2 of the largest max|x| over its
+	// outputs, and whether an output held NaN/Inf. This is a choice of what
+	// to draw, not a new statistic.
 	type point struct {
 		y        float64
 		has      bool
@@ -190,7 +230,8 @@ func chartSVG(r *report.Report) string {
 	lo, hi := -16.0, 17.0
 	for k, ps := range r.Passes {
 		series[k] = make([]point, n)
-		for i, node := range r.Nodes {
+		for i, pos := range plotted {
+			node := r.Nodes[pos]
 			pt := point{y: math.Inf(-1)}
 			for _, o := range node.Outputs {
 				s, ok := o.Stats[ps]
@@ -237,7 +278,7 @@ func chartSVG(r *report.Report) string {
 	fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4.5" fill="#e03131"/><text x="%s" y="22" class="lg">above 65504 in fp32</text>`, fnum(x+6), fnum(x+16))
 	x += 170
 	fmt.Fprintf(&b, `<rect x="%s" y="13" width="16" height="10" fill="#fa5252"/><text x="%s" y="22" class="lg">flagged node (NaN/Inf in some pass)</text>`, fnum(x), fnum(x+22))
-	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">log2 max |x| per node, topological order — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft)
+	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">log2 max |x| per node with float outputs, topological order — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft)
 
 	// Horizontal grid and y labels every 8 bits.
 	fmt.Fprintf(&b, `<g class="grid">`)
@@ -267,13 +308,14 @@ func chartSVG(r *report.Report) string {
 	// Flagged nodes: a red rug along the bottom, one rectangle per run.
 	rug := (top - lo) * 0.03
 	var flaggedPath strings.Builder
+	flagged := func(i int) bool { return r.Nodes[plotted[i]].Flagged }
 	for i := 0; i < n; {
-		if !r.Nodes[i].Flagged {
+		if !flagged(i) {
 			i++
 			continue
 		}
 		j := i
-		for j+1 < n && r.Nodes[j+1].Flagged {
+		for j+1 < n && flagged(j+1) {
 			j++
 		}
 		fmt.Fprintf(&flaggedPath, "M%s %sH%sV%sH%sZ", fnum(float64(i)-0.5), fnum(-(lo + rug)), fnum(float64(j)+0.5), fnum(-lo), fnum(float64(i)-0.5))
@@ -287,8 +329,7 @@ func chartSVG(r *report.Report) string {
 		pen := "M"
 		for i, pt := range series[k] {
 			if !pt.has {
-				pen = "M"
-				continue
+				continue // a pass without this value: the line goes on to the next
 			}
 			y := pt.y
 			switch {
@@ -320,8 +361,12 @@ func chartSVG(r *report.Report) string {
 	b.WriteString(`</svg>`)
 
 	// Origins: a line and a label each, placed by the script when zoomed.
-	for _, i := range originPositions(r) {
-		o := r.Nodes[i]
+	for _, pos := range originPositions(r) {
+		i := slices.Index(plotted, pos)
+		if i < 0 {
+			continue
+		}
+		o := r.Nodes[pos]
 		label := "origin: " + moduleOrModel(o.Module) + " (" + o.OpType + ")"
 		anchor := "start"
 		if float64(i) > 0.6*float64(n) {
@@ -376,14 +421,26 @@ func fnum(x float64) string {
 }
 
 var htmlFuncs = template.FuncMap{
-	"mag":      formatMag,
-	"headroom": headroomText,
-	"module":   moduleOrModel,
-	"opsets":   opsetString,
-	"floats":   floats,
-	"join":     strings.Join,
-	"f4":       func(x float64) string { return strconv.FormatFloat(x, 'g', 4, 64) },
-	"sev":      func(s checks.Severity) string { return s.String() },
+	"mag":    formatMag,
+	"optMag": formatOpt,
+	"opt4": func(x *float64) string {
+		return optional(x, func(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) })
+	},
+	"statsFinite":     statsFinite,
+	"headroomSummary": headroomSummary,
+	"precLabel":       func(p string, prov *report.Provenance) string { return precisionLabel(p, prov, true) },
+	"isInput":         func(o report.Origin) bool { return originCause(o) == report.CauseInput },
+	"inputShape":      inputShape,
+	"originFacts":     originFacts,
+	"originWhy":       originWhy,
+	"originTitle":     originTitle,
+	"headroom":        headroomText,
+	"module":          moduleOrModel,
+	"opsets":          opsetString,
+	"floats":          floats,
+	"join":            strings.Join,
+	"f4":              func(x float64) string { return strconv.FormatFloat(x, 'g', 4, 64) },
+	"sev":             func(s checks.Severity) string { return s.String() },
 	"stat": func(v report.ValueReport, pass string) *report.StatsReport {
 		if s, ok := v.Stats[pass]; ok {
 			return &s
@@ -406,25 +463,29 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <body>
 <header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>
 <main>
-<section id="verdict" class="card {{if .Healthy}}ok{{else}}fail{{end}}">
-<h2><span class="badge">{{if .Healthy}}✓{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
+<section id="verdict" class="card {{.Mood}}">
+<h2><span class="badge">{{if eq .Mood "ok"}}✓{{else if eq .Mood "caution"}}!{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
 {{range .R.Origins}}<div class="origin-box">
-<h3>Origin{{if .ExplicitCast}} (an explicit half cast in the model){{end}}</h3>
+<h3>{{originTitle .}}</h3>
 <dl class="kv">
-<dt>node</dt><dd><code>{{.Node}}</code> ({{.OpType}}, computes in {{.Precision}}, {{.Pass}} pass)</dd>
+{{if isInput .}}<dt>input</dt><dd><code>{{.Input}}</code>{{inputShape $.R .Input}}</dd>
+{{else}}<dt>node</dt><dd><code>{{.Node}}</code> ({{.OpType}}, computes in {{precLabel .Precision .Provenance}}, {{.Pass}} pass)</dd>
 <dt>module</dt><dd><code>{{module .Module}}</code></dd>
-<dt>value</dt><dd><code>{{.Value}}</code>: fp32 max |x| <b>{{mag .FP32MaxAbs}}</b> vs fp16 max 65504, headroom <b>{{headroom .HeadroomBits}}</b>; {{.NonFinite}} non-finite</dd>
-<dt>reached</dt><dd>{{len .Affected}} downstream node(s); graph outputs: {{if .AffectedOutputs}}{{range $i, $o := .AffectedOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{else}}none{{end}}</dd>
+{{end}}<dt>cause</dt><dd>{{originFacts $.R .}}</dd>
+{{with originWhy .}}<dt>precision</dt><dd><b>{{.}}</b></dd>
+{{end}}<dt>reached</dt><dd>{{len .Affected}} downstream node(s); graph outputs: {{if .AffectedOutputs}}{{range $i, $o := .AffectedOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{else}}none{{end}}</dd>
 </dl></div>{{end}}
 {{if .R.Fixes}}<h3>Fixes, verified by rerun</h3>
 <ul class="fixes">{{range .R.Fixes}}
 <li class="{{if .Works}}works{{else}}fails{{end}}"><span class="fk">{{if .Works}}✓{{else}}✗{{end}} {{.Kind}}</span> <span class="ba">NaN/Inf values {{.NonFiniteBefore}} → {{.NonFiniteAfter}}</span><br>{{.Summary}}
-{{range .Normalize}}<div class="snip">input <code>{{.Input}}</code>: mean {{floats .Mean}}, std {{floats .Std}}{{if .Fastai}}<pre>{{.Fastai}}</pre>{{end}}</div>{{end}}
+{{range .Normalize}}<div class="snip">input <code>{{.Input}}</code>: mean {{floats .Mean}}, std {{floats .Std}}{{if .Fastai}}<pre># fastai
+{{.Fastai}}</pre>{{end}}{{if .Torch}}<pre># PyTorch
+{{.Torch}}</pre>{{end}}</div>{{end}}
 {{if .Modules}}<div class="snip">modules kept in fp32: {{range $i, $m := .Modules}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}<br>ONNX nodes (node_block_list): {{range $i, $m := .Nodes}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}</div>{{end}}
 </li>{{end}}
 </ul>{{end}}
-{{with .R.Summary.MinHeadroomBits}}<p class="small">Smallest fp32 headroom: {{headroom .}} at <code>{{$.R.Summary.MinHeadroomValue}}</code>.</p>{{end}}
+{{with headroomSummary .R.Summary}}<p class="small">{{.}}.</p>{{end}}
 </section>
 
 <section class="card">
@@ -445,12 +506,13 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <div class="controls">
 <label>op type <select id="f-op"><option value="">all</option></select></label>
 <label><input type="checkbox" id="f-flagged"> flagged only</label>
-<label>name or module <input type="search" id="f-text" placeholder="filter"></label>
+{{with .Hidden}}<label title="nodes that compute only from initializers and constants: the exporter's Identity of a shared weight, constant folding leftovers"><input type="checkbox" id="f-const"> constant-only nodes ({{.}})</label>
+{{end}}<label>name or module <input type="search" id="f-text" placeholder="filter"></label>
 <span id="count"></span>
 </div>
 <noscript><p>The node table needs JavaScript; <code>fp16audit render REPORT.json --format text</code> prints it.</p></noscript>
 <div class="tablebox"><table id="nodes"><thead><tr>
-<th data-k="0" class="num">#</th><th data-k="1">node</th><th data-k="2">op</th><th data-k="3">module</th><th data-k="4">prec</th><th data-k="5">output</th><th data-k="6">shape</th><th data-k="7" class="num">fp32 max|x|</th><th data-k="8" class="num">headroom (bits)</th>{{range $i, $p := .Emulated}}<th data-k="{{$i}}m" class="num">{{$p}} max|x|</th><th data-k="{{$i}}n" class="num">{{$p}} NaN/Inf</th>{{end}}
+<th data-k="0" class="num">#</th><th data-k="1">node</th><th data-k="2">op</th><th data-k="4">prec</th><th data-k="7" class="num">fp32 max|x|</th><th data-k="8" class="num" title="log2(65504 / fp32 max|x|)">headroom (bits)</th>{{range $i, $p := .Emulated}}<th data-k="{{$i}}m" class="num">{{$p}} max|x|</th><th data-k="{{$i}}n" class="num">{{$p}} NaN/Inf</th>{{end}}<th data-k="3">module</th><th data-k="5">output</th><th data-k="6">shape</th>
 </tr></thead><tbody></tbody></table></div>
 <p><button id="more" hidden>show more rows</button></p>
 </section>
@@ -458,7 +520,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 {{if .R.Inputs}}<section class="card">
 <h2>Inputs</h2>
 {{range .R.Inputs}}<h3><code>{{.Name}}</code> <span class="small">{{.Kind}}, {{.DType}} {{.Shape}}{{if .RawPixels}}, <b class="warn">raw 0–255 pixels</b>{{end}}</span></h3>
-{{with stat .ValueReport "fp32"}}<p class="small">max |x| {{mag .MaxAbs}}, mean {{f4 .Mean}}, rms {{f4 .RMS}}, NaN {{.NaN}}, +Inf {{.PosInf}}, −Inf {{.NegInf}}</p>{{end}}
+{{with stat .ValueReport "fp32"}}<p class="small">max |x| {{optMag .MaxAbs}}, mean {{opt4 .Mean}}, rms {{opt4 .RMS}}, NaN {{.NaN}}, +Inf {{.PosInf}}, −Inf {{.NegInf}}{{with statsFinite .}} ({{.}}){{end}}</p>{{end}}
 {{if .Channels}}<table class="plain"><thead><tr><th>{{if eq .Kind "image"}}channel{{else}}column{{end}}</th><th class="num">mean</th><th class="num">std</th><th class="num">min</th><th class="num">max</th><th></th></tr></thead><tbody>
 {{range .Channels}}<tr{{if .Flagged}} class="sev-warning"{{end}}><td>{{.Index}}</td><td class="num">{{f4 .Mean}}</td><td class="num">{{f4 .Std}}</td><td class="num">{{f4 .Min}}</td><td class="num">{{f4 .Max}}</td><td>{{if .Flagged}}far from standardized{{end}}</td></tr>
 {{end}}</tbody></table>{{end}}
@@ -503,6 +565,8 @@ main{padding:0 28px 28px}
 #verdict h2{font-size:24px}
 .fail .badge,.fail #verdict-id{color:var(--bad)}
 .ok .badge,.ok #verdict-id{color:var(--ok)}
+.card.caution{border-left:8px solid var(--warn);background:linear-gradient(90deg,#fff4e6,#fff 40%)}
+.caution .badge,.caution #verdict-id{color:var(--warn)}
 .vtext{font-size:16px;margin:0 0 6px}
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f6f8fa;border:1px solid var(--line);border-radius:4px;padding:6px 8px;margin:4px 0;white-space:pre-wrap}
@@ -557,7 +621,9 @@ th{background:#f8f9fa;position:sticky;top:0;cursor:pointer;font-weight:600}
 th.asc::after{content:" ▲"}
 th.desc::after{content:" ▼"}
 .num{text-align:right;font-variant-numeric:tabular-nums}
-#nodes td.nm{max-width:420px;overflow:hidden;text-overflow:ellipsis}
+#nodes th{white-space:normal;vertical-align:bottom}
+#nodes div.nm{max-width:340px;overflow:hidden;text-overflow:ellipsis}
+#nodes div.aux{max-width:260px;overflow:hidden;text-overflow:ellipsis;color:var(--mute)}
 #nodes tr.fl td{background:#fff0f0}
 #nodes tr.orig td{background:#ffc9c9;font-weight:600}
 #nodes tr.hl td{outline:2px solid #1971c2}
@@ -594,10 +660,12 @@ const htmlScript = `
 
   function main() {
     var D = JSON.parse(document.getElementById("fp16audit-data").textContent);
-    var P = D.passes, N = D.nodes, S = D.strings, ref = P.indexOf("fp32"), emu = [];
+    var P = D.passes, N = D.nodes, S = D.strings, C = D.chart, ref = P.indexOf("fp32"), emu = [];
+    var FLAGGED = 1, HIDDEN = 2;
     N.forEach(function (nd) {
       nd[2] = S[nd[2]];
       nd[4] = S[nd[4]];
+      nd[7] = S[nd[7]];
       nd[6].forEach(function (o) { o[1] = S[o[1]]; });
     });
     P.forEach(function (p, k) { if (p !== "fp32") emu.push(k); });
@@ -607,8 +675,9 @@ const htmlScript = `
     function esc(s) {
       return String(s).replace(/[&<>"]/g, function (c) { return {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;"}[c]; });
     }
+    // mag writes a magnitude; null is a value without finite elements.
     function mag(x) {
-      if (x === null || x === undefined) return "";
+      if (x === null || x === undefined) return "none";
       if (x === 0) return "0";
       var a = Math.abs(x);
       if (a >= 1e5 || a < 1e-3) return x.toExponential(2).replace(/e([+-])(\d)$/, function (m, sg, d) { return "e" + sg + "0" + d; });
@@ -645,6 +714,7 @@ const htmlScript = `
     var tbody = document.querySelector("#nodes tbody"), count = document.getElementById("count");
     var more = document.getElementById("more"), fop = document.getElementById("f-op");
     var ffl = document.getElementById("f-flagged"), ftx = document.getElementById("f-text");
+    var fco = document.getElementById("f-const");
     var ops = {};
     N.forEach(function (nd) { ops[nd[2]] = (ops[nd[2]] || 0) + 1; });
     Object.keys(ops).sort().forEach(function (op) {
@@ -656,11 +726,12 @@ const htmlScript = `
     var PAGE = 500, shown = PAGE, sortKey = null, sortDir = 1, view = rows, hl = -1;
 
     function refilter() {
-      var op = fop.value, fl = ffl.checked, tx = ftx.value.toLowerCase();
+      var op = fop.value, fl = ffl.checked, tx = ftx.value.toLowerCase(), co = fco ? fco.checked : true;
       view = rows.filter(function (r) {
         var nd = N[r.pos];
         if (op && nd[2] !== op) return false;
-        if (fl && !nd[5]) return false;
+        if (fl && !(nd[5] & FLAGGED)) return false;
+        if (!co && (nd[5] & HIDDEN)) return false;
         if (tx && (nd[1] + " " + nd[3] + " " + outName(nd, r.o)).toLowerCase().indexOf(tx) < 0) return false;
         return true;
       });
@@ -683,18 +754,20 @@ const htmlScript = `
       var h = [], n = Math.min(shown, view.length);
       for (var i = 0; i < n; i++) {
         var r = view[i], nd = N[r.pos], s = st(r.o, ref);
-        var cls = origins[r.pos] ? "orig" : (nd[5] ? "fl" : "");
+        var cls = origins[r.pos] ? "orig" : (nd[5] & FLAGGED ? "fl" : "");
         if (r.pos === hl) cls += " hl";
-        h.push("<tr data-pos=\"" + r.pos + "\" class=\"" + cls + "\"><td class=\"num\">" + nd[0] + "</td><td class=\"nm\" title=\"" +
-          esc(nd[1]) + "\">" + esc(nd[1]) + "</td><td>" + esc(nd[2]) + "</td><td>" + esc(nd[3]) + "</td><td>" + esc(nd[4]) +
-          "</td><td class=\"nm\">" + esc(outName(nd, r.o)) + "</td><td>" + esc(r.o ? r.o[1] : "") + "</td><td class=\"num\">" +
-          (s ? mag(s[0]) : "") + "</td><td class=\"num" + (s && s[4] !== null && s[4] < 0 ? " neg" : "") + "\">" +
+        // The numbers come right after the node's name and op, so that
+        // they stay in view on a narrow screen; the long names are cut.
+        h.push("<tr data-pos=\"" + r.pos + "\" class=\"" + cls + "\"><td class=\"num\">" + nd[0] + "</td><td><div class=\"nm\" title=\"" +
+          esc(nd[1]) + "\">" + esc(nd[1]) + "</div></td><td>" + esc(nd[2]) + "</td><td" + (nd[7] ? " title=\"" + esc(nd[7]) + "\"" : "") + ">" +
+          esc(nd[4]) + "</td><td class=\"num\">" + (s ? mag(s[0]) : "") + "</td><td class=\"num" + (s && s[4] !== null && s[4] < 0 ? " neg" : "") + "\">" +
           (s && s[4] !== null ? s[4].toFixed(1) : "") + "</td>");
         emu.forEach(function (k) {
           var e = st(r.o, k), nf = nonfin(e);
           h.push("<td class=\"num\">" + (e ? mag(e[0]) : "") + "</td><td class=\"num" + (nf ? " nf" : "") + "\">" + (e ? nf : "") + "</td>");
         });
-        h.push("</tr>");
+        h.push("<td><div class=\"aux\" title=\"" + esc(nd[3]) + "\">" + esc(nd[3]) + "</div></td><td><div class=\"aux\" title=\"" +
+          esc(outName(nd, r.o)) + "\">" + esc(outName(nd, r.o)) + "</div></td><td>" + esc(r.o ? r.o[1] : "") + "</td></tr>");
       }
       tbody.innerHTML = h.join("");
       count.textContent = "showing " + n + " of " + view.length + " rows" + (view.length < rows.length ? " (" + rows.length + " in all)" : "");
@@ -702,7 +775,7 @@ const htmlScript = `
       more.textContent = "show " + Math.min(PAGE * 4, view.length - n) + " more rows";
     }
     more.addEventListener("click", function () { shown += PAGE * 4; draw(); });
-    [fop, ffl].forEach(function (el) { el.addEventListener("change", refilter); });
+    [fop, ffl, fco].forEach(function (el) { if (el) el.addEventListener("change", refilter); });
     ftx.addEventListener("input", refilter);
     Array.prototype.forEach.call(document.querySelectorAll("#nodes th"), function (th) {
       th.addEventListener("click", function () {
@@ -716,6 +789,7 @@ const htmlScript = `
     });
     function jump(pos) {
       fop.value = ""; ffl.checked = false; ftx.value = ""; sortKey = null;
+      if (fco && (N[pos][5] & HIDDEN)) fco.checked = true;
       refilter();
       hl = pos;
       var at = 0;
@@ -733,7 +807,8 @@ const htmlScript = `
     var hit = document.getElementById("hit"), cur = document.getElementById("cursor");
     var brush = document.getElementById("brush"), tip = document.getElementById("tip");
     var box = document.getElementById("chartbox"), xaxis = document.getElementById("xaxis");
-    var n = N.length, lo = +svg.getAttribute("data-lo"), top = +svg.getAttribute("data-top");
+    // The chart's x is a position in C, the nodes it plots.
+    var n = C.length, lo = +svg.getAttribute("data-lo"), top = +svg.getAttribute("data-top");
     var L = +hit.getAttribute("x"), W = +hit.getAttribute("width");
     var Y0 = +hit.getAttribute("y"), Y1 = Y0 + +hit.getAttribute("height");
     var x0 = -0.5, xw = Math.max(n, 1), NS = "http://www.w3.org/2000/svg";
@@ -759,7 +834,7 @@ const htmlScript = `
         if (i < 0 || i > n - 1) continue;
         var x = px(i);
         xaxis.appendChild(el("line", {x1: x, x2: x, y1: Y1, y2: Y1 + 5}));
-        xaxis.appendChild(el("text", {x: x, y: Y1 + 18}, String(N[i][0])));
+        xaxis.appendChild(el("text", {x: x, y: Y1 + 18}, String(N[C[i]][0])));
       }
     }
     function place() {
@@ -774,13 +849,18 @@ const htmlScript = `
       ticks();
     }
     function showTip(i, ev) {
-      var nd = N[i], h = ["<b>#" + nd[0] + " " + esc(nd[1]) + "</b><br>" + esc(nd[2]) + " · module " + esc(nd[3] || "(model)") + " · computes in " + esc(nd[4]) + (nd[5] ? " · <span style=\"color:#c92a2a\">flagged</span>" : "")];
+      var nd = N[C[i]], h = ["<b>#" + nd[0] + " " + esc(nd[1]) + "</b><br>" + esc(nd[2]) + " · module " + esc(nd[3] || "(model)") + " · computes in " + esc(nd[4]) +
+        (nd[7] ? " (" + esc(nd[7]) + ")" : "") + (nd[5] & FLAGGED ? " · <span style=\"color:#c92a2a\">flagged</span>" : "")];
       nd[6].forEach(function (o) {
-        h.push("<table><tr><th>" + esc(outName(nd, o)) + " " + esc(o[1]) + "</th><th>max|x|</th><th>NaN</th><th>+Inf</th><th>−Inf</th><th>headroom</th></tr>");
+        h.push("<table><tr><th>" + esc(outName(nd, o)) + " " + esc(o[1]) + "</th><th>max|x|</th><th>NaN</th><th>+Inf</th><th>−Inf</th><th>headroom / rel. err.</th></tr>");
         P.forEach(function (p, k) {
-          var s = o[2][k];
+          var s = o[2][k], x;
           if (!s) return;
-          h.push("<tr><td>" + esc(p) + "</td><td>" + mag(s[0]) + "</td><td>" + s[1] + "</td><td>" + s[2] + "</td><td>" + s[3] + "</td><td>" + (s.length < 5 ? "" : s[4] === null ? "-" : s[4].toFixed(1) + " bits") + "</td></tr>");
+          // fp32 carries the headroom; the other passes their error
+          // against fp32, null when no element is finite in both.
+          if (k === ref) x = s[4] === null ? "-" : s[4].toFixed(1) + " bits";
+          else x = s[4] === null ? "n/a (nothing comparable)" : s[4].toExponential(1);
+          h.push("<tr><td>" + esc(p) + "</td><td>" + mag(s[0]) + "</td><td>" + s[1] + "</td><td>" + s[2] + "</td><td>" + s[3] + "</td><td>" + x + "</td></tr>");
         });
         h.push("</table>");
       });
@@ -814,7 +894,7 @@ const htmlScript = `
       dragFrom = null;
       brush.setAttribute("visibility", "hidden");
       if (!n) return;
-      if (b - a < 4) { jump(posAt(sx)); return; }
+      if (b - a < 4) { jump(C[posAt(sx)]); return; }
       var i0 = posAt(a), i1 = posAt(b);
       if (i1 - i0 < 2) return;
       x0 = i0 - 0.5; xw = i1 - i0 + 1;

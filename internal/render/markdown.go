@@ -18,10 +18,7 @@ const MarkdownLimit = 60000
 // over MarkdownLimit are cut, and a note says how many.
 func auditMarkdown(w io.Writer, r *report.Report) error {
 	var b strings.Builder
-	mark := "❌"
-	if r.Verdict == report.VerdictHealthy {
-		mark = "✅"
-	}
+	mark := map[string]string{"ok": "✅", "caution": "⚠️", "fail": "❌"}[verdictMood(r)]
 	fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", mark, r.Verdict)
 	fmt.Fprintf(&b, "**%s**\n\n", mdText(r.VerdictText))
 	fmt.Fprintf(&b, "Model %s: %d nodes, producer %s %s, opsets %s. Policy `%s`, passes %s, %d batch(es), ONNX Runtime %s on %s, fp16audit %s.\n",
@@ -33,16 +30,20 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 
 	if len(r.Origins) > 0 {
 		b.WriteString("\n### Origin\n\n")
-		b.WriteString("| pass | node | op | module | precision | fp32 max \\|x\\| | headroom (fp16 max 65504) | non-finite | reached |\n")
-		b.WriteString("|---|---|---|---|---|--:|--:|--:|---|\n")
+		b.WriteString("| pass | where | op | module | precision | cause | fp32 max \\|x\\| | headroom (fp16 max 65504) | non-finite | reached |\n")
+		b.WriteString("|---|---|---|---|---|---|--:|--:|--:|---|\n")
 		for _, o := range r.Origins {
 			reached := fmt.Sprintf("%d node(s); graph outputs: %s", len(o.Affected), mdCodeList(o.AffectedOutputs))
-			op := mdText(o.OpType)
-			if o.ExplicitCast {
-				op += " (explicit half cast)"
+			cause := originCauseShort(r, o, mdCode)
+			if why := originWhy(o); why != "" {
+				cause += "; " + mdText(why)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", mdText(o.Pass), mdCode(o.Node), op, mdCode(moduleOrModel(o.Module)),
-				mdText(o.Precision), formatMag(o.FP32MaxAbs), headroomText(o.HeadroomBits), o.NonFinite, reached)
+			where, op, module, prec, mag := mdCode(o.Node), mdText(o.OpType), mdCode(moduleOrModel(o.Module)), mdText(precisionLabel(o.Precision, o.Provenance, true)), originMagnitude(r, o)
+			if originCause(o) == report.CauseInput {
+				where, op, module, prec = "input "+mdCode(o.Input), "", "", ""
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", mdText(o.Pass), where, op, module,
+				prec, cause, mdText(mag), headroomText(o.HeadroomBits), o.NonFinite, reached)
 		}
 	}
 
@@ -58,11 +59,16 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		}
 		for _, f := range r.Fixes {
 			for _, n := range f.Normalize {
-				if n.Fastai == "" {
+				if n.Fastai == "" && n.Torch == "" {
 					continue
 				}
-				fmt.Fprintf(&b, "\nStandardize input %s (mean %s, std %s) in the DataLoaders' `batch_tfms`:\n\n```python\n%s\n```\n",
-					mdCode(n.Input), floats(n.Mean), floats(n.Std), n.Fastai)
+				fmt.Fprintf(&b, "\nStandardize input %s (mean %s, std %s):\n", mdCode(n.Input), floats(n.Mean), floats(n.Std))
+				if n.Fastai != "" {
+					fmt.Fprintf(&b, "\n```python\n# fastai\n%s\n```\n", n.Fastai)
+				}
+				if n.Torch != "" {
+					fmt.Fprintf(&b, "\n```python\n# PyTorch\n%s\n```\n", n.Torch)
+				}
 			}
 			if f.Kind == report.FixKeepFP32 && len(f.Modules) > 0 {
 				fmt.Fprintf(&b, "\nModules to keep in fp32: %s (ONNX nodes for `node_block_list`: %s).\n", mdCodeList(f.Modules), mdCodeList(f.Nodes))
@@ -113,8 +119,8 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		}
 		writeRows(&b, head.String(), rows, MarkdownLimit-reserve, "flagged node rows")
 	}
-	if r.Summary.MinHeadroomBits != nil {
-		fmt.Fprintf(&b, "\nSmallest fp32 headroom: %.1f bits at %s.\n", *r.Summary.MinHeadroomBits, mdCode(r.Summary.MinHeadroomValue))
+	if h := headroomSummary(r.Summary); h != "" {
+		fmt.Fprintf(&b, "\n%s.\n", mdText(strings.ToUpper(h[:1])+h[1:]))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -141,7 +147,7 @@ func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string)
 		name = fmt.Sprintf("%s#%d", n.OpType, n.Index)
 	}
 	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, mdCode(shorten(name, 80)), mdText(n.OpType), mdCode(moduleOrModel(n.Module)),
-		mdText(n.Precision), mdCode(shorten(o.Name, 60)))
+		mdText(precisionLabel(n.Precision, n.Provenance, false)), mdCode(shorten(o.Name, 60)))
 	if ref, ok := o.Stats[report.PassFP32]; ok {
 		fmt.Fprintf(&b, " %s | %s |", formatOpt(ref.MaxAbs), headroomText(ref.HeadroomBits))
 	} else {

@@ -24,13 +24,18 @@ type Options struct {
 	Text TextOptions
 }
 
-// TextOptions controls the text of an audit report.
+// TextOptions controls the text of an audit report; Color also applies to
+// the text of the other documents.
 type TextOptions struct {
 	// Pass selects the statistics shown per node; "" means the policy's
 	// emulated pass when there is one, else fp32.
 	Pass string
 	// OnlyFlagged lists only nodes with non-finite values or findings.
 	OnlyFlagged bool
+	// ConstantNodes lists the nodes that compute only from initializers
+	// and constants (report.NodeReport.Constant), which the table
+	// otherwise leaves out unless they are flagged.
+	ConstantNodes bool
 	// Color adds ANSI colours. The command line sets it only when stdout is
 	// a terminal, NO_COLOR is unset and --no-color is not given.
 	Color bool
@@ -62,15 +67,17 @@ var formats = []*format{
 	{name: "text",
 		audit:  func(w io.Writer, r *report.Report, o Options) error { return auditText(w, r, o.Text) },
 		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return lintText(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesText(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, o Options) error { return scalesText(w, r, o.Text) }},
 	{name: "json",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return writeJSON(w, r) },
 		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return writeJSON(w, r) },
 		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return writeJSON(w, r) }},
 	{name: "markdown",
-		audit: func(w io.Writer, r *report.Report, _ Options) error { return auditMarkdown(w, r) }},
+		audit:  func(w io.Writer, r *report.Report, _ Options) error { return auditMarkdown(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesMarkdown(w, r) }},
 	{name: "html",
-		audit: func(w io.Writer, r *report.Report, _ Options) error { return auditHTML(w, r) }},
+		audit:  func(w io.Writer, r *report.Report, _ Options) error { return auditHTML(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesHTML(w, r) }},
 	{name: "sarif",
 		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lintSARIF(w, r) }},
 }
@@ -103,9 +110,13 @@ func Formats(k report.Kind) []string {
 // formats that render documents of kind k.
 func New(name string, k report.Kind, opt Options) (Formatter, error) {
 	for _, f := range formats {
-		if f.name == name && f.supports(k) {
-			return &formatter{f: f, opt: opt}, nil
+		if f.name != name {
+			continue
 		}
+		if !f.supports(k) {
+			return nil, fmt.Errorf("format %s has no %s rendering (want %s)", name, k, strings.Join(Formats(k), ", "))
+		}
+		return &formatter{f: f, opt: opt}, nil
 	}
 	return nil, fmt.Errorf("unknown format %q (want %s)", name, strings.Join(Formats(k), ", "))
 }

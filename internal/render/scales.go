@@ -2,10 +2,12 @@ package render
 
 import (
 	"fmt"
-	"fp16audit/report"
 	"io"
 	"math"
 	"strings"
+
+	"fp16audit/checks"
+	"fp16audit/report"
 )
 
 // sparkWidth is the most columns a sparkline takes.
@@ -17,89 +19,32 @@ var sparkGlyphs = []rune("▁▂▃▄▅▆▇█")
 // first, then sparklines of log2(scale) and the loss, the reconstruction,
 // the comparison with the baseline, the findings, what could not be derived
 // and the notes.
-func scalesText(w io.Writer, r *report.ScalesReport) error {
-	p := &errWriter{w: w}
-	p.printf("fp16audit scales — %s\n", r.Run.Path)
+func scalesText(w io.Writer, r *report.ScalesReport, opt TextOptions) error {
+	p := &textWriter{errWriter: errWriter{w: w}, color: opt.Color}
+	p.printf("%s\n", p.style(ansiBold, "fp16audit scales — "+r.Run.Path))
 	p.printf("run: %s\n", describeRun(r.Run))
 	if g := r.GradScaler; g != nil {
-		p.printf("grad scaler: init_scale %s [%s], growth ×%g every %d clean steps [%s], backoff ×%g\n",
-			report.FormatScale(g.InitScale), g.InitScaleFrom, g.GrowthFactor, g.GrowthInterval, g.GrowthIntervalFrom, g.BackoffFactor)
+		p.printf("grad scaler: %s\n", scalerText(g))
 	}
 	if b := r.Baseline; b != nil {
 		p.printf("baseline: %s (%s)\n", b.Path, describeRun(*b))
 	}
-	p.printf("\nverdict: %s — %s\n", r.Verdict, r.VerdictText)
+	p.printf("\n%s — %s\n", p.style(ansiBold+scalesVerdictStyle(r), "verdict: "+r.Verdict), r.VerdictText)
 	if r.Fix != "" {
-		p.printf("fix: %s\n", r.Fix)
+		p.printf("%s %s\n", p.style(ansiBold, "fix:"), r.Fix)
 	}
 
-	if len(r.Series) > 0 {
-		cols := mergeBuckets(r.Series)
-		p.printf("\nhistory, steps %d–%d (%d per column):\n", r.Series[0].From, r.Series[len(r.Series)-1].To,
-			cols[0].To-cols[0].From+1)
-		if r.Run.HasScales {
-			line, lo, hi := sparkline(cols, func(b report.Bucket) (float64, bool) {
-				if b.Log2ScaleMin == nil {
-					return 0, false
-				}
-				return *b.Log2ScaleMin, true
-			})
-			p.printf("  log2(scale) %s  %+.0f … %+.0f (lowest per column)\n", line, hi, lo)
-			var marks strings.Builder
-			for _, b := range cols {
-				switch {
-				case b.Skipped == 0:
-					marks.WriteRune(' ')
-				case b.Skipped < 10:
-					marks.WriteRune(rune('0' + b.Skipped))
-				default:
-					marks.WriteRune('+')
-				}
-			}
-			p.printf("  skipped     %s  (steps per column; + is 10 or more)\n", marks.String())
-		}
-		if r.Run.HasLosses {
-			line, lo, hi := sparkline(cols, func(b report.Bucket) (float64, bool) {
-				if b.NonFinite > 0 || b.Loss == nil {
-					return 0, false
-				}
-				return *b.Loss, true
-			})
-			line = markNonFinite(line, cols)
-			p.printf("  loss        %s  %.4g … %.4g (! holds NaN/Inf)\n", line, hi, lo)
-		}
+	if lines := historyLines(r, p.style(ansiRed, "!")); len(lines) > 0 {
+		p.printf("\n%s\n", strings.Join(lines, "\n"))
 	}
 
-	if s := r.Scales; s != nil {
+	if rows := scaleRows(r); len(rows) > 0 {
 		p.printf("\nscale history:\n")
-		p.printf("  skipped steps        %d of %d (%.2f%%); %.2f%% after the warm-up and before any NaN\n",
-			s.Skipped, r.Run.Steps, 100*s.SkipRate, 100*s.SkipRateAfterWarmup)
-		if s.WarmupSkipped > 0 {
-			p.printf("  warm-up              first %d steps skipped, down to %s\n", s.WarmupSkipped, report.FormatScale(s.WarmupScale))
-		}
-		if s.LongestBackoffRun > 0 {
-			p.printf("  longest backoff run  %d steps from step %d\n", s.LongestBackoffRun, s.LongestBackoffRunStart)
-		}
-		p.printf("  scale                min %s at step %d, max %s, final %s\n", report.FormatScale(s.MinScale), s.MinScaleStep, report.FormatScale(s.MaxScale), report.FormatScale(s.FinalScale))
-		pinned := ""
-		if s.Pinned {
-			pinned = fmt.Sprintf(": pinned at %s", report.FormatScale(s.PinnedScale))
-		}
-		p.printf("  growths              %d; longest stretch without growth %d steps from step %d, %d backoffs%s\n",
-			s.Growths, s.LongestNoGrowth, s.LongestNoGrowthStart, s.LongestNoGrowthBackoffs, pinned)
-		if s.ScaleAtFirstNaN != nil {
-			p.printf("  scale at first NaN   %s", report.FormatScale(*s.ScaleAtFirstNaN))
-			if s.CollapseBits != nil {
-				p.printf(", %.1f bits below its peak in the %d steps before (%d skipped)", *s.CollapseBits, s.CollapseWindow, s.BackoffsBeforeNaN)
-			}
-			p.printf("\n")
+		for _, row := range rows {
+			p.printf("  %-20s %s\n", row[0], row[1])
 		}
 	}
-	if len(r.Epochs) > 0 {
-		var parts []string
-		for _, e := range r.Epochs {
-			parts = append(parts, fmt.Sprintf("%d: %d/%d (%.1f%%)", e.Epoch, e.Skipped, e.Steps, 100*e.SkipRate))
-		}
+	if parts := epochParts(r); len(parts) > 0 {
 		for i := 0; i < len(parts); i += 6 {
 			head := "  per epoch skipped    "
 			if i > 0 {
@@ -109,21 +54,12 @@ func scalesText(w io.Writer, r *report.ScalesReport) error {
 		}
 	}
 	if l := r.Losses; l != nil {
-		p.printf("\nloss: ")
-		if l.FirstLoss != nil && l.FinalLoss != nil {
-			p.printf("first %.4g, final %.4g (means of %d steps)", *l.FirstLoss, *l.FinalLoss, l.FinalWindow)
-		}
-		if l.FirstNonFiniteStep != nil {
-			p.printf("; %d NaN/Inf, the first (%s) at step %d", l.NonFinite, l.FirstNonFiniteValue, *l.FirstNonFiniteStep)
-		} else {
-			p.printf("; no NaN/Inf")
-		}
-		p.printf("\n")
+		p.printf("\nloss: %s\n", lossSummary(r.Run, l))
 	}
 	if c := r.Comparison; c != nil {
-		p.printf("vs fp32 baseline: %.4g against %.4g over the last %d of %d steps: %+.1f%% (tolerance %.1f%%)\n",
-			c.RunLoss, c.BaselineLoss, c.Window, c.Steps, 100*c.Gap, 100*c.Tolerance)
+		p.printf("vs fp32 baseline: %s\n", comparisonText(c))
 	}
+	scalesTelemetryText(&p.errWriter, r)
 
 	p.printf("\n")
 	if len(r.Findings) == 0 {
@@ -131,7 +67,7 @@ func scalesText(w io.Writer, r *report.ScalesReport) error {
 	} else {
 		p.printf("findings:\n")
 		for _, f := range r.Findings {
-			p.printf("  %-7s %s  %s\n", f.Severity, f.Check, f.Message)
+			p.printf("  %s %s  %s\n", p.style(severityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check, f.Message)
 		}
 	}
 	if len(r.NotDerived) > 0 {
@@ -147,6 +83,127 @@ func scalesText(w io.Writer, r *report.ScalesReport) error {
 		}
 	}
 	return p.err
+}
+
+// scaleRows are the facts of the scale reconstruction, as label and value.
+func scaleRows(r *report.ScalesReport) [][2]string {
+	s := r.Scales
+	if s == nil {
+		return nil
+	}
+	rows := [][2]string{{"skipped steps", fmt.Sprintf("%d of %d (%.2f%%); %.2f%% after the warm-up and before any NaN",
+		s.Skipped, r.Run.Steps, 100*s.SkipRate, 100*s.SkipRateAfterWarmup)}}
+	if s.WarmupSkipped > 0 {
+		rows = append(rows, [2]string{"warm-up", fmt.Sprintf("first %d steps skipped, down to %s", s.WarmupSkipped, report.FormatScale(s.WarmupScale))})
+	}
+	if s.LongestBackoffRun > 0 {
+		rows = append(rows, [2]string{"longest backoff run", fmt.Sprintf("%d steps from step %d", s.LongestBackoffRun, s.LongestBackoffRunStart)})
+	}
+	rows = append(rows, [2]string{"scale", fmt.Sprintf("min %s at step %d, max %s, final %s",
+		report.FormatScale(s.MinScale), s.MinScaleStep, report.FormatScale(s.MaxScale), report.FormatScale(s.FinalScale))})
+	pinned := ""
+	if s.Pinned {
+		pinned = fmt.Sprintf(": pinned at %s", report.FormatScale(s.PinnedScale))
+	}
+	rows = append(rows, [2]string{"growths", fmt.Sprintf("%d; longest stretch without growth %d steps from step %d, %d backoffs%s",
+		s.Growths, s.LongestNoGrowth, s.LongestNoGrowthStart, s.LongestNoGrowthBackoffs, pinned)})
+	if s.ScaleAtFirstNaN != nil {
+		v := report.FormatScale(*s.ScaleAtFirstNaN)
+		if s.CollapseBits != nil {
+			v += fmt.Sprintf(", %.1f bits below its peak in the %d steps before (%d skipped)", *s.CollapseBits, s.CollapseWindow, s.BackoffsBeforeNaN)
+		}
+		rows = append(rows, [2]string{"scale at first NaN", v})
+	}
+	return rows
+}
+
+// epochParts are the skipped steps per epoch: "0: 16/50 (32.0%)".
+func epochParts(r *report.ScalesReport) []string {
+	var parts []string
+	for _, e := range r.Epochs {
+		parts = append(parts, fmt.Sprintf("%d: %d/%d (%.1f%%)", e.Epoch, e.Skipped, e.Steps, 100*e.SkipRate))
+	}
+	return parts
+}
+
+func comparisonText(c *report.Comparison) string {
+	return fmt.Sprintf("%.4g against %.4g over the last %d of %d steps: %+.1f%% (tolerance %.1f%%)",
+		c.RunLoss, c.BaselineLoss, c.Window, c.Steps, 100*c.Gap, 100*c.Tolerance)
+}
+
+// scalerText describes the GradScaler configuration and where each value
+// came from.
+func scalerText(g *report.ScalerInfo) string {
+	return fmt.Sprintf("init_scale %s [%s], growth ×%g every %d clean steps [%s], backoff ×%g",
+		report.FormatScale(g.InitScale), g.InitScaleFrom, g.GrowthFactor, g.GrowthInterval, g.GrowthIntervalFrom, g.BackoffFactor)
+}
+
+// historyLines draws the history as sparklines, one column per group of
+// buckets: log2(scale) with the skipped steps under it, the loss (mark
+// stands in columns that hold NaN/Inf) and the baseline's loss.
+func historyLines(r *report.ScalesReport, mark string) []string {
+	if len(r.Series) == 0 {
+		return nil
+	}
+	var lines []string
+	cols := mergeBuckets(r.Series)
+	lines = append(lines, fmt.Sprintf("history, steps %d–%d (%d per column):", r.Series[0].From, r.Series[len(r.Series)-1].To,
+		cols[0].To-cols[0].From+1))
+	if r.Run.HasScales {
+		scale := func(b report.Bucket) (float64, bool) {
+			if b.Log2ScaleMin == nil {
+				return 0, false
+			}
+			return *b.Log2ScaleMin, true
+		}
+		lo, hi := valueRange(cols, scale)
+		line := sparkline(cols, scale, lo, hi)
+		lines = append(lines, fmt.Sprintf("  log2(scale) %s  %+.0f … %+.0f (lowest per column)", line, hi, lo))
+		var marks strings.Builder
+		for _, b := range cols {
+			switch {
+			case b.Skipped == 0:
+				marks.WriteRune(' ')
+			case b.Skipped < 10:
+				marks.WriteRune(rune('0' + b.Skipped))
+			default:
+				marks.WriteRune('+')
+			}
+		}
+		lines = append(lines, fmt.Sprintf("  skipped     %s  (steps per column; + is 10 or more)", marks.String()))
+	}
+	if r.Run.HasLosses {
+		// The run and the baseline share one scale, so that the gap
+		// between them shows.
+		runLoss := func(b report.Bucket) (float64, bool) {
+			if b.NonFinite > 0 || b.Loss == nil {
+				return 0, false
+			}
+			return *b.Loss, true
+		}
+		baseLoss := func(b report.Bucket) (float64, bool) {
+			if b.BaselineLoss == nil {
+				return 0, false
+			}
+			return *b.BaselineLoss, true
+		}
+		lo, hi := valueRange(cols, runLoss)
+		if hasBaseline(cols) {
+			blo, bhi := valueRange(cols, baseLoss)
+			lo, hi = min(lo, blo), max(hi, bhi)
+		}
+		line := markNonFinite(sparkline(cols, runLoss, lo, hi), cols, mark)
+		switch {
+		case math.IsInf(lo, 0):
+			lines = append(lines, fmt.Sprintf("  loss        %s  (! holds NaN/Inf: every column does)", line))
+		case hasBaseline(cols):
+			lines = append(lines, fmt.Sprintf("  loss        %s  %.4g … %.4g, both lines on this scale (! holds NaN/Inf)", line, hi, lo))
+			lines = append(lines, fmt.Sprintf("  fp32 loss   %s  (the baseline)", sparkline(cols, baseLoss, lo, hi)))
+		default:
+			lines = append(lines, fmt.Sprintf("  loss        %s  %.4g … %.4g (! holds NaN/Inf)", line, hi, lo))
+		}
+	}
+	return lines
 }
 
 func describeRun(ri report.RunInfo) string {
@@ -171,20 +228,26 @@ func describeRun(ri report.RunInfo) string {
 	return strings.Join(parts, ", ")
 }
 
-// mergeBuckets folds the series into at most sparkWidth columns.
+// mergeBuckets folds the series into at most sparkWidth columns: the
+// means of the buckets' means, which is a choice of drawing, not a
+// statistic of the log.
 func mergeBuckets(bs []report.Bucket) []report.Bucket {
 	g := (len(bs) + sparkWidth - 1) / sparkWidth
 	var out []report.Bucket
 	for i := 0; i < len(bs); i += g {
 		grp := bs[i:min(i+g, len(bs))]
 		m := report.Bucket{From: grp[0].From, To: grp[len(grp)-1].To}
-		sum, n := 0.0, 0
+		sum, n, bsum, bn := 0.0, 0, 0.0, 0
 		for _, b := range grp {
 			m.NonFinite += b.NonFinite
 			m.Skipped += b.Skipped
 			if b.Loss != nil {
 				sum += *b.Loss
 				n++
+			}
+			if b.BaselineLoss != nil {
+				bsum += *b.BaselineLoss
+				bn++
 			}
 			if b.Log2ScaleMin != nil && (m.Log2ScaleMin == nil || *b.Log2ScaleMin < *m.Log2ScaleMin) {
 				v := *b.Log2ScaleMin
@@ -195,20 +258,30 @@ func mergeBuckets(bs []report.Bucket) []report.Bucket {
 			v := sum / float64(n)
 			m.Loss = &v
 		}
+		if bn > 0 {
+			v := bsum / float64(bn)
+			m.BaselineLoss = &v
+		}
 		out = append(out, m)
 	}
 	return out
 }
 
-// sparkline draws one glyph per bucket, scaled between the lowest and
-// highest value; buckets without a value are blank.
-func sparkline(bs []report.Bucket, val func(report.Bucket) (float64, bool)) (line string, lo, hi float64) {
+// valueRange is the lowest and highest value over the buckets that have
+// one; lo is +Inf when none has.
+func valueRange(bs []report.Bucket, val func(report.Bucket) (float64, bool)) (lo, hi float64) {
 	lo, hi = math.Inf(1), math.Inf(-1)
 	for _, b := range bs {
 		if v, ok := val(b); ok {
 			lo, hi = min(lo, v), max(hi, v)
 		}
 	}
+	return lo, hi
+}
+
+// sparkline draws one glyph per bucket, scaled between lo and hi; buckets
+// without a value are blank.
+func sparkline(bs []report.Bucket, val func(report.Bucket) (float64, bool), lo, hi float64) string {
 	var sb strings.Builder
 	for _, b := range bs {
 		v, ok := val(b)
@@ -222,18 +295,89 @@ func sparkline(bs []report.Bucket, val func(report.Bucket) (float64, bool)) (lin
 		}
 		sb.WriteRune(sparkGlyphs[k])
 	}
-	if math.IsInf(lo, 0) {
-		lo, hi = 0, 0
-	}
-	return sb.String(), lo, hi
+	return sb.String()
 }
 
-func markNonFinite(line string, bs []report.Bucket) string {
-	rs := []rune(line)
-	for i, b := range bs {
-		if b.NonFinite > 0 {
-			rs[i] = '!'
+// markNonFinite puts mark (a styled "!") in the columns that hold NaN/Inf.
+func markNonFinite(line string, bs []report.Bucket, mark string) string {
+	var b strings.Builder
+	for i, r := range []rune(line) {
+		if bs[i].NonFinite > 0 {
+			b.WriteString(mark)
+		} else {
+			b.WriteRune(r)
 		}
 	}
-	return string(rs)
+	return b.String()
+}
+
+func hasBaseline(bs []report.Bucket) bool {
+	for _, b := range bs {
+		if b.BaselineLoss != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// scalesVerdictStyle colours a verdict by the worst finding: red for
+// errors, yellow for warnings, green otherwise.
+func scalesVerdictStyle(r *report.ScalesReport) string {
+	switch r.MaxSeverity() {
+	case checks.SevError:
+		return ansiRed
+	case checks.SevWarning:
+		return ansiYellow
+	}
+	return ansiGreen
+}
+
+// steps writes a window of steps: "step 4" or "steps 30–39".
+func steps(sr *report.StepRange) string {
+	if sr.From == sr.To {
+		return fmt.Sprintf("step %d", sr.From)
+	}
+	return fmt.Sprintf("steps %d–%d", sr.From, sr.To)
+}
+
+// lossSummary says what the loss did: the first and final windows with the
+// steps they span, the NaN/Inf losses, and — so that a run which ended in
+// NaN does not read as ending at its final window — how many of the last
+// steps are NaN/Inf and where the last finite loss is.
+func lossSummary(run report.RunInfo, l *report.LossStats) string {
+	var parts []string
+	if l.FirstLoss != nil && l.FinalLoss != nil && l.FirstSteps != nil && l.FinalSteps != nil {
+		final := fmt.Sprintf("final %.4g (%s)", *l.FinalLoss, windowText(l.FinalSteps))
+		if l.FirstNonFiniteStep != nil {
+			final = fmt.Sprintf("last before the first NaN/Inf %.4g (%s)", *l.FinalLoss, windowText(l.FinalSteps))
+		}
+		parts = append(parts, fmt.Sprintf("first %.4g (%s), %s", *l.FirstLoss, windowText(l.FirstSteps), final))
+	} else if l.FirstLoss != nil && l.FinalLoss != nil {
+		// A report from before the windows were recorded.
+		parts = append(parts, fmt.Sprintf("first %.4g, final %.4g (means of %d steps)", *l.FirstLoss, *l.FinalLoss, l.FinalWindow))
+	}
+	if l.FirstNonFiniteStep == nil {
+		return strings.Join(append(parts, "no NaN/Inf"), "; ")
+	}
+	parts = append(parts, fmt.Sprintf("%d NaN/Inf, the first (%s) at step %d", l.NonFinite, l.FirstNonFiniteValue, *l.FirstNonFiniteStep))
+	last := run.FirstStep + run.Steps - 1
+	switch {
+	case l.LastFiniteStep == nil && run.Steps > 0:
+		parts = append(parts, "no loss is finite")
+	case l.TrailingNonFinite > 0 && l.TrailingNonFinite == last-*l.FirstNonFiniteStep+1:
+		parts = append(parts, fmt.Sprintf("every loss from then on is NaN/Inf: the last %d steps (%d–%d)", l.TrailingNonFinite, *l.FirstNonFiniteStep, last))
+	case l.TrailingNonFinite > 0:
+		parts = append(parts, fmt.Sprintf("the last %d steps (%d–%d) are NaN/Inf; the last finite loss is at step %d", l.TrailingNonFinite, last-l.TrailingNonFinite+1, last, *l.LastFiniteStep))
+	case l.LastFiniteStep != nil:
+		parts = append(parts, fmt.Sprintf("finite again at the end of the log (step %d)", *l.LastFiniteStep))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// windowText writes a loss window: "at step 4" or "mean of steps 30–39".
+func windowText(sr *report.StepRange) string {
+	if sr.From == sr.To {
+		return "at " + steps(sr)
+	}
+	return "mean of " + steps(sr)
 }

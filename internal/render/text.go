@@ -68,18 +68,24 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 	t.printf("%s\n\n", t.style(ansiBold, fmt.Sprintf("fp16audit %s — %s", r.Tool.Version, r.Model.Path)))
 
 	mark, col := "✗", ansiRed
-	if r.Verdict == report.VerdictHealthy {
+	switch verdictMood(r) {
+	case "ok":
 		mark, col = "✓", ansiGreen
+	case "caution":
+		mark, col = "!", ansiYellow
 	}
 	t.para(t.style(ansiBold+col, mark+" verdict: "+r.Verdict)+" — ", r.VerdictText, 2)
 	for _, o := range r.Origins {
-		t.para(fmt.Sprintf("  origin (%s pass): ", o.Pass), fmt.Sprintf("%s (%s, module %s, computes in %s)", t.style(ansiBold, o.Node), o.OpType, moduleOrModel(o.Module), o.Precision), 10)
-		line := fmt.Sprintf("value %q: fp32 max |x| %s vs fp16 max 65504 (headroom %s), %d non-finite",
-			o.Value, formatMag(o.FP32MaxAbs), headroomText(o.HeadroomBits), o.NonFinite)
-		if o.ExplicitCast {
-			line += "; the model casts to half itself"
+		if originCause(o) == report.CauseInput {
+			t.para("  origin (the batch): ", fmt.Sprintf("input %s%s", t.style(ansiBold, fmt.Sprintf("%q", o.Input)), inputShape(r, o.Input)), 10)
+		} else {
+			t.para(fmt.Sprintf("  origin (%s pass): ", o.Pass), fmt.Sprintf("%s (%s, module %s, computes in %s)",
+				t.style(ansiBold, o.Node), o.OpType, moduleOrModel(o.Module), precisionLabel(o.Precision, o.Provenance, false)), 10)
 		}
-		t.para("          ", line, 10)
+		t.para("          ", originFacts(r, o), 10)
+		if why := originWhy(o); why != "" {
+			t.para("          ", why, 10)
+		}
 		if len(o.Affected) > 0 || len(o.AffectedOutputs) > 0 {
 			t.para("          ", fmt.Sprintf("reached %d downstream node(s); graph outputs: %s", len(o.Affected), listOrNone(o.AffectedOutputs)), 10)
 		}
@@ -95,6 +101,13 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 			t.para("      ", fmt.Sprintf("input %q: mean %s std %s", n.Input, floats(n.Mean), floats(n.Std)), 8)
 			if n.Fastai != "" {
 				t.para("      fastai: ", n.Fastai, 8)
+			}
+			if n.Torch != "" {
+				// Code is printed as it is: wrapping would break it.
+				t.printf("      PyTorch:\n")
+				for _, line := range strings.Split(n.Torch, "\n") {
+					t.printf("        %s\n", line)
+				}
 			}
 		}
 		if f.Kind == report.FixKeepFP32 && len(f.Nodes) > 0 {
@@ -122,12 +135,17 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 			t.para(fmt.Sprintf("  %s %s  ", t.style(severityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check), f.Message, 18)
 		}
 	}
-	if r.Summary.MinHeadroomBits != nil {
-		t.printf("smallest fp32 headroom: %.1f bits at %q\n", *r.Summary.MinHeadroomBits, r.Summary.MinHeadroomValue)
+	if h := headroomSummary(r.Summary); h != "" {
+		t.para("", h, 2)
 	}
 	t.printf("\n")
 	t.para("", fmt.Sprintf("per-node statistics (%s pass; headroom against 65504 from fp32):", pass), 0)
-	t.nodeTable(r, pass, opt.OnlyFlagged)
+	t.nodeTable(r, pass, opt)
+	if !opt.ConstantNodes && !opt.OnlyFlagged {
+		if note := hiddenNote(hiddenConstants(r)); note != "" {
+			t.para("", t.style(ansiDim, note+"; 'fp16audit render REPORT.json --constant-nodes' lists them"), 0)
+		}
+	}
 	return t.err
 }
 
@@ -157,7 +175,8 @@ const (
 )
 
 // nodeTable writes the per-node table, fitted to the width.
-func (t *textWriter) nodeTable(r *report.Report, pass string, onlyFlagged bool) {
+func (t *textWriter) nodeTable(r *report.Report, pass string, opt TextOptions) {
+	onlyFlagged := opt.OnlyFlagged
 	head := []string{"#", "node", "op", "prec", "output", "shape", "fp32 max|x|", "headroom", "max|x|", "nan", "+inf", "-inf"}
 	var rows [][]cell
 	var full [][]string // unshortened node and output names per row
@@ -168,21 +187,22 @@ func (t *textWriter) nodeTable(r *report.Report, pass string, onlyFlagged bool) 
 		}
 	}
 	for _, n := range r.Nodes {
-		if onlyFlagged && !n.Flagged {
+		if onlyFlagged && !n.Flagged || !shownNode(r, n, opt.ConstantNodes) {
 			continue
 		}
 		name := n.Name
 		if name == "" {
 			name = fmt.Sprintf("%s#%d", n.OpType, n.Index)
 		}
+		prec := precisionLabel(n.Precision, n.Provenance, false)
 		if len(n.Outputs) == 0 {
-			row := valueCells(fmt.Sprint(n.Index), name, n.OpType, n.Precision, report.ValueReport{Name: "-"}, pass, n.Flagged)
+			row := valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, report.ValueReport{Name: "-"}, pass, n.Flagged)
 			rows = append(rows, row)
 			full = append(full, []string{name, "-"})
 			continue
 		}
 		for _, o := range n.Outputs {
-			rows = append(rows, valueCells(fmt.Sprint(n.Index), name, n.OpType, n.Precision, o, pass, n.Flagged))
+			rows = append(rows, valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, o, pass, n.Flagged))
 			full = append(full, []string{name, o.Name})
 		}
 	}
@@ -364,6 +384,17 @@ func stripANSI(s string) string {
 	return b.String()
 }
 
+// inputShape is " (float32 [8,16], tabular)" for a graph input the report
+// describes, else "".
+func inputShape(r *report.Report, name string) string {
+	for _, in := range r.Inputs {
+		if in.Name == name {
+			return fmt.Sprintf(" (%s %s, %s)", in.DType, in.Shape, in.Kind)
+		}
+	}
+	return ""
+}
+
 func moduleOrModel(m string) string {
 	if m == "" {
 		return "(model)"
@@ -393,16 +424,12 @@ func floats(xs []float64) string {
 	return "[" + strings.Join(parts, ", ") + "]"
 }
 
-// formatMag prints a magnitude compactly: 3 significant digits.
 // formatOpt writes a magnitude that may be absent: "none" when the value
 // had no finite element.
-func formatOpt(x *float64) string {
-	if x == nil {
-		return "none"
-	}
-	return formatMag(*x)
-}
+func formatOpt(x *float64) string { return optional(x, formatMag) }
 
+// formatMag prints a magnitude compactly: 3 significant digits in
+// exponent notation for large and small ones, else 4.
 func formatMag(x float64) string {
 	switch {
 	case x == 0:

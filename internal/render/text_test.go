@@ -2,7 +2,6 @@ package render
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -10,40 +9,18 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"fp16audit/report"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files under testdata/ and docs/demo-report.png")
-
-// The reports under testdata/ were written once by the command line, e.g.
-//
-//	fp16audit run fixtures/models/demo_cnn.onnx -i fixtures/batches/demo_cnn_raw.npy --format json -o internal/render/testdata/demo_cnn.json
-//
-// (demo_fp32 with --policy fp32, torch_resnetish without -i), so these tests
-// need no ONNX Runtime. loadReport blanks what changes from run to run.
-var fixtures = []string{"demo_cnn", "demo_fp32", "overflowing_op", "oversized_logits", "explicit_half_cast",
-	"fp32_broken", "poisoned_input", "healthy", "torch_resnetish", "attention"}
-
-func loadReport(t testing.TB, name string) *report.Report {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", name+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r report.Report
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	r.Tool.Version, r.Tool.ORTVersion, r.Tool.ElapsedSecs, r.Tool.ORTThreads = "0.0.0-test", "0.0.0-test", 0, 0
-	return &r
-}
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/ and the screenshots docs/demo-report.png and docs/scales-report.png")
 
 // golden compares got with testdata/name, or rewrites it with -update.
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
 	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(path, got, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -54,13 +31,7 @@ func golden(t *testing.T, name string, got []byte) {
 		t.Fatalf("%v (run go test ./internal/render -update)", err)
 	}
 	if !bytes.Equal(got, want) {
-		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		for i := 0; i < len(gl) && i < len(wl); i++ {
-			if gl[i] != wl[i] {
-				t.Fatalf("%s differs at line %d:\ngot:  %q\nwant: %q\n(run go test ./internal/render -update after checking the change)", path, i+1, shortLine(gl[i]), shortLine(wl[i]))
-			}
-		}
-		t.Fatalf("%s differs: got %d lines, want %d (run go test ./internal/render -update after checking the change)", path, len(gl), len(wl))
+		t.Fatalf("%s\n(run go test ./internal/render -update after checking the change)", goldenDiff(path, got, want))
 	}
 }
 
@@ -71,48 +42,8 @@ func shortLine(s string) string {
 	return s
 }
 
-func TestGolden(t *testing.T) {
-	for _, name := range fixtures {
-		r := loadReport(t, name)
-		for _, c := range []struct {
-			format, ext string
-		}{{"text", "txt"}, {"markdown", "md"}, {"html", "html"}} {
-			t.Run(name+"."+c.ext, func(t *testing.T) {
-				var b bytes.Buffer
-				if err := Render(&b, r, c.format, Options{}); err != nil {
-					t.Fatal(err)
-				}
-				golden(t, name+"."+c.ext+".golden", b.Bytes())
-			})
-		}
-	}
-}
-
-// TestGoldenTextOptions covers the terminal view: --only-flagged, colour,
-// and a table fitted to 80 columns.
-func TestGoldenTextOptions(t *testing.T) {
-	r := loadReport(t, "demo_cnn")
-	for _, c := range []struct {
-		name string
-		opt  TextOptions
-	}{
-		{"only-flagged", TextOptions{OnlyFlagged: true}},
-		{"color-w100", TextOptions{Color: true, Width: 100}},
-		{"w80", TextOptions{Width: 80}},
-		{"pass-bf16", TextOptions{Pass: "bf16", OnlyFlagged: true}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			var b bytes.Buffer
-			if err := auditText(&b, r, c.opt); err != nil {
-				t.Fatal(err)
-			}
-			golden(t, "demo_cnn."+c.name+".txt.golden", b.Bytes())
-		})
-	}
-}
-
 func TestOnlyFlagged(t *testing.T) {
-	for _, name := range fixtures {
+	for _, name := range goldenNames(t) {
 		r := loadReport(t, name)
 		var b bytes.Buffer
 		if err := auditText(&b, r, TextOptions{OnlyFlagged: true}); err != nil {
@@ -236,7 +167,7 @@ func TestMarkdownEscapes(t *testing.T) {
 // TestHTMLSelfContained checks that the page loads nothing and that
 // report text cannot break out of its element.
 func TestHTMLSelfContained(t *testing.T) {
-	r := loadReport(t, "demo_cnn")
+	r := loadReport(t, "demo_cnn_raw")
 	r.Nodes[2].Name = `</script><script>alert(1)</script>`
 	r.Nodes[3].Module = `<img src=x onerror=alert(2)>`
 	r.VerdictText += ` <b>bold</b>`
@@ -251,7 +182,7 @@ func TestHTMLSelfContained(t *testing.T) {
 		}
 	}
 	b.Reset()
-	if err := auditHTML(&b, loadReport(t, "demo_cnn")); err != nil {
+	if err := auditHTML(&b, loadReport(t, "demo_cnn_raw")); err != nil {
 		t.Fatal(err)
 	}
 	page = b.String()

@@ -22,6 +22,8 @@ var DefaultOptions = Options{
 	PinnedIntervals:  3,
 	CollapseBits:     4,
 	WarmupSkips:      5,
+	// The threshold `fp16audit run` uses for an fp16 value (FP3001).
+	UnderflowFraction: 0.10,
 }
 
 // Limits on what a report lists.
@@ -50,22 +52,56 @@ const (
 // Analyze reconstructs what GradScaler did in run, compares it with the
 // fp32 baseline when one is given (nil otherwise) and classifies the run.
 func Analyze(run, baseline *Log, opt Options) *report.ScalesReport {
-	a := &analysis{run: run, opt: opt, n: run.Len(), nanIdx: -1}
+	a := &analysis{run: run, opt: opt, n: run.Len(), nanIdx: -1, nanStep: -1}
+	a.steps = a.n
+	if run.Steps != nil {
+		a.steps = run.LastStep() - run.FirstStep + 1
+	}
 	a.r = &report.ScalesReport{
 		Schema: report.ScalesSchema, Run: runInfo(run), Thresholds: opt,
 		Findings: []checks.Finding{}, NotDerived: []string{}, Notes: []string{},
 	}
+	a.r.Notes = append(a.r.Notes, run.Notes...)
+	a.r.NotDerived = append(a.r.NotDerived, run.NotDerived...)
 	if baseline != nil {
 		bi := runInfo(baseline)
 		a.r.Baseline = &bi
 	}
 	a.losses()
-	a.scales()
+	if a.nanIdx >= 0 {
+		a.nanStep = a.step(a.nanIdx)
+	}
+	if run.Scales == nil && run.Skipped != nil {
+		a.scalesFromSkipped()
+	}
+	if a.run.Scales != nil && !a.dense() {
+		a.sparseScales()
+	} else {
+		a.scales()
+	}
+	if run.Sampled() && run.Losses != nil {
+		a.note("the first and final losses are means over samples, not steps: the log holds one step in %d", a.r.Run.SampleEvery)
+	}
 	a.compare(baseline)
 	a.epochs()
-	a.series()
+	a.series(baseline)
 	a.classify()
+	a.telemetry()
 	return a.r
+}
+
+// dense reports whether the log holds the scale of every step: the
+// reconstruction is then exact.
+func (a *analysis) dense() bool {
+	if a.run.Steps != nil {
+		return false
+	}
+	for _, s := range a.run.Scales {
+		if math.IsNaN(s) {
+			return false
+		}
+	}
+	return true
 }
 
 type analysis struct {
@@ -84,18 +120,75 @@ type analysis struct {
 
 	highSkip, pinnedLow, collapse bool
 	skipThreshold                 float64
+
+	// steps is the number of steps the log spans (entries for a log with
+	// one entry per step).
+	steps int
+	// nanStep is the step of the first NaN (nanIdx's step, or the step
+	// a log without losses implies), -1 when none.
+	nanStep int
+	// skips holds, per entry, the skipped steps the scales prove since
+	// the entry before: 0 or 1 with a scale for every step, a lower bound
+	// in a sampled log.
+	skips []int
+	// judged and judgedSkips are the steps after the warm-up and before
+	// the first NaN, and the skipped steps among them: the skip rate the
+	// diagnosis judges. warmupEnd is the first step after the warm-up.
+	judged, judgedSkips, warmupEnd int
+	// sampled is set when the scales were read from samples: skip counts
+	// are lower bounds. every is the most common gap between them.
+	sampled bool
+	every   int
 }
 
 func runInfo(l *Log) report.RunInfo {
 	ri := report.RunInfo{Path: l.Path, Steps: l.Len(), FirstStep: l.FirstStep, HasLosses: l.Losses != nil,
-		HasScales: l.Scales != nil, StepsPerEpoch: l.StepsPerEpoch}
+		HasScales: l.Scales != nil, StepsPerEpoch: l.StepsPerEpoch, Format: l.Format, PerEpoch: l.PerEpoch}
 	if len(l.Epochs) > 0 {
 		ri.Epochs = l.Epochs[len(l.Epochs)-1] - l.Epochs[0] + 1
+	}
+	if l.Steps != nil && l.Len() > 0 {
+		ri.Steps = l.LastStep() - l.FirstStep + 1
+		if !l.PerEpoch {
+			ri.Samples, ri.SampleEvery = l.Len(), commonGap(l.Steps)
+		}
 	}
 	return ri
 }
 
-func (a *analysis) step(i int) int { return a.run.FirstStep + i }
+// commonGap is the most common difference between consecutive steps.
+func commonGap(steps []int) int {
+	count := map[int]int{}
+	best, bestN := 1, 0
+	for i := 1; i < len(steps); i++ {
+		d := steps[i] - steps[i-1]
+		count[d]++
+		if n := count[d]; n > bestN || n == bestN && d < best {
+			best, bestN = d, n
+		}
+	}
+	return best
+}
+
+func (a *analysis) step(i int) int { return a.run.stepAt(i) }
+
+// unit is what the log's entries count: steps, or epochs for a per-epoch
+// log.
+func (a *analysis) unit() string {
+	if a.run.PerEpoch {
+		return "epoch"
+	}
+	return "step"
+}
+
+// atLeast prefixes a count the samples of a sampled log only bound from
+// below.
+func (a *analysis) atLeast() string {
+	if a.sampled {
+		return "at least "
+	}
+	return ""
+}
 
 func (a *analysis) note(format string, args ...any) {
 	a.r.Notes = append(a.r.Notes, fmt.Sprintf(format, args...))
@@ -131,6 +224,19 @@ func (a *analysis) losses() {
 	if end > 0 {
 		st.FirstLoss = meanFinite(ls[:st.FinalWindow])
 		st.FinalLoss = meanFinite(ls[end-st.FinalWindow : end])
+		st.FirstSteps = &report.StepRange{From: a.step(0), To: a.step(st.FinalWindow - 1)}
+		st.FinalSteps = &report.StepRange{From: a.step(end - st.FinalWindow), To: a.step(end - 1)}
+	}
+	// The summary must not read as if the run ended at its final window:
+	// say how much of the end is NaN/Inf and where the last finite loss is.
+	last := len(ls) - 1
+	for last >= 0 && !isFinite(ls[last]) {
+		last--
+	}
+	st.TrailingNonFinite = len(ls) - 1 - last
+	if last >= 0 {
+		s := a.step(last)
+		st.LastFiniteStep = &s
 	}
 	a.r.Losses = st
 }
@@ -208,7 +314,10 @@ func (a *analysis) resolveScaler() report.ScalerInfo {
 func (a *analysis) scales() {
 	sc := a.run.Scales
 	if sc == nil {
-		a.notDerived("skipped steps, skip rate, backoff runs, minimum scale, pinning, warm-up and the scale before the first NaN: the log has no scales")
+		// A per-epoch log says what it lacks in its own words.
+		if !a.run.PerEpoch {
+			a.notDerived("skipped steps, skip rate, backoff runs, minimum scale, pinning, warm-up and the scale before the first NaN: the log has no scales")
+		}
 		return
 	}
 	info := a.resolveScaler()
@@ -243,6 +352,13 @@ func (a *analysis) scales() {
 		st.MaxScale = max(st.MaxScale, s)
 	}
 	st.MinScaleStep = a.step(st.MinScaleStep)
+	a.skips = make([]int, len(sc))
+	for i, k := range a.kind {
+		if k == stepBackoff {
+			a.skips[i] = 1
+		}
+	}
+	a.checkSkippedFlags()
 	if oddRatio >= 0 {
 		a.note("the scale changed by a factor other than backoff %g or growth %g at step %d: is the log one entry per optimizer step?",
 			a.cfg.BackoffFactor, a.cfg.GrowthFactor, a.step(oddRatio))
@@ -288,7 +404,7 @@ func (a *analysis) scales() {
 			start--
 		}
 		if len(sc)-start >= allSkippedRun {
-			a.nanIdx = start
+			a.nanIdx, a.nanStep = start, a.step(start)
 			at := a.step(start)
 			st.InferredNaNStep = &at
 			a.note("the log has no losses; every step from %d to the end was skipped (the scale halved %d times in a row), which is what a NaN loss does: the first NaN is taken to be at step %d",
@@ -324,6 +440,7 @@ func (a *analysis) scales() {
 	if cut > a.warmup {
 		st.SkipRateAfterWarmup = float64(skipped) / float64(cut-a.warmup)
 	}
+	a.judged, a.judgedSkips, a.warmupEnd = max(cut-a.warmup, 0), skipped, a.step(0)+a.warmup
 	a.skipThreshold = max(a.opt.SkipRate, 2/float64(a.cfg.GrowthInterval+1))
 	a.highSkip = cut-a.warmup > 0 && st.SkipRateAfterWarmup > a.skipThreshold
 
@@ -402,6 +519,15 @@ func (a *analysis) compare(baseline *Log) {
 		a.notDerived("the gap to the fp32 baseline: the run's loss became NaN")
 		return
 	}
+	if a.run.PerEpoch != baseline.PerEpoch {
+		a.notDerived("the gap to the fp32 baseline: one log holds a loss per epoch (fastai's history.csv) and the other a loss per step; give both in the same form")
+		return
+	}
+	if a.run.Steps != nil || baseline.Steps != nil {
+		a.compareByStep(baseline)
+		return
+	}
+	defer a.compareValid(baseline)
 	m := min(len(a.run.Losses), len(baseline.Losses))
 	if len(a.run.Losses) != len(baseline.Losses) {
 		a.note("the run has %d steps and the baseline %d: their final losses are compared over the first %d steps of both", len(a.run.Losses), len(baseline.Losses), m)
@@ -428,7 +554,11 @@ func (a *analysis) epochs() {
 		a.notDerived("skip rate per epoch: the log states no steps_per_epoch (JSON) or epoch column (CSV)")
 		return
 	}
-	if a.kind == nil {
+	if a.skips == nil || a.run.PerEpoch {
+		return
+	}
+	if a.sampled {
+		a.notDerived("skip rate per epoch: the log holds the scale of one step in %d, and the skipped steps between two samples cannot be placed in an epoch", a.every)
 		return
 	}
 	for i, e := range ep {
@@ -437,21 +567,24 @@ func (a *analysis) epochs() {
 		}
 		es := &a.r.Epochs[len(a.r.Epochs)-1]
 		es.Steps++
-		if a.kind[i] == stepBackoff {
-			es.Skipped++
-		}
+		es.Skipped += a.skips[i]
 	}
 	for i := range a.r.Epochs {
 		a.r.Epochs[i].SkipRate = float64(a.r.Epochs[i].Skipped) / float64(a.r.Epochs[i].Steps)
 	}
 }
 
-func (a *analysis) series() {
+func (a *analysis) series(baseline *Log) {
 	a.r.Series = []report.Bucket{}
 	size := (a.n + SeriesBuckets - 1) / SeriesBuckets
 	for from := 0; from < a.n; from += size {
 		to := min(from+size, a.n)
 		b := report.Bucket{From: a.step(from), To: a.step(to - 1)}
+		// The baseline is compared step for step from its first entry,
+		// as compare does.
+		if baseline != nil && from < len(baseline.Losses) {
+			b.BaselineLoss = meanFinite(baseline.Losses[from:min(to, len(baseline.Losses))])
+		}
 		if ls := a.run.Losses; ls != nil {
 			b.Loss = meanFinite(ls[from:to])
 			for _, v := range ls[from:to] {
@@ -460,16 +593,19 @@ func (a *analysis) series() {
 				}
 			}
 		}
-		if sc := a.run.Scales; sc != nil {
+		if sc := a.run.Scales; sc != nil && a.skips != nil {
 			lo, hi := math.Inf(1), math.Inf(-1)
 			for i := from; i < to; i++ {
+				b.Skipped += a.skips[i]
+				if math.IsNaN(sc[i]) {
+					continue
+				}
 				l := math.Log2(max(sc[i], math.SmallestNonzeroFloat32))
 				lo, hi = min(lo, l), max(hi, l)
-				if a.kind[i] == stepBackoff {
-					b.Skipped++
-				}
 			}
-			b.Log2ScaleMin, b.Log2ScaleMax = &lo, &hi
+			if !math.IsInf(lo, 0) {
+				b.Log2ScaleMin, b.Log2ScaleMax = &lo, &hi
+			}
 		}
 		a.r.Series = append(a.r.Series, b)
 	}
@@ -478,13 +614,17 @@ func (a *analysis) series() {
 // earlyLimit is the number of steps in which a NaN counts as early: the
 // first epoch when known, else EarlySteps.
 func (a *analysis) earlyLimit() (int, string) {
+	if a.run.PerEpoch {
+		return 1, "the first epoch"
+	}
 	if ep := a.run.Epochs; len(ep) > 0 {
 		n := 0
 		for n < len(ep) && ep[n] == ep[0] {
 			n++
 		}
 		if n < len(ep) {
-			return n, fmt.Sprintf("the first epoch (%d steps)", n)
+			steps := a.step(n) - a.step(0)
+			return steps, fmt.Sprintf("the first epoch (%d steps)", steps)
 		}
 	}
 	return a.opt.EarlySteps, fmt.Sprintf("the first %d steps", a.opt.EarlySteps)
@@ -501,7 +641,12 @@ func (a *analysis) classify() {
 	gapOver := cmp != nil && cmp.Gap > cmp.Tolerance
 	signs := a.highSkip || a.pinnedLow
 
-	nanStep := a.step(a.nanIdx)
+	nanStep, unit, at := a.nanStep, a.unit(), "at"
+	if a.run.Sampled() || a.sampled && a.run.Losses == nil {
+		// The NaN lies between the sample that shows it and the one before.
+		at = "by"
+	}
+	early := a.nanIdx >= 0 && a.nanStep-a.step(0) < limit
 	nanWhat := "the loss became NaN/Inf"
 	if r.Losses != nil && r.Losses.FirstNonFiniteValue != "" {
 		nanWhat = "the loss became " + r.Losses.FirstNonFiniteValue
@@ -521,29 +666,29 @@ func (a *analysis) classify() {
 	}
 
 	switch {
-	case a.nanIdx >= 0 && a.nanIdx < limit:
+	case early:
 		r.Verdict = report.ScalesEarlyNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d, within %s: a forward overflow or poisoned data, not the loss scaler", nanWhat, nanStep, limitText)
+		r.VerdictText = fmt.Sprintf("%s %s %s %d, within %s: a forward overflow or poisoned data, not the loss scaler", nanWhat, at, unit, nanStep, limitText)
 		r.Fix = "export the model and a batch and run 'fp16audit run model.onnx -i batch.npy' to find the overflowing op and a verified fix (normalize inputs, to_bf16(), keep that module in fp32); lowering init_scale does not fix it"
-		a.add(checkEarlyNaN, "%s at step %d, within %s%s. The loss scaler cannot cause this; audit the exported model with 'fp16audit run model.onnx -i batch.npy'",
-			nanWhat, nanStep, limitText, scaleAtNaN())
+		a.add(checkEarlyNaN, "%s %s %s %d, within %s%s. The loss scaler cannot cause this; audit the exported model with 'fp16audit run model.onnx -i batch.npy'",
+			nanWhat, at, unit, nanStep, limitText, scaleAtNaN())
 	case a.nanIdx >= 0 && st == nil:
 		r.Verdict = report.ScalesLateNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d, after %s; without scales the cause cannot be told", nanWhat, nanStep, limitText)
-		r.Fix = "record the loss scale with examples/fastai_scales_callback.py and diagnose again"
-		a.add(checkLateNaN, "%s at step %d, after %s; the log has no scales to tell a gradient overflow from a forward overflow", nanWhat, nanStep, limitText)
+		r.VerdictText = fmt.Sprintf("%s %s %s %d, after %s; without scales the cause cannot be told", nanWhat, at, unit, nanStep, limitText)
+		r.Fix = "record the loss scale of every step (the Python companion, python/README.md, or examples/fastai_scales_callback.py) and diagnose again"
+		a.add(checkLateNaN, "%s %s %s %d, after %s; the log has no scales to tell a gradient overflow from a forward overflow", nanWhat, at, unit, nanStep, limitText)
 	case a.nanIdx >= 0 && a.collapse:
 		r.Verdict = report.ScalesGradientOverflowNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d after the loss scale collapsed to %s: chronic gradient overflow", nanWhat, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
+		r.VerdictText = fmt.Sprintf("%s %s step %d after the loss scale collapsed to %s: chronic gradient overflow", nanWhat, at, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
 		r.Fix = "lower the learning rate, clip gradients (fastai GradientClip; PyTorch scaler.unscale_ then clip_grad_norm_), or train with learn.to_bf16() (Ampere or newer) or in fp32"
-		a.add(checkGradOverflowNaN, "%s at step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
-			nanWhat, nanStep, scaleAtNaN())
+		a.add(checkGradOverflowNaN, "%s %s step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
+			nanWhat, at, nanStep, scaleAtNaN())
 	case a.nanIdx >= 0:
 		r.Verdict = report.ScalesForwardOverflowNaN
-		r.VerdictText = fmt.Sprintf("%s at step %d with a healthy loss scale (%s): the forward pass began to overflow", nanWhat, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
+		r.VerdictText = fmt.Sprintf("%s %s step %d with a healthy loss scale (%s): the forward pass began to overflow", nanWhat, at, nanStep, report.FormatScale(*st.ScaleAtFirstNaN))
 		r.Fix = fmt.Sprintf("save a checkpoint from just before step %d, export it with that step's batch and audit it with 'fp16audit run model.onnx -i batch.npy'", nanStep)
-		a.add(checkForwardOverflowNaN, "%s at step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
-			nanWhat, nanStep, scaleAtNaN(), nanStep)
+		a.add(checkForwardOverflowNaN, "%s %s step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
+			nanWhat, at, nanStep, scaleAtNaN(), nanStep)
 	case gapOver && signs:
 		r.Verdict = report.ScalesPlateauUnderflow
 		r.VerdictText = fmt.Sprintf("final loss %.4g is %.1f%% above the fp32 baseline's %.4g, with %s", cmp.RunLoss, 100*cmp.Gap, cmp.BaselineLoss, a.signsText())
@@ -556,7 +701,7 @@ func (a *analysis) classify() {
 		r.Fix = "check that both runs used the same data, seed and schedule; compare a learn.to_bf16() run; audit the model for underflow with 'fp16audit run'"
 		a.add(checkPlateauUnexplained, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g (tolerance %.1f%%), but %s",
 			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance, a.cleanText())
-	case st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n:
+	case st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.steps:
 		r.Verdict = report.ScalesWastedWarmup
 		r.VerdictText = fmt.Sprintf("the first %d steps were all skipped while the scale came down from %s to %s", a.warmup, report.FormatScale(a.cfg.InitScale), report.FormatScale(st.WarmupScale))
 		r.Fix = fmt.Sprintf("learn.to_fp16(init_scale=%s) (GradScaler(init_scale=%s) in PyTorch) saves them; the last knob, not a fix for NaN", pyScale(st.WarmupScale), pyScale(st.WarmupScale))
@@ -568,17 +713,17 @@ func (a *analysis) classify() {
 		r.VerdictText = a.healthyText()
 	}
 
-	if st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.n {
-		a.add(checkWastedWarmup, "the first %d steps were all skipped while the scale halved from %s to %s, the first scale that worked. learn.to_fp16(init_scale=%s) saves them; this is the last knob, not a fix for NaN",
-			a.warmup, report.FormatScale(a.cfg.InitScale), report.FormatScale(st.WarmupScale), pyScale(st.WarmupScale))
+	if st != nil && a.warmup >= a.opt.WarmupSkips && a.warmup < a.steps {
+		a.add(checkWastedWarmup, "%sthe first %d steps were all skipped while the scale halved from %s to %s, the first scale that worked. learn.to_fp16(init_scale=%s) saves them; this is the last knob, not a fix for NaN",
+			a.sampledWarmup(), a.warmup, report.FormatScale(a.cfg.InitScale), report.FormatScale(st.WarmupScale), pyScale(st.WarmupScale))
 	}
 	if cmp != nil && cmp.Gap > 0 && !gapOver && a.nanIdx < 0 {
 		a.add(checkNoise, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise",
 			cmp.RunLoss, cmp.Window, cmp.Steps, 100*cmp.Gap, cmp.BaselineLoss, 100*cmp.Tolerance)
 	}
 	if a.highSkip {
-		a.add(checkSkipRate, "%d of the %d steps after the warm-up%s were skipped (%.2f%%, threshold %.2f%%): each one an optimizer step thrown away",
-			a.skippedAfterWarmup(), a.judgedSteps(), beforeNaN(a.nanIdx >= 0), 100*st.SkipRateAfterWarmup, 100*a.skipThreshold)
+		a.add(checkSkipRate, "%s%d of the %d steps after the warm-up%s were skipped (%s%.2f%%, threshold %.2f%%): each one an optimizer step thrown away",
+			a.atLeast(), a.skippedAfterWarmup(), a.judgedSteps(), beforeNaN(a.nanIdx >= 0), a.atLeast(), 100*st.SkipRateAfterWarmup, 100*a.skipThreshold)
 	}
 	if a.pinnedLow {
 		a.add(checkPinnedLow, "the scale did not grow for %d steps (%.1f growth intervals of %d) from step %d, with %d backoffs, and ended that stretch at %s (threshold %s)",
@@ -600,29 +745,15 @@ func beforeNaN(nan bool) string {
 	return ""
 }
 
-func (a *analysis) judgedSteps() int {
-	cut := a.n
-	if a.nanIdx >= 0 {
-		cut = a.nanIdx
-	}
-	return cut - a.warmup
-}
+func (a *analysis) judgedSteps() int { return a.judged }
 
-func (a *analysis) skippedAfterWarmup() int {
-	n := 0
-	for i := a.warmup; i < a.warmup+a.judgedSteps(); i++ {
-		if a.kind[i] == stepBackoff {
-			n++
-		}
-	}
-	return n
-}
+func (a *analysis) skippedAfterWarmup() int { return a.judgedSkips }
 
 func (a *analysis) signsText() string {
 	st := a.r.Scales
 	var parts []string
 	if a.highSkip {
-		parts = append(parts, fmt.Sprintf("%.1f%% of the steps after the warm-up skipped (%d)", 100*st.SkipRateAfterWarmup, a.skippedAfterWarmup()))
+		parts = append(parts, fmt.Sprintf("%s%.1f%% of the steps after the warm-up skipped (%d)", a.atLeast(), 100*st.SkipRateAfterWarmup, a.skippedAfterWarmup()))
 	}
 	if a.pinnedLow {
 		parts = append(parts, fmt.Sprintf("the scale pinned at %s for %d steps without growth", report.FormatScale(st.PinnedScale), st.LongestNoGrowth))
@@ -641,7 +772,7 @@ func (a *analysis) cleanText() string {
 func (a *analysis) healthyText() string {
 	var parts []string
 	if st := a.r.Scales; st != nil {
-		parts = append(parts, fmt.Sprintf("%d of %d steps skipped, final scale %s", st.Skipped, a.n, report.FormatScale(st.FinalScale)))
+		parts = append(parts, fmt.Sprintf("%s%d of %d steps skipped, final scale %s", a.atLeast(), st.Skipped, a.steps, report.FormatScale(st.FinalScale)))
 	}
 	if a.run.Losses != nil {
 		parts = append(parts, "no NaN/Inf loss")

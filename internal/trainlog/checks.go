@@ -26,7 +26,11 @@ the loss turns NaN. The loss scaler is the messenger, not the cause. Lower
 the learning rate (or lengthen the warm-up of the one-cycle schedule), clip
 gradients (fastai: GradientClip(max_norm=1.0); PyTorch: scaler.unscale_(opt)
 then torch.nn.utils.clip_grad_norm_), or train with learn.to_bf16() on an
-Ampere or newer GPU (fp32's range, no loss scaling), or in fp32.`})
+Ampere or newer GPU (fp32's range, no loss scaling), or in fp32. When the
+log carries per-module gradient telemetry (python/: the fp16audit recorder
+or fastai callback), the finding names the module whose scaled gradients
+overflowed first: lower the learning rate there, clip it, or keep that
+module in fp32.`})
 
 	checkForwardOverflowNaN = checks.Register(&checks.Check{ID: "FP5003", Title: "nan with a healthy loss scale", Severity: checks.SevError, Doc: `The loss became NaN mid-training while the loss scale was healthy (no
 collapse before it): the gradients fitted fp16, so the scaler saw nothing
@@ -54,7 +58,9 @@ gradients overflow whatever the scale (an Inf or NaN produced in the
 backward of a few batches) while the rest need a large scale. Prefer
 learn.to_bf16() (Ampere or newer): bf16 has fp32's range, needs no loss
 scaling and skips nothing. Otherwise find the overflowing gradients (clip
-them, or keep the module that produces them in fp32).`})
+them, or keep the module that produces them in fp32). With per-module
+gradient telemetry in the log, the finding names the modules whose
+gradients flush to zero at the scales the run used.`})
 
 	checkPlateauUnexplained = checks.Register(&checks.Check{ID: "FP5006", Title: "gap to the fp32 baseline not explained by the loss scale", Severity: checks.SevWarning, Doc: `The fp16 run ends above the fp32 baseline by more than the tolerance, but
 the loss scale shows no sign of trouble: few skipped steps and no scale

@@ -1,47 +1,59 @@
 // Package trainlog diagnoses a mixed-precision training run from its
 // history: the loss of every optimizer step and the GradScaler loss scale
-// after every step. It reads the log (JSON or CSV), reconstructs what the
-// scaler did (skipped steps, backoff runs, collapse, pinning, warm-up),
-// classifies the run into one verdict with FP5xxx findings, and renders the
-// result as text or JSON. The failure classes are those of the table in
-// DESIGN.md: early NaN (forward overflow), mid-training NaN after a
-// collapsing scale (gradient overflow), mid-training NaN with a healthy
-// scale (the forward pass began to overflow), a plateau above the fp32
-// baseline (underflow, skipped steps), wasted warm-up steps, healthy.
+// after every step. It reads the log in the forms people have (its own JSON
+// and CSV, tables whose columns it recognises by meaning, plain lists of
+// numbers, TensorBoard event files, fastai's history.csv, the Python
+// companion's JSON Lines log with per-module gradient telemetry),
+// reconstructs what the scaler did (skipped steps, backoff runs, collapse,
+// pinning, warm-up; lower bounds when the log holds every Nth step),
+// classifies the run into one verdict with FP5xxx findings, and names the
+// modules whose gradients overflow or underflow when the log carries
+// telemetry. The failure classes are those of the table in DESIGN.md:
+// early NaN (forward overflow), mid-training NaN after a collapsing scale
+// (gradient overflow), mid-training NaN with a healthy scale (the forward
+// pass began to overflow), a plateau above the fp32 baseline (underflow,
+// skipped steps), wasted warm-up steps, healthy.
 package trainlog
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"fp16audit/report"
-	"io"
 	"math"
-	"os"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// Log is one training run: one entry per optimizer step. Scales[i] is
-// scaler.get_scale() read after the scaler.update() of step i, that is the
-// scale the next step uses; a step whose gradients overflowed shows as a
-// backoff (Scales[i] = Scales[i-1] × backoff_factor). Losses may hold NaN
-// and ±Inf. A log has losses, scales or both; when both, they have the same
-// length.
+// Log is one training run: one entry per optimizer step, or per sampled
+// step when Steps says so. Scales[i] is scaler.get_scale() read after the
+// scaler.update() of step i, that is the scale the next step uses; a step
+// whose gradients overflowed shows as a backoff (Scales[i] = Scales[i-1] ×
+// backoff_factor). Losses may hold NaN and ±Inf. A log has losses, scales
+// or both; when both, they have the same length.
 type Log struct {
 	// Path names the log in messages and reports.
 	Path string
 	// FirstStep is the step number of the first entry: the CSV's first
 	// step value, 0 for JSON.
 	FirstStep int
+	// Steps holds the step number of every entry when the entries are not
+	// consecutive steps (a log written every N steps); nil means FirstStep,
+	// FirstStep+1, and so on.
+	Steps []int
 	// Losses is nil when the log records no losses.
 	Losses []float64
-	// Scales is nil when the log records no scales.
+	// Scales is nil when the log records no scales. NaN marks an entry
+	// whose scale was not recorded (a scale column logged less often than
+	// the loss); no GradScaler scale is NaN.
 	Scales []float64
+	// Skipped holds a log's own record of skipped steps (a skipped,
+	// found_inf or overflow column): 1 skipped, 0 not, -1 not recorded;
+	// nil when the log has none.
+	Skipped []int8
 	// Epochs holds the epoch of every step, nil when unknown.
 	Epochs []int
 	// StepsPerEpoch is the JSON field steps_per_epoch, 0 when absent.
@@ -49,10 +61,83 @@ type Log struct {
 	// Scaler is the GradScaler configuration the log states; zero fields
 	// were not stated.
 	Scaler report.ScalerConfig
+	// Format is how the log was read (report.RunInfo.Format).
+	Format string
+	// PerEpoch is set when every entry is one epoch (fastai's
+	// history.csv); Steps then holds epoch numbers.
+	PerEpoch bool
+	// ValidLosses holds a per-epoch log's validation losses (NaN where
+	// none was computed), nil otherwise.
+	ValidLosses []float64
+	// Telemetry holds the per-module gradient telemetry of a log written
+	// by the Python companion, in file order; TelemetryModules is the
+	// number of modules its header says were watched (0: no telemetry).
+	Telemetry        []TelemetryLine
+	TelemetryModules int
+	// Notes and NotDerived are facts the reader learned about the log
+	// (columns it recognised, a run that stopped early) and what the form
+	// of the log cannot tell; the report carries them.
+	Notes      []string
+	NotDerived []string
 }
 
-// Len is the number of steps in the log.
+// TelemetryLine is one telemetry line of the companion's log: per-module
+// gradient summaries of one step, measured on the scaled gradients as fp16
+// would hold them (python/README.md, "telemetry").
+type TelemetryLine struct {
+	// Line is the line of the file, for messages.
+	Line  int
+	Step  int
+	Skip  bool // reasons holds "skipped"
+	Full  bool // measured is "full": the underflow counts are present
+	Scale float64
+	// FirstNonFiniteOutput and FirstNonFiniteParams are the companion's
+	// first module, in backward order, whose output or parameter
+	// gradient held Inf/NaN in fp16; "" when none did.
+	FirstNonFiniteOutput string
+	FirstNonFiniteParams string
+	// Modules are in backward order: the order their first gradient
+	// arrived in.
+	Modules []ModuleGrads
+}
+
+// ModuleGrads is one module's entry in a telemetry line; Output and Params
+// are nil when that gradient did not arrive.
+type ModuleGrads struct {
+	Name, Type     string
+	Output, Params *GradSummary
+}
+
+// GradSummary is the companion's summary of one gradient of one module.
+// The pointer fields are nil when the line did not measure them.
+type GradSummary struct {
+	Numel        int
+	NonFinite    int
+	NonFiniteSrc int
+	MaxAbs       float64
+	Nonzero      *int
+	Underflow    *int
+	Subnormal    *int
+}
+
+// Len is the number of entries in the log: its steps, or its samples when
+// Steps is set.
 func (l *Log) Len() int { return max(len(l.Losses), len(l.Scales)) }
+
+// stepAt is the step number of entry i.
+func (l *Log) stepAt(i int) int {
+	if l.Steps != nil {
+		return l.Steps[i]
+	}
+	return l.FirstStep + i
+}
+
+// LastStep is the step number of the last entry.
+func (l *Log) LastStep() int { return l.stepAt(l.Len() - 1) }
+
+// Sampled reports whether the log holds fewer entries than the steps it
+// spans: a log written every N steps.
+func (l *Log) Sampled() bool { return l.Steps != nil && !l.PerEpoch }
 
 // PyTorch's GradScaler defaults (torch.amp.GradScaler and fastai's
 // MixedPrecision, which passes its kwargs through).
@@ -87,87 +172,8 @@ var ErrNoData = errors.New("the log has neither losses nor scales")
 
 const formatHint = `want a JSON object {"scales": [...], "losses": [...]} or a CSV with a step,loss,scale header`
 
-// ReadFile reads a log from path. The format follows the extension (.json,
-// .csv); any other name is sniffed: a log starting with '{' is JSON.
-func ReadFile(path string) (*Log, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".json":
-		return ParseJSON(path, data)
-	case ".csv":
-		return ParseCSV(path, data)
-	}
-	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
-		return ParseJSON(path, data)
-	}
-	return ParseCSV(path, data)
-}
-
-// ParseJSON reads the JSON form of a log:
-//
-//	{"losses": [...], "scales": [...], "steps_per_epoch": N,
-//	 "grad_scaler": {"init_scale": 65536, "growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 2000}}
-//
-// Every field is optional, but losses or scales must be present. Losses may
-// be NaN, Infinity, -Infinity (Python's json module writes them bare), null
-// (read as NaN) or those words as strings. Other fields are ignored.
-func ParseJSON(path string, data []byte) (*Log, error) {
-	perr := func(line int, field, format string, args ...any) error {
-		return &ParseError{Path: path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, perr(0, "", "empty file: %s", formatHint)
-	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(quoteNonFinite(data), &top); err != nil {
-		var syn *json.SyntaxError
-		if errors.As(err, &syn) {
-			return nil, perr(lineAt(data, syn.Offset), "", "invalid JSON: %v", syn)
-		}
-		var typ *json.UnmarshalTypeError
-		if errors.As(err, &typ) {
-			return nil, perr(0, "", "want a JSON object at the top, found %s", typ.Value)
-		}
-		return nil, perr(0, "", "invalid JSON: %v", err)
-	}
-	l := &Log{Path: path}
-	var err error
-	if raw, ok := top["losses"]; ok {
-		if l.Losses, err = jsonNumbers(raw, "losses", true); err != nil {
-			return nil, perr(0, "", "%v", err)
-		}
-	}
-	if raw, ok := top["scales"]; ok {
-		if l.Scales, err = jsonNumbers(raw, "scales", false); err != nil {
-			return nil, perr(0, "", "%v", err)
-		}
-	}
-	if raw, ok := top["steps_per_epoch"]; ok && string(raw) != "null" {
-		v, err := jsonInt(raw)
-		if err != nil || v <= 0 {
-			return nil, perr(0, "steps_per_epoch", "want a positive integer, found %s", raw)
-		}
-		l.StepsPerEpoch = v
-	}
-	if raw, ok := top["grad_scaler"]; ok && string(raw) != "null" {
-		if l.Scaler, err = jsonScaler(raw); err != nil {
-			return nil, perr(0, "grad_scaler", "%v", err)
-		}
-	}
-	if l.StepsPerEpoch > 0 {
-		l.Epochs = make([]int, l.Len())
-		for i := range l.Epochs {
-			l.Epochs[i] = i / l.StepsPerEpoch
-		}
-	}
-	if err := l.validate(); err != nil {
-		return nil, err
-	}
-	return l, nil
-}
+// ReadFile reads a log from path with the default ReadOptions.
+func ReadFile(path string) (*Log, error) { return Read(path, ReadOptions{}) }
 
 // bareMark marks a NaN/Infinity token that was bare in the input, so that a
 // string "NaN" in the scales can still be told apart from a bare NaN.
@@ -359,105 +365,6 @@ func jsonScaler(raw json.RawMessage) (report.ScalerConfig, error) {
 	return c, nil
 }
 
-// ParseCSV reads the CSV form of a log: a header naming the columns, then
-// one row per optimizer step. The columns are step (required, consecutive
-// integers), loss and scale (at least one of them) and, optionally, epoch;
-// other columns are ignored. Losses may be nan, inf or -inf. Lines starting
-// with '#' are comments.
-func ParseCSV(path string, data []byte) (*Log, error) {
-	perr := func(line int, field, format string, args ...any) error {
-		return &ParseError{Path: path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, perr(0, "", "empty file: %s", formatHint)
-	}
-	r := csv.NewReader(bufio.NewReader(bytes.NewReader(data)))
-	r.Comment = '#'
-	r.TrimLeadingSpace = true
-	header, err := r.Read()
-	if err != nil {
-		return nil, csvError(path, err)
-	}
-	line, _ := r.FieldPos(0)
-	col := map[string]int{}
-	for i, h := range header {
-		col[strings.ToLower(strings.TrimSpace(h))] = i
-	}
-	_, hasStep := col["step"]
-	_, hasLoss := col["loss"]
-	_, hasScale := col["scale"]
-	if !hasStep || !(hasLoss || hasScale) {
-		return nil, perr(line, "", "want a header naming the columns step,loss,scale (loss or scale may be left out; epoch is optional), found %q", strings.Join(header, ","))
-	}
-	_, hasEpoch := col["epoch"]
-	l := &Log{Path: path}
-	if hasLoss {
-		l.Losses = []float64{}
-	}
-	if hasScale {
-		l.Scales = []float64{}
-	}
-	if hasEpoch {
-		l.Epochs = []int{}
-	}
-	for row := 0; ; row++ {
-		rec, err := r.Read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, csvError(path, err)
-		}
-		line, _ := r.FieldPos(0)
-		step, err := strconv.Atoi(strings.TrimSpace(rec[col["step"]]))
-		if err != nil {
-			return nil, perr(line, "step", "want an integer, found %q", rec[col["step"]])
-		}
-		if row == 0 {
-			l.FirstStep = step
-		} else if want := l.FirstStep + row; step != want {
-			return nil, perr(line, "step", "want %d (one row per optimizer step, in order), found %d", want, step)
-		}
-		if hasLoss {
-			s := strings.TrimSpace(rec[col["loss"]])
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return nil, perr(line, "loss", "want a number (nan and inf allowed), found %q", s)
-			}
-			l.Losses = append(l.Losses, v)
-		}
-		if hasScale {
-			s := strings.TrimSpace(rec[col["scale"]])
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return nil, perr(line, "scale", "want a positive number, found %q", s)
-			}
-			if msg := badScale(l.Scales, v); msg != "" {
-				return nil, perr(line, "scale", "%s", msg)
-			}
-			l.Scales = append(l.Scales, v)
-		}
-		if hasEpoch {
-			s := strings.TrimSpace(rec[col["epoch"]])
-			v, err := strconv.Atoi(s)
-			if err != nil {
-				return nil, perr(line, "epoch", "want an integer, found %q", s)
-			}
-			if n := len(l.Epochs); n > 0 && v < l.Epochs[n-1] {
-				return nil, perr(line, "epoch", "want epochs in increasing order, found %d after %d", v, l.Epochs[n-1])
-			}
-			l.Epochs = append(l.Epochs, v)
-		}
-	}
-	if l.Len() == 0 {
-		return nil, perr(0, "", "the header has no rows after it: want one row per optimizer step")
-	}
-	if err := l.validate(); err != nil {
-		return nil, err
-	}
-	return l, nil
-}
-
 func csvError(path string, err error) error {
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
@@ -470,8 +377,9 @@ func csvError(path string, err error) error {
 	return &ParseError{Path: path, Msg: err.Error()}
 }
 
-// validate checks what both formats share: some data, equal lengths, and
-// scales that a GradScaler can produce.
+// validate checks what every form shares: some data, equal lengths, step
+// numbers for every entry, and scales that a GradScaler can produce (NaN
+// marks a scale not recorded).
 func (l *Log) validate() error {
 	if len(l.Losses) == 0 && len(l.Scales) == 0 {
 		return &ParseError{Path: l.Path, Msg: ErrNoData.Error() + ": " + formatHint}
@@ -479,18 +387,27 @@ func (l *Log) validate() error {
 	if len(l.Losses) == 0 {
 		l.Losses = nil
 	}
-	if len(l.Scales) == 0 {
+	if len(l.Scales) == 0 || !slices.ContainsFunc(l.Scales, func(s float64) bool { return !math.IsNaN(s) }) {
 		l.Scales = nil
 	}
 	if l.Losses != nil && l.Scales != nil && len(l.Losses) != len(l.Scales) {
 		return &ParseError{Path: l.Path, Msg: fmt.Sprintf("scales has %d entries and losses %d: want one of each per optimizer step "+
-			"(fastai's learn.mixed_precision.scales leaves out skipped steps; record the log with examples/fastai_scales_callback.py)",
+			"(fastai's learn.mixed_precision.scales leaves out skipped steps: read it alone with --series fastai-scales, or record the log with the Python companion, python/README.md)",
 			len(l.Scales), len(l.Losses))}
 	}
+	n := l.Len()
+	if l.Steps != nil && len(l.Steps) != n || l.Skipped != nil && len(l.Skipped) != n || l.Epochs != nil && len(l.Epochs) != n {
+		return &ParseError{Path: l.Path, Msg: "steps, skipped flags or epochs do not match the number of entries"}
+	}
+	prev := math.NaN()
 	for i, s := range l.Scales {
-		if msg := badScale(l.Scales[:i], s); msg != "" {
+		if math.IsNaN(s) {
+			continue
+		}
+		if msg := badScaleAfter(prev, s); msg != "" {
 			return &ParseError{Path: l.Path, Field: fmt.Sprintf("scales[%d]", i), Msg: msg}
 		}
+		prev = s
 	}
 	return nil
 }

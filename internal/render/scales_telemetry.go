@@ -1,0 +1,73 @@
+package render
+
+import (
+	"fmt"
+
+	"fp16audit/report"
+)
+
+// scalesTelemetryText writes what the scales report holds beyond one loss
+// and one scale per step: how the log was read when it is not one entry
+// per optimizer step (sampled, per epoch), with the bounds on the skipped
+// steps, and the per-module gradient telemetry of the Python companion's
+// log: where the overflows began, which modules underflow. It writes
+// nothing for a log of every step without telemetry.
+func scalesTelemetryText(p *errWriter, r *report.ScalesReport) {
+	ri := r.Run
+	switch {
+	case ri.PerEpoch:
+		p.printf("\nlog: %s, one entry per epoch (step numbers are epochs)\n", ri.Format)
+	case ri.Samples > 0:
+		p.printf("\nlog: %s, %d samples, every %d steps", ri.Format, ri.Samples, ri.SampleEvery)
+		if s := r.Scales; s != nil && s.SkippedLowerBound {
+			p.printf("; the scales prove at least %d skipped steps", s.Skipped)
+			if s.SkippedMax != nil {
+				p.printf(" and allow at most %d", *s.SkippedMax)
+			}
+		}
+		p.printf("\n")
+	}
+	t := r.Telemetry
+	if t == nil {
+		return
+	}
+	p.printf("\ngradient telemetry: %d lines (%d measured in full, %d of skipped steps), %d modules watched\n",
+		t.Lines, t.FullLines, t.SkippedLines, t.Modules)
+	if len(t.Overflow) == 0 {
+		p.printf("  overflow begins in   no module, in the skipped steps %d–%d\n", t.OverflowFrom, t.OverflowTo)
+	}
+	for i, o := range t.Overflow {
+		head := "  overflow begins in   "
+		if i > 0 {
+			head = "                       "
+		}
+		which := fmt.Sprintf("output gradient on %d, parameter gradient alone on %d", o.OutputSteps, o.Steps-o.OutputSteps)
+		switch o.OutputSteps {
+		case o.Steps:
+			which = "output gradient"
+		case 0:
+			which = "parameter gradient"
+		}
+		p.printf("%s%s (%s), %s: %d of %d skipped steps in %d–%d", head, o.Module, o.Type, which, o.Steps, o.OfSteps, t.OverflowFrom, t.OverflowTo)
+		if o.MaxAbs > 0 {
+			p.printf(", largest scaled %.3g (%.3g unscaled)", o.MaxAbs, o.MaxUnscaled)
+		}
+		p.printf("\n")
+	}
+	for i, u := range t.Underflow {
+		head := "  underflow            "
+		if i > 0 {
+			head = "                       "
+		}
+		what := "flush to zero"
+		if u.Measure == "subnormal" {
+			what = "are fp16 subnormals"
+		}
+		which := "output gradient"
+		if u.Gradient == "params" {
+			which = "parameter gradient"
+		}
+		p.printf("%s%s (%s), %s: %s of its nonzero elements %s (median scale %s, %d lines)\n",
+			head, u.Module, u.Type, which, fmt.Sprintf("%.1f%%", 100*u.Fraction), what, report.FormatScale(u.MedianScale), u.Lines)
+	}
+}

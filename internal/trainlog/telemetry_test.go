@@ -1,0 +1,167 @@
+package trainlog
+
+import (
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"fp16audit/checks"
+	"fp16audit/report"
+)
+
+// TestCompanionNamesOverflowingModule reads the log the Python companion
+// wrote for a run with a planted overflowing module
+// (testdata/companion/make_logs.py, real torch telemetry): the scale
+// collapses, the loss turns Inf, and the diagnosis must name `planted`.
+func TestCompanionNamesOverflowingModule(t *testing.T) {
+	l, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Format != "trainlog" || l.TelemetryModules != 3 || len(l.Telemetry) == 0 || l.Scaler.GrowthInterval != 20 {
+		t.Fatalf("read format %s, %d modules, %d telemetry lines, growth interval %d", l.Format, l.TelemetryModules, len(l.Telemetry), l.Scaler.GrowthInterval)
+	}
+	r := Analyze(l, nil, DefaultOptions)
+	if r.Verdict != report.ScalesGradientOverflowNaN {
+		t.Fatalf("verdict %s (%s), want %s", r.Verdict, r.VerdictText, report.ScalesGradientOverflowNaN)
+	}
+	i := slices.IndexFunc(r.Findings, func(f checks.Finding) bool { return f.Check == "FP5002" })
+	if i < 0 {
+		t.Fatalf("no FP5002 among %v", r.Findings)
+	}
+	f := r.Findings[i]
+	if f.Module != "planted" || !strings.Contains(f.Message, "module planted (Linear)") || !strings.Contains(f.Message, "keep it in fp32") {
+		t.Errorf("FP5002 module %q: %s", f.Module, f.Message)
+	}
+	if !strings.Contains(r.Fix, "module planted") || !strings.Contains(r.VerdictText, "planted") {
+		t.Errorf("verdict %q, fix %q do not name planted", r.VerdictText, r.Fix)
+	}
+	ts := r.Telemetry
+	if ts == nil || len(ts.Overflow) == 0 {
+		t.Fatalf("telemetry %+v", ts)
+	}
+	top := ts.Overflow[0]
+	// The window is the collapse before the NaN: the 40 steps (two growth
+	// intervals) before it; planted begins nearly every overflow there.
+	if top.Module != "planted" || top.Type != "Linear" || 2*top.Steps <= top.OfSteps || ts.OverflowTo != *r.Losses.FirstNonFiniteStep-1 ||
+		ts.OverflowFrom != ts.OverflowTo+1-r.Scales.CollapseWindow || top.MaxAbs <= 65504 {
+		t.Errorf("overflow %+v in steps %d–%d", top, ts.OverflowFrom, ts.OverflowTo)
+	}
+	if ts.Lines != len(l.Telemetry) || ts.Modules != 3 || ts.SkippedLines == 0 || ts.FullLines == 0 {
+		t.Errorf("telemetry counts %+v", ts)
+	}
+
+	// The same run's np.save'd lists.
+	scales, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.scales.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(scales.Scales, l.Scales) {
+		t.Errorf("the np.save'd scales differ from the log's")
+	}
+	if r := Analyze(scales, nil, DefaultOptions); r.Verdict != report.ScalesGradientOverflowNaN {
+		t.Errorf("scales.npy: verdict %s (%s)", r.Verdict, r.VerdictText)
+	}
+	losses, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.losses.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Analyze(losses, nil, DefaultOptions); r.Verdict != report.ScalesLateNaN || *r.Losses.FirstNonFiniteStep != *Analyze(l, nil, DefaultOptions).Losses.FirstNonFiniteStep {
+		t.Errorf("losses.npy: verdict %s (%s)", r.Verdict, r.VerdictText)
+	}
+}
+
+// underflowLog writes the plateau scenario as a companion log with
+// telemetry: every 50 steps a full line where module `tiny` loses 60% of
+// its output gradient to underflow and `encoder` 1%; every skipped step a
+// line where `encoder`'s output gradient overflowed.
+func underflowLog(sc scenario, sim simulated) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"kind":"header","format":"fp16audit.trainlog","version":1,"source":"torch","created":"2025-01-31T12:00:00Z","grad_scaler":{"enabled":true,"class":"GradScaler","init_scale":65536.0,"growth_factor":2.0,"backoff_factor":0.5,"growth_interval":%d},"steps_per_epoch":%d,"telemetry":{"every":50,"on_skipped":true,"fp16_max":65504.0,"fp16_min_normal":6.103515625e-05,"fp16_min_subnormal":5.960464477539063e-08,"modules":[{"name":"encoder","type":"Conv2d"},{"name":"tiny","type":"Linear"},{"name":"head","type":"Linear"}]},"torch_version":"1.13.0"}`+"\n",
+		sc.interval, sc.stepsPerEpoch)
+	used := float64(sc.init)
+	for i, s := range sim.scales {
+		skipped := s < used
+		fmt.Fprintf(&b, `{"kind":"step","step":%d,"epoch":%d,"iter":%d,"loss":%s,"scale":%s,"scale_used":%s,"skipped":%t}`+"\n",
+			i, i/sc.stepsPerEpoch, i%sc.stepsPerEpoch, jsonNum(sim.losses[i]), jsonNum(s), jsonNum(used), skipped)
+		full := i%50 == 0
+		if skipped || full {
+			measured, reasons := "overflow", []string{}
+			if skipped {
+				reasons = append(reasons, `"skipped"`)
+			}
+			if full {
+				measured = "full"
+				reasons = append(reasons, `"interval"`)
+			}
+			grad := func(nonfinite, nonzero, underflow int) string {
+				if !full {
+					return fmt.Sprintf(`{"dtype":"float32","tensors":1,"numel":100,"nonfinite":%d,"nonfinite_src":0,"max_abs":1000.0,"nonzero":null,"underflow":null,"underflow_fraction":null,"subnormal":null}`, nonfinite)
+				}
+				return fmt.Sprintf(`{"dtype":"float32","tensors":1,"numel":100,"nonfinite":%d,"nonfinite_src":0,"max_abs":1000.0,"nonzero":%d,"underflow":%d,"underflow_fraction":%g,"subnormal":0}`,
+					nonfinite, nonzero, underflow, float64(underflow)/float64(nonzero))
+			}
+			enc, first := 0, "null"
+			if skipped {
+				enc, first = 3, `"encoder"`
+			}
+			fmt.Fprintf(&b, `{"kind":"telemetry","step":%d,"reasons":[%s],"measured":%q,"scale_used":%s,"first_nonfinite_output":%s,"first_nonfinite_params":null,"modules":[`+
+				`{"name":"head","type":"Linear","output":%s,"params":%s},{"name":"tiny","type":"Linear","output":%s,"params":null},{"name":"encoder","type":"Conv2d","output":%s,"params":null}]}`+"\n",
+				i, strings.Join(reasons, ","), measured, jsonNum(used), first, grad(0, 100, 0), grad(0, 50, 0), grad(0, 100, 60), grad(enc, 100, 1))
+		}
+		used = s
+	}
+	return b.Bytes()
+}
+
+// TestTelemetryNamesUnderflowingModules: on a plateau, the modules that
+// lose their gradient to underflow are named in FP5005, the module where
+// the overflows begin in FP5009.
+func TestTelemetryNamesUnderflowingModules(t *testing.T) {
+	sc := scenarioByName(t, "plateau_underflow")
+	dir := t.TempDir()
+	run, err := Read(write(t, dir, "run.jsonl", underflowLog(sc, sc.run())), ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bsc := scenarioByName(t, "baseline_fp32")
+	base, err := Read(write(t, dir, "base.jsonl", companion(bsc, samples(bsc, bsc.run(), 1, 0))), ReadOptions{Baseline: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Analyze(run, base, DefaultOptions)
+	if r.Verdict != report.ScalesPlateauUnderflow {
+		t.Fatalf("verdict %s (%s)", r.Verdict, r.VerdictText)
+	}
+	byCheck := map[string]checks.Finding{}
+	for _, f := range r.Findings {
+		byCheck[f.Check] = f
+	}
+	if f := byCheck["FP5005"]; f.Module != "tiny" || !strings.Contains(f.Message, "tiny (Linear) (60% of its output gradient's nonzero elements flush to zero") ||
+		!strings.Contains(f.Message, "module encoder (Conv2d)") {
+		t.Errorf("FP5005 module %q: %s", f.Module, f.Message)
+	}
+	if f := byCheck["FP5009"]; f.Module != "encoder" {
+		t.Errorf("FP5009 module %q: %s", f.Module, f.Message)
+	}
+	if f := byCheck["FP5010"]; f.Module != "tiny" {
+		t.Errorf("FP5010 module %q", f.Module)
+	}
+	u := r.Telemetry.Underflow
+	if len(u) != 1 || u[0].Module != "tiny" || u[0].Gradient != "output" || u[0].Measure != "underflow" || u[0].Fraction != 0.6 || u[0].MedianScale <= 0 {
+		t.Errorf("underflow %+v", u)
+	}
+	// Below the default 10%, encoder's 1% is named only with a lower
+	// threshold.
+	opt := DefaultOptions
+	opt.UnderflowFraction = 0.005
+	if u := Analyze(run, base, opt).Telemetry.Underflow; len(u) != 2 || u[1].Module != "encoder" {
+		t.Errorf("with threshold 0.5%%: %+v", u)
+	}
+	if o := r.Telemetry.Overflow; len(o) != 1 || o[0].Module != "encoder" || o[0].Steps != o[0].OfSteps || o[0].Steps != r.Scales.Skipped-r.Scales.WarmupSkipped {
+		t.Errorf("overflow %+v, %d skipped after a warm-up of %d", o, r.Scales.Skipped, r.Scales.WarmupSkipped)
+	}
+}
