@@ -47,8 +47,10 @@ const (
 
 // TrainingReport is the training side of an audit: the mode the forward
 // passes ran in, how BatchNormalization and Dropout ran, and, with a loss,
-// the backward audit. Report.Training is nil in reports written before
-// the training audit existed (the field was added within schema v1.1).
+// the backward audit. Report.Training is nil when there is nothing to say
+// (an eval-mode audit, without a loss, of a model without BatchNorm or
+// Dropout) and in reports written before the training audit existed (the
+// field was added within schema v1.1).
 type TrainingReport struct {
 	// Mode is ModeEval or ModeTrain.
 	Mode string `json:"mode"`

@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
 	a.report.Notes = append(a.report.Notes, d.Notes...)
-	if err := a.auditTraining(); err != nil {
+	if err := a.auditTraining(ctx); err != nil {
 		return nil, a.runError(err)
 	}
 	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -115,12 +116,12 @@ func (a *audit) applyMode() error {
 
 // auditTraining runs the training diagnosis — and, with a loss, the
 // backward audit — and adds its report and findings.
-func (a *audit) auditTraining() error {
+func (a *audit) auditTraining(ctx context.Context) error {
 	c := a.cfg.Train
 	f := &training.Facts{Model: a.model, Policy: a.policy, Assign: a.static.Assign, Mode: c.Mode,
 		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[diagnose.PassFP32]}
 	if c.Loss != "" {
-		b, err := a.backward()
+		b, err := a.backward(ctx)
 		if err != nil {
 			return err
 		}
@@ -138,7 +139,7 @@ func (a *audit) auditTraining() error {
 // backward builds the backward graph with autocast's rounding and without
 // any, and runs them: the rounded one at the scales a sweep needs, the
 // fp32 one once at scale 1.
-func (a *audit) backward() (*training.Backward, error) {
+func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	start := time.Now()
 	c := a.cfg.Train
 	if err := a.backwardInputs(); err != nil {
@@ -199,7 +200,13 @@ func (a *audit) backward() (*training.Backward, error) {
 			return nil, err
 		}
 		b.Scans = map[int]*grad.Scan{initExp: s}
-	} else if b.Scans, err = backward.Sweep(sc.Scan, b.MinExp, b.MaxExp, []int{initExp}, training.Flags(c.UnderflowFraction, b.FP32)); err != nil {
+	} else if b.Scans, err = backward.Sweep(func(e int) (*grad.Scan, error) {
+		// An interrupt stops the sweep between two runs.
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return sc.Scan(e)
+	}, b.MinExp, b.MaxExp, []int{initExp}, training.Flags(c.UnderflowFraction, b.FP32)); err != nil {
 		return nil, err
 	}
 	b.Runs = len(b.Scans) + 1

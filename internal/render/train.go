@@ -43,8 +43,11 @@ func trainingMode(tr *report.TrainingReport) string {
 	if batch > 0 {
 		parts = append(parts, fmt.Sprintf("%d BatchNormalization node(s) with the batch's statistics", batch))
 	}
-	if running > 0 {
+	switch {
+	case running > 0 && batch > 0:
 		parts = append(parts, fmt.Sprintf("%d with running statistics", running))
+	case running > 0:
+		parts = append(parts, fmt.Sprintf("%d BatchNormalization node(s) with running statistics", running))
 	}
 	if tr.Dropouts > 0 && tr.Mode == report.ModeTrain {
 		parts = append(parts, fmt.Sprintf("%d Dropout node(s) dropping (seed %d)", tr.Dropouts, tr.DropoutSeed))

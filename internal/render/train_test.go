@@ -2,6 +2,9 @@ package render
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,7 +17,15 @@ import (
 // in every format: the backward verdict naming the underflowing modules,
 // the verified bf16 fix, the scales run and the gradients per module.
 func TestGoldenTraining(t *testing.T) {
-	r := loadReport(t, "train_deep_mlp")
+	data, err := os.ReadFile(filepath.Join("testdata", "train_deep_mlp.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r *report.Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Tool.Version, r.Tool.ORTVersion = "0.0.0-test", "0.0.0-test"
 	if r.Training == nil || r.Training.Backward == nil {
 		t.Fatal("testdata/train_deep_mlp.json has no backward audit")
 	}

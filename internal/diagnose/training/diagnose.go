@@ -70,7 +70,9 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 
 // Run runs the training analyzers that sel enables, verifies the bf16 fix
 // through run when the verdict calls for it, and returns the training
-// report and its findings.
+// report and its findings. The report is nil when it has nothing to say:
+// an eval-mode audit without a loss of a model with no BatchNormalization
+// or Dropout node and no note.
 func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []checks.Finding, error) {
 	findings, err := checks.RunAnalyzers(Analyzers(), f, sel, f.Policy.Name)
 	if err != nil {
@@ -90,6 +92,9 @@ func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []
 			return nil, nil, err
 		}
 		tr.Backward = br
+	}
+	if tr.Mode == rewrite.ModeEval && len(tr.BatchNorms) == 0 && tr.Dropouts == 0 && len(tr.Notes) == 0 && tr.Backward == nil {
+		return nil, findings, nil
 	}
 	return tr, findings, nil
 }
