@@ -243,7 +243,7 @@ func (f *Facts) verdict(br *report.BackwardReport, findings []checks.Finding) {
 	b := f.Backward
 	window := "no module's gradients flush beyond the threshold"
 	if br.Window != nil {
-		window = fmt.Sprintf("scales 2^%d to 2^%d keep every fp16 gradient finite with at most %.1f%% flushed", br.Window.From, br.Window.To, 100*b.UnderflowFraction)
+		window = fmt.Sprintf("scales 2^%d to 2^%d keep every %s gradient finite with at most %.1f%% flushed", br.Window.From, br.Window.To, f.Policy.Lower, 100*b.UnderflowFraction)
 	}
 	switch {
 	case has(checkFP32Backward):
