@@ -288,7 +288,7 @@ func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
 			continue
 		}
 		e := t.entries[worst]
-		needs := fmt.Sprintf("no scale up to 2^%d stops it", b.MaxExp)
+		needs := "no larger scale at which it stays finite keeps it"
 		if need != nil {
 			needs = fmt.Sprintf("it would need 2^%d", *need)
 		}
