@@ -87,6 +87,8 @@ type audit struct {
 	halfCast map[int]bool
 	report   *report.Report
 	train    *trainer
+	// lib is the ONNX Runtime library the passes run in.
+	lib string
 }
 
 // Run audits one model: it loads the model and its batches, runs the fp32
@@ -133,6 +135,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if err := onnxrt.Init(lib); err != nil {
 		return nil, err
 	}
+	a.lib = lib
 	device := cfg.Device
 	if device == "" {
 		device = "cpu"
@@ -233,6 +236,7 @@ func (a *audit) plan(device string) error {
 			len(labels), strings.Join(limitList(labels, 10), ", ")))
 	}
 	a.engine = &execute.Engine{
+		Library: a.lib,
 		Inputs:  batch.Names(a.specs),
 		Session: onnxrt.SessionOptions{Threads: a.cfg.Threads, Device: device, ExternalDataDir: a.model.Dir, Optimization: Optimization},
 		Order:   a.static.Order, Nodes: len(g.Node),

@@ -1,22 +1,47 @@
-// Package execute runs pass graphs through ONNX Runtime and summarises
-// every observed value as it comes out (package observe): the execution
-// stage of an audit. An Engine holds what the passes of one model share —
-// the graph inputs, session options, the model's topological order, the
-// values to observe and the memory budget — and Run executes a set of
-// passes over the batches, cutting them into segments when the estimated
-// memory exceeds the budget.
+// Package execute runs the passes of an audit through ONNX Runtime: the
+// execution stage. The fp32 reference and the emulated passes run side by
+// side in one graph that shares the model's weights, and a custom operator
+// (package statsop) summarises every observed value of every pass inside
+// the session, while the values are produced; only a record of a few
+// numbers per value leaves ONNX Runtime. An Engine holds what the passes of
+// one model share — the library, the graph inputs, session options, the
+// model's topological order, the values to observe and the memory budget —
+// and Run executes a set of passes over the batches, cutting a batch into
+// sub-batches when one run of it would exceed the budget.
 package execute
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"unsafe"
+
+	"fp16audit/internal/batch"
+	"fp16audit/internal/observe"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/statsop"
+	"fp16audit/internal/tensor"
 )
+
+// Chunk is the chunk length of the statistics: a value is cut into chunks
+// of about this many elements, summarised in parallel on ONNX Runtime's
+// threads and merged in index order (see statsop). It fixes the rounding of
+// the float64 sums (mean, rms, the relative error), so it is part of what
+// makes two audits agree bit for bit.
+const Chunk = 1 << 16
 
 // Engine runs the passes of one model.
 type Engine struct {
+	// Library is the ONNX Runtime shared library (onnxrt.FindLibrary).
+	Library string
 	// Inputs are the model's graph inputs, in the order of a batch's
 	// tensors.
 	Inputs []string
-	// Session holds the options every pass's sessions are created with.
+	// Session holds the options every pass runs with: threads, the
+	// optimization level, the folder of external data.
 	Session onnxrt.SessionOptions
 	// Order is the model's topological order; Nodes its number of nodes.
 	// Every pass graph keeps the model's nodes at their indices and appends
@@ -27,24 +52,47 @@ type Engine struct {
 	// ElemType gives their element types (0 when undeclared).
 	Observe  []string
 	ElemType func(string) int32
-	// MaxMemory bounds the memory the passes plan for, in bytes; 0 plans
-	// for DefaultMemoryCap or DefaultMemoryFraction of the available
-	// memory, whichever is less.
+	// MaxMemory bounds the memory one run plans for, in bytes; 0 plans for
+	// DefaultMemoryCap or DefaultMemoryFraction of the available memory,
+	// whichever is less.
 	MaxMemory int64
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
 	Progress Progress
 
 	notes []string
+	// forceStep, when set (by tests only), runs every batch in parts of
+	// this many samples whatever the budget.
+	forceStep int64
+}
+
+// Progress is told about every finished pass of every batch.
+type Progress func(pass string, batch, batches int)
+
+// Pass is a pass to run: its name, its graph (the model's values under the
+// model's names, as the rewrites make it), and the name of the pass it is
+// compared with ("" for none; that pass must come earlier in the same Run).
+type Pass struct {
+	Name  string
+	Model *onnx.ModelProto
+	Ref   string
 }
 
 // Notes returns facts about how the passes ran that a report must carry
-// (values dropped from observation).
+// (values dropped from observation, batches run in parts).
 func (e *Engine) Notes() []string { return e.notes }
 
+func (e *Engine) note(format string, args ...any) {
+	n := fmt.Sprintf(format, args...)
+	if !slices.Contains(e.notes, n) {
+		e.notes = append(e.notes, n)
+	}
+}
+
 // BudgetError is an audit refused before it starts because its memory
-// estimate exceeds what the machine has: the user must audit less at once
-// or pass a budget.
+// estimate exceeds what the machine has or what --max-memory allows even
+// for one sample at a time: the user must audit less at once or pass a
+// budget.
 type BudgetError struct {
 	Err error
 }
@@ -52,3 +100,361 @@ type BudgetError struct {
 func (e *BudgetError) Error() string { return e.Err.Error() }
 
 func (e *BudgetError) Unwrap() error { return e.Err }
+
+// Run runs passes over batches and returns one result per pass, in order,
+// with the memory plan it followed. Values whose type the graph does not
+// declare are observed as FLOAT; when ONNX Runtime refuses that, they are
+// dropped (Notes says so) and the passes start again.
+func (e *Engine) Run(ctx context.Context, passes []Pass, batches []batch.Batch) ([]*observe.PassResult, *MemoryPlan, error) {
+	for attempt := 0; ; attempt++ {
+		res, mp, err := e.runOnce(ctx, passes, batches)
+		if err == nil || attempt > 0 || !isCreateError(err) || !e.dropUntyped() {
+			return res, mp, err
+		}
+	}
+}
+
+// createError is ONNX Runtime refusing a graph.
+type createError struct{ err error }
+
+func (c *createError) Error() string { return c.err.Error() }
+func (c *createError) Unwrap() error { return c.err }
+
+func isCreateError(err error) bool {
+	var c *createError
+	return errors.As(err, &c)
+}
+
+// dropUntyped removes the values without a known element type from the
+// observed list; it reports whether there were any.
+func (e *Engine) dropUntyped() bool {
+	kept := e.Observe[:0:0]
+	for _, n := range e.Observe {
+		if e.ElemType(n) != 0 {
+			kept = append(kept, n)
+		}
+	}
+	if len(kept) == len(e.Observe) {
+		return false
+	}
+	e.note("%d value(s) of undeclared type are not observed (run ONNX shape inference on the model to include them)", len(e.Observe)-len(kept))
+	e.Observe = kept
+	return true
+}
+
+func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Batch) ([]*observe.PassResult, *MemoryPlan, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if e.Session.Device != "" && e.Session.Device != "cpu" {
+		return nil, nil, fmt.Errorf("device %q: the statistics run inside ONNX Runtime's CPU provider, and this build audits on the CPU only; drop --device", e.Session.Device)
+	}
+	rt, err := ortcapi.Open(e.Library)
+	if err != nil {
+		return nil, nil, err
+	}
+	results := make([]*observe.PassResult, len(passes))
+	for i, p := range passes {
+		results[i] = observe.NewPassResult(p.Name, e.Observe, p.Ref != "")
+	}
+	if len(e.Observe) == 0 {
+		// Nothing to observe (a model without float values): the model
+		// still runs, so that a model ONNX Runtime cannot run is reported
+		// rather than passed.
+		return results, &MemoryPlan{parts: 1}, e.runPlain(ctx, rt, passes[0], batches)
+	}
+	ps := make([]statsop.Pass, len(passes))
+	index := map[string]int{}
+	for i, p := range passes {
+		ps[i] = statsop.Pass{Name: p.Name, Model: p.Model, Ref: -1}
+		if p.Ref != "" {
+			r, ok := index[p.Ref]
+			if !ok {
+				return nil, nil, fmt.Errorf("pass %s compares with %s, which does not come before it", p.Name, p.Ref)
+			}
+			ps[i].Ref = r
+		}
+		index[p.Name] = i
+	}
+	plan, err := statsop.Combine(ps, e.Observe, e.ElemType, Chunk)
+	if err != nil {
+		return nil, nil, err
+	}
+	mp, err := e.memoryPlan(passes, batches)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts, err := e.options(mp)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess, err := statsop.NewSession(rt, plan, e.Inputs, opts)
+	if err != nil {
+		return nil, nil, &createError{fmt.Errorf("passes %s: %w", passNames(passes), err)}
+	}
+	defer sess.Close()
+	for bi, b := range batches {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		if err := e.runBatch(rt, sess, plan, mp, bi, b, results); err != nil {
+			return nil, nil, fmt.Errorf("batch %s: %w", b.Source, err)
+		}
+		if e.Progress != nil {
+			for _, p := range passes {
+				e.Progress(p.Name, bi+1, len(batches))
+			}
+		}
+	}
+	return results, mp, nil
+}
+
+// runPlain runs a pass's graph as it is over the batches, its own outputs
+// returned and dropped.
+func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batches []batch.Batch) error {
+	data, err := onnx.Marshal(p.Model)
+	if err != nil {
+		return err
+	}
+	var outs []string
+	for _, o := range p.Model.Graph.Output {
+		outs = append(outs, o.Name)
+	}
+	opts, err := e.options(&MemoryPlan{parts: 1})
+	if err != nil {
+		return err
+	}
+	s, err := rt.NewSession(data, e.Inputs, outs, opts)
+	if err != nil {
+		return &createError{fmt.Errorf("%s pass: %w", p.Name, err)}
+	}
+	defer s.Close()
+	for _, b := range batches {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		vals, err := values(rt, b.Inputs)
+		if err != nil {
+			return err
+		}
+		res := make([]*ortcapi.Value, len(outs))
+		err = s.Run(vals, res)
+		for _, v := range append(vals, res...) {
+			if v != nil {
+				v.Release()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s pass, batch %s: %w", p.Name, b.Source, err)
+		}
+	}
+	return nil
+}
+
+// options are the session options of a combined graph.
+func (e *Engine) options(mp *MemoryPlan) (ortcapi.Options, error) {
+	level, err := ortcapi.ParseLevel(e.Session.Optimization)
+	if err != nil {
+		return ortcapi.Options{}, err
+	}
+	o := ortcapi.Options{Threads: e.Session.Threads, Level: level, LowMemory: mp.parts > 1,
+		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+	if e.Session.ExternalDataDir != "" {
+		o.Config["session.model_external_initializers_file_folder_path"] = e.Session.ExternalDataDir
+	}
+	return o, nil
+}
+
+func passNames(passes []Pass) string {
+	names := make([]string, len(passes))
+	for i, p := range passes {
+		names[i] = p.Name
+	}
+	return fmt.Sprint(names)
+}
+
+// runBatch runs one batch, whole or in the plan's sub-batches, and folds
+// its records into the results.
+func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, mp *MemoryPlan, bi int, b batch.Batch, results []*observe.PassResult) error {
+	size := batchSize(b)
+	step := mp.subBatch(size)
+	if step >= size {
+		if err := run(rt, sess, b.Inputs); err != nil {
+			return err
+		}
+		for i, o := range plan.Outputs {
+			for row, p := range o.Passes {
+				r := sess.Record(i, row)
+				shape, ok := r.Shape()
+				if !ok {
+					shape = nil
+				}
+				fold(results[p], o.Value, r.Stats(bi), r, shape)
+			}
+		}
+		return nil
+	}
+	var m *statsop.Merger
+	for lo := int64(0); lo < size; lo += step {
+		n := min(step, size-lo)
+		part, err := sliceBatch(b.Inputs, lo, n)
+		if err != nil {
+			return err
+		}
+		if err := run(rt, sess, part); err != nil {
+			return err
+		}
+		if m == nil {
+			full, err := batchShapes(rt, sess, plan, b.Inputs, size)
+			if err != nil {
+				return err
+			}
+			// The probe runs overwrote the part's records: run it again.
+			if err := run(rt, sess, part); err != nil {
+				return err
+			}
+			m = statsop.NewMerger(plan, bi, size, full)
+		}
+		if err := m.Add(sess, n); err != nil {
+			return fmt.Errorf("samples %d to %d: %w", lo, lo+n-1, err)
+		}
+	}
+	for i, o := range plan.Outputs {
+		for row, p := range o.Passes {
+			l, err := m.Result(i, row)
+			if err != nil {
+				return err
+			}
+			res := results[p]
+			if _, ok := res.Shapes[o.Value]; !ok {
+				res.Shapes[o.Value] = l.Shape
+			}
+			res.Stats[o.Value].Merge(l.Stats)
+			if l.Diff != nil && res.Diffs != nil {
+				res.Diffs[o.Value].Merge(*l.Diff)
+			}
+		}
+	}
+	e.note("batches larger than %d samples ran in parts of %d samples to stay within the memory budget (%s); their maxima and counts merge exactly, their sums round per part", step, step, FormatSize(mp.budget))
+	return nil
+}
+
+// batchShapes returns the shape every observed value has for the whole
+// batch of size samples, learnt from two small runs of its first sample
+// and its first two: the axis that doubles is the value's batch axis (the
+// first one for most values, the second for attention scores laid out
+// [heads·batch, ...] or [seq, batch·heads, ...]), a value whose shape does
+// not change does not depend on the batch. Shapes do not depend on the
+// data, so this costs two runs of one and two samples.
+func batchShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor, size int64) (map[string][]int64, error) {
+	shapesOf := func(n int64) ([][]int64, error) {
+		part, err := sliceBatch(inputs, 0, n)
+		if err != nil {
+			return nil, err
+		}
+		if err := run(rt, sess, part); err != nil {
+			return nil, err
+		}
+		out := make([][]int64, len(plan.Outputs))
+		for i := range plan.Outputs {
+			sh, ok := sess.Record(i, 0).Shape()
+			if !ok {
+				return nil, fmt.Errorf("value %q: its rank is too large to merge parts of a batch", plan.Outputs[i].Value)
+			}
+			out[i] = sh
+		}
+		return out, nil
+	}
+	one, err := shapesOf(1)
+	if err != nil {
+		return nil, err
+	}
+	two, err := shapesOf(2)
+	if err != nil {
+		return nil, err
+	}
+	full := map[string][]int64{}
+	for i, o := range plan.Outputs {
+		sh := slices.Clone(one[i])
+		for a := range sh {
+			if a < len(two[i]) && two[i][a] == 2*one[i][a] && one[i][a] > 0 {
+				sh[a] *= size
+				break
+			}
+		}
+		full[o.Value] = sh
+	}
+	return full, nil
+}
+
+// fold adds one batch's record of a value to a pass's results.
+func fold(res *observe.PassResult, value string, st observe.Stats, r statsop.Record, shape []int64) {
+	if _, ok := res.Shapes[value]; !ok && shape != nil {
+		res.Shapes[value] = shape
+	}
+	res.Stats[value].Merge(st)
+	if d, ok := r.Diff(); ok && res.Diffs != nil {
+		res.Diffs[value].Merge(d)
+	}
+}
+
+// run runs the session on tensors the caller owns.
+func run(rt *ortcapi.Runtime, sess *statsop.Session, inputs []*tensor.Tensor) error {
+	vals, err := values(rt, inputs)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, v := range vals {
+			v.Release()
+		}
+	}()
+	return sess.Run(vals)
+}
+
+// values wraps tensors the caller owns as ONNX Runtime values, without a
+// copy.
+func values(rt *ortcapi.Runtime, inputs []*tensor.Tensor) ([]*ortcapi.Value, error) {
+	vals := make([]*ortcapi.Value, 0, len(inputs))
+	for _, x := range inputs {
+		var p unsafe.Pointer
+		if len(x.Data) > 0 {
+			p = unsafe.Pointer(&x.Data[0])
+		}
+		v, err := rt.NewTensor(ortcapi.ElemType(x.DType), x.Shape, p, len(x.Data))
+		if err != nil {
+			for _, o := range vals {
+				o.Release()
+			}
+			return nil, fmt.Errorf("input %q: %w", x.Name, err)
+		}
+		vals = append(vals, v)
+	}
+	return vals, nil
+}
+
+// batchSize is the number of samples of a batch: the first dimension its
+// inputs share (1 for scalar inputs).
+func batchSize(b batch.Batch) int64 {
+	for _, t := range b.Inputs {
+		if len(t.Shape) > 0 {
+			return t.Shape[0]
+		}
+	}
+	return 1
+}
+
+// sliceBatch returns samples [lo, lo+n) of every input along the first
+// axis, sharing the batch's memory.
+func sliceBatch(inputs []*tensor.Tensor, lo, n int64) ([]*tensor.Tensor, error) {
+	out := make([]*tensor.Tensor, len(inputs))
+	for i, t := range inputs {
+		if len(t.Shape) == 0 || t.Shape[0] < lo+n {
+			return nil, fmt.Errorf("input %q of shape %s cannot be cut along its first axis", t.Name, tensor.ShapeString(t.Shape))
+		}
+		per := int64(len(t.Data)) / t.Shape[0]
+		shape := append([]int64{n}, t.Shape[1:]...)
+		out[i] = &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: shape, Data: t.Data[lo*per : (lo+n)*per]}
+	}
+	return out, nil
+}

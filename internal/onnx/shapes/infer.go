@@ -311,6 +311,72 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			si.ints[n.GetOutput()[0]] = vals
 		}
 		return [][]int64{out}
+	case "Gather":
+		idx := si.in(n, 1)
+		if x == nil || idx == nil {
+			return nil
+		}
+		a := axis(onnx.IntAttr(n, "axis", 0), len(x))
+		if a < 0 || a >= len(x) {
+			return nil
+		}
+		out := append(append(slices.Clone(x[:a]), idx...), x[a+1:]...)
+		if v, ok := si.ints[n.GetInput()[0]]; ok && len(x) == 1 {
+			if iv, ok := si.constInts(n, 1); ok {
+				var g []int64
+				for _, i := range iv {
+					if i < 0 {
+						i += int64(len(v))
+					}
+					if i < 0 || i >= int64(len(v)) {
+						return [][]int64{out}
+					}
+					g = append(g, v[i])
+				}
+				si.ints[n.GetOutput()[0]] = g
+			}
+		}
+		return [][]int64{out}
+	case "Slice":
+		if x == nil || len(n.GetInput()) < 3 {
+			return nil
+		}
+		starts, ok1 := si.constInts(n, 1)
+		ends, ok2 := si.constInts(n, 2)
+		if !ok1 || !ok2 || len(starts) != len(ends) {
+			return nil
+		}
+		axes := make([]int64, len(starts))
+		for i := range axes {
+			axes[i] = int64(i)
+		}
+		steps := make([]int64, len(starts))
+		for i := range steps {
+			steps[i] = 1
+		}
+		if len(n.GetInput()) > 3 && n.GetInput()[3] != "" {
+			v, ok := si.constInts(n, 3)
+			if !ok || len(v) != len(starts) {
+				return nil
+			}
+			axes = v
+		}
+		if len(n.GetInput()) > 4 && n.GetInput()[4] != "" {
+			v, ok := si.constInts(n, 4)
+			if !ok || len(v) != len(starts) {
+				return nil
+			}
+			steps = v
+		}
+		out := slices.Clone(x)
+		for i := range starts {
+			a := axis(axes[i], len(x))
+			if a < 0 || a >= len(x) || steps[i] == 0 {
+				return nil
+			}
+			out[a] = sliceLen(x[a], starts[i], ends[i], steps[i])
+		}
+		return [][]int64{out}
 	case "Shape":
 		if x == nil {
 			return nil
@@ -606,4 +672,27 @@ func ones(n int, name string, node *onnx.NodeProto) []int64 {
 		out[i] = 1
 	}
 	return out
+}
+
+// sliceLen is the length of dim[start:end:step] as ONNX Slice clamps it.
+func sliceLen(dim, start, end, step int64) int64 {
+	clamp := func(v, lo, hi int64) int64 { return max(lo, min(v, hi)) }
+	if start < 0 {
+		start += dim
+	}
+	if end < 0 {
+		end += dim
+	}
+	if step > 0 {
+		start, end = clamp(start, 0, dim), clamp(end, 0, dim)
+		if end <= start {
+			return 0
+		}
+		return (end - start + step - 1) / step
+	}
+	start, end = clamp(start, -1, dim-1), clamp(end, -1, dim-1)
+	if start <= end {
+		return 0
+	}
+	return (start - end - step - 1) / -step
 }

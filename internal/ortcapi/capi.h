@@ -1,0 +1,55 @@
+// C side of package ortcapi: loading the library and one thin wrapper per
+// ONNX Runtime entry used, so that Go never calls through a function
+// pointer itself (cgo cannot).
+#ifndef FP16AUDIT_ORTCAPI_CAPI_H
+#define FP16AUDIT_ORTCAPI_CAPI_H
+
+#include "abi.h"
+
+// ortc_load opens the library at path, finds OrtGetApiBase and fetches the
+// function table of ortc_api_version. It returns the table, or NULL with a
+// message in err. version receives the library's version string.
+const void *ortc_load(const char *path, const char **version, char *err, size_t errlen);
+
+// ortc_api_table returns the table ortc_load fetched.
+const void *ortc_api_table(void);
+
+// ortc_empty is the memory handed to ONNX Runtime for tensors without
+// elements.
+extern int64_t ortc_empty;
+
+// ortc_error_code and ortc_error_message read a non-NULL status;
+// ortc_release_status frees it.
+int ortc_error_code(OrtStatus *st);
+const char *ortc_error_message(OrtStatus *st);
+void ortc_release_status(OrtStatus *st);
+
+OrtStatus *ortc_create_env(OrtEnv **out);
+OrtStatus *ortc_options_new(OrtSessionOptions **out);
+void ortc_options_release(OrtSessionOptions *o);
+OrtStatus *ortc_options_threads(OrtSessionOptions *o, int n);
+OrtStatus *ortc_options_level(OrtSessionOptions *o, int level);
+OrtStatus *ortc_options_low_memory(OrtSessionOptions *o);
+OrtStatus *ortc_options_config(OrtSessionOptions *o, const char *key, const char *value);
+OrtStatus *ortc_options_domain(OrtSessionOptions *o, OrtCustomOpDomain *d);
+OrtStatus *ortc_options_initializer(OrtSessionOptions *o, const char *name, const OrtValue *v);
+OrtStatus *ortc_domain_new(const char *name, OrtCustomOpDomain **out);
+OrtStatus *ortc_domain_add(OrtCustomOpDomain *d, const void *op);
+OrtStatus *ortc_prepacked_new(OrtPrepackedWeightsContainer **out);
+void ortc_prepacked_release(OrtPrepackedWeightsContainer *c);
+OrtStatus *ortc_session_new(OrtEnv *env, const void *data, size_t len, const OrtSessionOptions *o,
+	OrtPrepackedWeightsContainer *prepacked, OrtSession **out);
+void ortc_session_release(OrtSession *s);
+OrtStatus *ortc_run(OrtSession *s, const char *const *in_names, const OrtValue *const *in, size_t n_in,
+	const char *const *out_names, size_t n_out, OrtValue **out);
+OrtStatus *ortc_memory_info_cpu(OrtMemoryInfo **out);
+OrtStatus *ortc_tensor_new(const OrtMemoryInfo *mi, void *data, size_t len, const int64_t *shape, size_t rank,
+	int elem_type, OrtValue **out);
+void ortc_value_release(OrtValue *v);
+OrtStatus *ortc_tensor_data(OrtValue *v, void **out);
+
+// ortc_tensor_info reads a tensor's element type, rank, element count and
+// its first maxdims dimensions in one call.
+OrtStatus *ortc_tensor_info(const OrtValue *v, int *elem_type, size_t *rank, size_t *count, int64_t *dims, size_t maxdims);
+
+#endif

@@ -1,0 +1,544 @@
+// Package ortcapi is a minimal binding to ONNX Runtime's C API: it loads the
+// shared library at run time, creates sessions from model bytes with the
+// options fp16audit needs (custom operator domains, shared initializers,
+// prepacked weight sharing), and runs them on tensors whose memory the
+// caller owns. It exists because onnxruntime_go exposes neither custom
+// operators nor its session options pointer; see abi.h for how the ABI is
+// declared and abi_test.go for how it is checked.
+package ortcapi
+
+// #cgo CFLAGS: -O2 -std=gnu11 -Wall
+// #cgo LDFLAGS: -ldl
+// #include <stdlib.h>
+// #include "capi.h"
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Error is a failure ONNX Runtime reported: its error code (OrtErrorCode)
+// and message.
+type Error struct {
+	Code int
+	Msg  string
+}
+
+// Error returns ONNX Runtime's message.
+func (e *Error) Error() string { return e.Msg }
+
+// takeStatus turns a status into an error (nil for success) and frees it.
+func takeStatus(st *C.OrtStatus) error {
+	if st == nil {
+		return nil
+	}
+	e := &Error{Code: int(C.ortc_error_code(st)), Msg: C.GoString(C.ortc_error_message(st))}
+	C.ortc_release_status(st)
+	return e
+}
+
+// Runtime is the loaded library and the process's ONNX Runtime environment.
+type Runtime struct {
+	path    string
+	version string
+	env     *C.OrtEnv
+	cpu     *C.OrtMemoryInfo
+}
+
+var loaded struct {
+	mu sync.Mutex
+	rt *Runtime
+}
+
+// Open loads the ONNX Runtime library at path and creates the environment,
+// once per process: a later call with the same library returns the same
+// Runtime, one with another library fails. It coexists with onnxruntime_go
+// in one process: both open the same library file, and ONNX Runtime shares
+// one environment between them.
+func Open(path string) (*Runtime, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	loaded.mu.Lock()
+	defer loaded.mu.Unlock()
+	if rt := loaded.rt; rt != nil {
+		if rt.path != abs {
+			return nil, fmt.Errorf("ONNX Runtime is already loaded from %s in this process; cannot load %s as well", rt.path, abs)
+		}
+		return rt, nil
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return nil, fmt.Errorf("ONNX Runtime library: %w", err)
+	}
+	cpath := C.CString(abs)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	var version *C.char
+	if C.ortc_load(cpath, &version, &msg[0], C.size_t(len(msg))) == nil {
+		return nil, fmt.Errorf("load ONNX Runtime library %s: %s", abs, C.GoString(&msg[0]))
+	}
+	rt := &Runtime{path: abs, version: C.GoString(version)}
+	// The official builds write a session file and an empty log into the
+	// temporary folder when the environment is created and never remove
+	// them; a private folder removed afterwards leaves nothing behind.
+	err = withPrivateTempDir(func() error { return takeStatus(C.ortc_create_env(&rt.env)) })
+	if err != nil {
+		return nil, fmt.Errorf("create ONNX Runtime environment: %w", err)
+	}
+	if err := takeStatus(C.ortc_memory_info_cpu(&rt.cpu)); err != nil {
+		return nil, err
+	}
+	loaded.rt = rt
+	return rt, nil
+}
+
+func withPrivateTempDir(fn func() error) error {
+	dir, err := os.MkdirTemp("", "fp16audit-ort-")
+	if err != nil {
+		return fn()
+	}
+	defer os.RemoveAll(dir)
+	old, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", dir)
+	defer func() {
+		if had {
+			os.Setenv("TMPDIR", old)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+	}()
+	return fn()
+}
+
+// Version returns the library's version string, such as "1.30.0".
+func (rt *Runtime) Version() string { return rt.version }
+
+// API returns the OrtApi function table of version ortc_api_version, for
+// packages that implement custom operators in C.
+func (rt *Runtime) API() unsafe.Pointer {
+	return unsafe.Pointer(C.ortc_api_table())
+}
+
+// Level is ONNX Runtime's graph optimization level (GraphOptimizationLevel).
+type Level int
+
+// The optimization levels.
+const (
+	LevelNone     Level = 0
+	LevelBasic    Level = 1
+	LevelExtended Level = 2
+	LevelAll      Level = 99
+)
+
+// ParseLevel maps the names fp16audit uses ("none", "basic", "extended",
+// "all"; "" is "all") to levels.
+func ParseLevel(s string) (Level, error) {
+	switch s {
+	case "", "all":
+		return LevelAll, nil
+	case "extended":
+		return LevelExtended, nil
+	case "basic":
+		return LevelBasic, nil
+	case "none":
+		return LevelNone, nil
+	}
+	return 0, fmt.Errorf("optimization level %q: want all, extended, basic or none", s)
+}
+
+// CustomOpDomain is a domain of custom operators. ONNX Runtime keeps
+// pointers to it and to its operators in every session that uses it, so a
+// domain lives as long as the process.
+type CustomOpDomain struct {
+	p *C.OrtCustomOpDomain
+}
+
+// NewCustomOpDomain creates the domain name holding ops, each a pointer to
+// an OrtCustomOp (see ortc_custom_op in abi.h) in C memory that stays valid
+// for the life of the process.
+func (rt *Runtime) NewCustomOpDomain(name string, ops ...unsafe.Pointer) (*CustomOpDomain, error) {
+	cname := C.CString(name)
+	// ONNX Runtime copies the name; the string is freed here.
+	defer C.free(unsafe.Pointer(cname))
+	d := &CustomOpDomain{}
+	if err := takeStatus(C.ortc_domain_new(cname, &d.p)); err != nil {
+		return nil, err
+	}
+	for _, op := range ops {
+		if err := takeStatus(C.ortc_domain_add(d.p, op)); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// PrepackedWeights lets sessions share the copies of weights that kernels
+// such as MatMul and Conv repack at session creation.
+type PrepackedWeights struct {
+	p *C.OrtPrepackedWeightsContainer
+}
+
+// NewPrepackedWeights returns an empty container; Release it after every
+// session created with it is closed.
+func (rt *Runtime) NewPrepackedWeights() (*PrepackedWeights, error) {
+	c := &PrepackedWeights{}
+	if err := takeStatus(C.ortc_prepacked_new(&c.p)); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Release frees the container.
+func (c *PrepackedWeights) Release() {
+	if c.p != nil {
+		C.ortc_prepacked_release(c.p)
+		c.p = nil
+	}
+}
+
+// Options configures NewSession.
+type Options struct {
+	// Threads is the number of intra-op threads; 0 leaves ONNX Runtime's
+	// default (one per physical core).
+	Threads int
+	Level   Level
+	// LowMemory turns off the CPU memory arena and memory patterns, so a
+	// value's memory goes back to the C allocator when it dies.
+	LowMemory bool
+	// Config holds session configuration entries (AddSessionConfigEntry),
+	// such as "session.intra_op.allow_spinning": "0".
+	Config map[string]string
+	// Domains are the custom operator domains the model may use.
+	Domains []*CustomOpDomain
+	// Initializers replace the model's initializers of the same names with
+	// tensors the caller owns, which several sessions can share; each must
+	// outlive every session created with it.
+	Initializers map[string]*Value
+	// Prepacked, when set, shares repacked weights with the other sessions
+	// created with the same container.
+	Prepacked *PrepackedWeights
+}
+
+// Session is a model loaded into ONNX Runtime with fixed input and output
+// names. Run may be called from several goroutines at once.
+type Session struct {
+	rt       *Runtime
+	mu       sync.RWMutex // Run holds it shared, Close exclusively
+	p        *C.OrtSession
+	inNames  []string
+	outNames []string
+	cIn      **C.char // C arrays of the names, for every Run
+	cOut     **C.char
+}
+
+// NewSession creates a session from the bytes of an ONNX model.
+func (rt *Runtime) NewSession(model []byte, inputs, outputs []string, o Options) (*Session, error) {
+	if len(model) == 0 {
+		return nil, errors.New("empty model")
+	}
+	var so *C.OrtSessionOptions
+	if err := takeStatus(C.ortc_options_new(&so)); err != nil {
+		return nil, err
+	}
+	defer C.ortc_options_release(so)
+	var cstrs []*C.char
+	defer func() {
+		for _, s := range cstrs {
+			C.free(unsafe.Pointer(s))
+		}
+	}()
+	cstr := func(s string) *C.char {
+		c := C.CString(s)
+		cstrs = append(cstrs, c)
+		return c
+	}
+	if o.Threads > 0 {
+		if err := takeStatus(C.ortc_options_threads(so, C.int(o.Threads))); err != nil {
+			return nil, err
+		}
+	}
+	if err := takeStatus(C.ortc_options_level(so, C.int(o.Level))); err != nil {
+		return nil, err
+	}
+	if o.LowMemory {
+		if err := takeStatus(C.ortc_options_low_memory(so)); err != nil {
+			return nil, err
+		}
+	}
+	for k, v := range o.Config {
+		if err := takeStatus(C.ortc_options_config(so, cstr(k), cstr(v))); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range o.Domains {
+		if err := takeStatus(C.ortc_options_domain(so, d.p)); err != nil {
+			return nil, err
+		}
+	}
+	for name, v := range o.Initializers {
+		if err := takeStatus(C.ortc_options_initializer(so, cstr(name), v.p)); err != nil {
+			return nil, fmt.Errorf("initializer %q: %w", name, err)
+		}
+	}
+	var prepacked *C.OrtPrepackedWeightsContainer
+	if o.Prepacked != nil {
+		prepacked = o.Prepacked.p
+	}
+	s := &Session{rt: rt, inNames: append([]string(nil), inputs...), outNames: append([]string(nil), outputs...)}
+	// The model bytes are only read during the call.
+	err := takeStatus(C.ortc_session_new(rt.env, unsafe.Pointer(unsafe.SliceData(model)), C.size_t(len(model)), so, prepacked, &s.p))
+	if err != nil {
+		return nil, err
+	}
+	s.cIn = cStrings(inputs)
+	s.cOut = cStrings(outputs)
+	return s, nil
+}
+
+// cStrings copies names into a malloc'ed array of malloc'ed strings.
+func cStrings(names []string) **C.char {
+	arr := (**C.char)(C.malloc(C.size_t(max(len(names), 1)) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+	s := unsafe.Slice(arr, max(len(names), 1))
+	for i, n := range names {
+		s[i] = C.CString(n)
+	}
+	return arr
+}
+
+func freeCStrings(arr **C.char, n int) {
+	for _, p := range unsafe.Slice(arr, max(n, 1))[:n] {
+		C.free(unsafe.Pointer(p))
+	}
+	C.free(unsafe.Pointer(arr))
+}
+
+// Inputs and Outputs return the session's input and output names.
+func (s *Session) Inputs() []string  { return s.inNames }
+func (s *Session) Outputs() []string { return s.outNames }
+
+// Close releases the session, after runs in flight.
+func (s *Session) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.p == nil {
+		return
+	}
+	C.ortc_session_release(s.p)
+	s.p = nil
+	freeCStrings(s.cIn, len(s.inNames))
+	freeCStrings(s.cOut, len(s.outNames))
+}
+
+// Run runs the model on inputs (in input-name order). outputs has one entry
+// per output name: a non-nil entry is a tensor ONNX Runtime writes into, a
+// nil entry receives a value ONNX Runtime allocates, which the caller
+// releases.
+func (s *Session) Run(inputs, outputs []*Value) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.p == nil {
+		return errors.New("run: session is closed")
+	}
+	if len(inputs) != len(s.inNames) || len(outputs) != len(s.outNames) {
+		return fmt.Errorf("run: want %d inputs and %d outputs, got %d and %d", len(s.inNames), len(s.outNames), len(inputs), len(outputs))
+	}
+	// The value pointer arrays live in C memory: Go memory passed to C
+	// must not hold Go pointers, and ONNX Runtime writes the outputs.
+	n := len(inputs) + len(outputs)
+	arr := (**C.OrtValue)(C.calloc(C.size_t(max(n, 1)), C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(arr))
+	vals := unsafe.Slice(arr, max(n, 1))
+	for i, v := range inputs {
+		if v == nil || v.p == nil {
+			return fmt.Errorf("run: input %q is nil or released", s.inNames[i])
+		}
+		vals[i] = v.p
+	}
+	for i, v := range outputs {
+		if v != nil {
+			vals[len(inputs)+i] = v.p
+		}
+	}
+	out := (**C.OrtValue)(unsafe.Add(unsafe.Pointer(arr), uintptr(len(inputs))*unsafe.Sizeof(uintptr(0))))
+	err := takeStatus(C.ortc_run(s.p, s.cIn, arr, C.size_t(len(inputs)), s.cOut, C.size_t(len(outputs)), out))
+	runtime.KeepAlive(inputs)
+	if err != nil {
+		return err
+	}
+	for i := range outputs {
+		if outputs[i] == nil {
+			outputs[i] = &Value{p: vals[len(inputs)+i]}
+		}
+	}
+	return nil
+}
+
+// ElemType is an ONNX tensor element type (TensorProto.DataType).
+type ElemType int
+
+// The element types this package creates tensors of.
+const (
+	Float32  ElemType = 1
+	Uint8    ElemType = 2
+	Int8     ElemType = 3
+	Uint16   ElemType = 4
+	Int16    ElemType = 5
+	Int32    ElemType = 6
+	Int64    ElemType = 7
+	Bool     ElemType = 9
+	Float16  ElemType = 10
+	Float64  ElemType = 11
+	Uint32   ElemType = 12
+	Uint64   ElemType = 13
+	BFloat16 ElemType = 16
+)
+
+// Value is an ONNX Runtime tensor: over memory the caller owns (NewTensor)
+// or over memory ONNX Runtime allocated for an output.
+type Value struct {
+	p   *C.OrtValue
+	pin runtime.Pinner
+}
+
+// NewTensor wraps data, the little-endian elements of a tensor of type t and
+// shape, without copying. Go memory is pinned until Release; the caller must
+// neither move nor free C or mapped memory before then.
+func (rt *Runtime) NewTensor(t ElemType, shape []int64, data unsafe.Pointer, nbytes int) (*Value, error) {
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("negative dimension in shape %v", shape)
+		}
+	}
+	v := &Value{}
+	if nbytes == 0 || data == nil {
+		// ONNX Runtime wants a non-NULL pointer even for no elements; it
+		// never reads it.
+		data = unsafe.Pointer(&C.ortc_empty)
+		nbytes = 0
+	} else {
+		v.pin.Pin(data)
+	}
+	var cshape *C.int64_t
+	if len(shape) > 0 {
+		cs := (*C.int64_t)(C.malloc(C.size_t(8 * len(shape))))
+		defer C.free(unsafe.Pointer(cs))
+		copy(unsafe.Slice((*int64)(unsafe.Pointer(cs)), len(shape)), shape)
+		cshape = cs
+	}
+	err := takeStatus(C.ortc_tensor_new(rt.cpu, data, C.size_t(nbytes), cshape, C.size_t(len(shape)), C.int(t), &v.p))
+	if err != nil {
+		v.pin.Unpin()
+		return nil, err
+	}
+	return v, nil
+}
+
+// NewTensorOf wraps a Go slice as a tensor of shape without copying.
+func NewTensorOf[T float32 | float64 | int64 | int32 | uint8 | uint16](rt *Runtime, shape []int64, data []T) (*Value, error) {
+	var zero T
+	var t ElemType
+	switch any(zero).(type) {
+	case float32:
+		t = Float32
+	case float64:
+		t = Float64
+	case int64:
+		t = Int64
+	case int32:
+		t = Int32
+	case uint8:
+		t = Uint8
+	case uint16:
+		t = Uint16
+	}
+	return rt.NewTensor(t, shape, unsafe.Pointer(unsafe.SliceData(data)), len(data)*int(unsafe.Sizeof(zero)))
+}
+
+// Release frees the ONNX Runtime side of v and unpins its memory.
+func (v *Value) Release() {
+	if v == nil || v.p == nil {
+		return
+	}
+	C.ortc_value_release(v.p)
+	v.p = nil
+	v.pin.Unpin()
+}
+
+// Info returns the tensor's element type and shape.
+func (v *Value) Info() (ElemType, []int64, error) {
+	var t C.int
+	var rank, count C.size_t
+	var dims [16]C.int64_t
+	if err := takeStatus(C.ortc_tensor_info(v.p, &t, &rank, &count, &dims[0], C.size_t(len(dims)))); err != nil {
+		return 0, nil, err
+	}
+	if int(rank) > len(dims) {
+		big := make([]C.int64_t, rank)
+		// The dims buffer is Go memory without Go pointers: fine for the
+		// duration of the call.
+		if err := takeStatus(C.ortc_tensor_info(v.p, &t, &rank, &count, &big[0], rank)); err != nil {
+			return 0, nil, err
+		}
+		return ElemType(t), int64s(big), nil
+	}
+	return ElemType(t), int64s(dims[:rank]), nil
+}
+
+func int64s(d []C.int64_t) []int64 {
+	out := make([]int64, len(d))
+	for i, x := range d {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// Data returns the address of the tensor's elements; it stays valid while
+// v does.
+func (v *Value) Data() (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	if err := takeStatus(C.ortc_tensor_data(v.p, &p)); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Elements returns the tensor's elements as a []T over its memory, after
+// checking the element type; it is valid while v is.
+func Elements[T float32 | float64 | int64](v *Value) ([]T, error) {
+	t, shape, err := v.Info()
+	if err != nil {
+		return nil, err
+	}
+	var zero T
+	var want ElemType
+	switch any(zero).(type) {
+	case float32:
+		want = Float32
+	case float64:
+		want = Float64
+	case int64:
+		want = Int64
+	}
+	if t != want {
+		return nil, fmt.Errorf("tensor of element type %d, want %d", t, want)
+	}
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	if n == 0 {
+		return []T{}, nil
+	}
+	p, err := v.Data()
+	if err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*T)(p), n), nil
+}

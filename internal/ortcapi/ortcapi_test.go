@@ -1,0 +1,276 @@
+package ortcapi
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+)
+
+// runtimeForTest opens the library `make ort` installs (or the one
+// ONNXRUNTIME_LIB names); the tests need it.
+func runtimeForTest(t testing.TB) *Runtime {
+	t.Helper()
+	lib, err := onnxrt.FindLibrary("")
+	if err != nil {
+		t.Fatalf("ONNX Runtime is required for this test: %v", err)
+	}
+	rt, err := Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// affineModel computes y = x·W + b for x of shape [n, 2], with W and b
+// initializers.
+func affineModel(t testing.TB, w, b []float32) []byte {
+	t.Helper()
+	g := &onnx.GraphProto{
+		Name: "affine",
+		Node: []*onnx.NodeProto{
+			onnx.Node("MatMul", "mm", []string{"x", "W"}, []string{"xw"}),
+			onnx.Node("Add", "add", []string{"xw", "b"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("W", []int64{2, 3}, w), onnx.FloatTensor("b", []int64{3}, b)},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, "n", 2)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, "n", 3)},
+	}
+	data, err := onnx.Marshal(onnx.NewModel(g, 17))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func affine(x, w, b []float32) []float32 {
+	var y []float32
+	for r := 0; r < len(x)/2; r++ {
+		for c := range 3 {
+			y = append(y, x[2*r]*w[c]+x[2*r+1]*w[3+c]+b[c])
+		}
+	}
+	return y
+}
+
+func TestOpenTwice(t *testing.T) {
+	rt := runtimeForTest(t)
+	if rt.Version() == "" {
+		t.Error("empty version string")
+	}
+	again, err := Open(rt.path)
+	if err != nil || again != rt {
+		t.Errorf("second Open of the same library: %v, %p != %p", err, again, rt)
+	}
+	other := filepath.Join(t.TempDir(), "libonnxruntime.so.1")
+	if err := os.WriteFile(other, []byte("not a library"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(other); err == nil || !strings.Contains(err.Error(), "already loaded") {
+		t.Errorf("Open of a second library: got %v, want an already-loaded error", err)
+	}
+}
+
+func TestRunPreallocatedAndAllocated(t *testing.T) {
+	rt := runtimeForTest(t)
+	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{0.5, -1, 2}
+	for _, level := range []Level{LevelNone, LevelAll} {
+		s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{Level: level})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in, out := s.Inputs(), s.Outputs(); len(in) != 1 || in[0] != "x" || len(out) != 1 || out[0] != "y" {
+			t.Errorf("names %v -> %v, want [x] -> [y]", in, out)
+		}
+		x := []float32{1, -1, 0.25, 8}
+		in, err := NewTensorOf(rt, []int64{2, 2}, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := affine(x, w, b)
+
+		buf := make([]float32, 6)
+		pre, err := NewTensorOf(rt, []int64{2, 3}, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs := []*Value{pre}
+		if err := s.Run([]*Value{in}, outs); err != nil {
+			t.Fatal(err)
+		}
+		if outs[0] != pre {
+			t.Error("a preallocated output was replaced")
+		}
+		for i := range want {
+			if buf[i] != want[i] {
+				t.Fatalf("level %d, preallocated: y = %v, want %v", level, buf, want)
+			}
+		}
+
+		outs = []*Value{nil}
+		if err := s.Run([]*Value{in}, outs); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Elements[float32](outs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, shape, _ := outs[0].Info(); len(shape) != 2 || shape[0] != 2 || shape[1] != 3 {
+			t.Errorf("allocated output shape %v, want [2 3]", shape)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("level %d, allocated: y = %v, want %v", level, got, want)
+			}
+		}
+		outs[0].Release()
+		pre.Release()
+		in.Release()
+		s.Close()
+	}
+}
+
+// TestSharedInitializer: sessions given the same caller-owned initializer
+// use it instead of the model's own, without copying it.
+func TestSharedInitializer(t *testing.T) {
+	rt := runtimeForTest(t)
+	model := affineModel(t, []float32{0, 0, 0, 0, 0, 0}, []float32{0, 0, 0})
+	w := []float32{1, 0, -1, 2, 3, 0.5}
+	wv, err := NewTensorOf(rt, []int64{2, 3}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wv.Release()
+	pack, err := rt.NewPrepackedWeights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pack.Release()
+	var sessions []*Session
+	for range 2 {
+		s, err := rt.NewSession(model, []string{"x"}, []string{"y"}, Options{Initializers: map[string]*Value{"W": wv}, Prepacked: pack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		sessions = append(sessions, s)
+	}
+	x := []float32{2, 1}
+	in, err := NewTensorOf(rt, []int64{1, 2}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Release()
+	want := affine(x, w, []float32{0, 0, 0})
+	for i, s := range sessions {
+		outs := []*Value{nil}
+		if err := s.Run([]*Value{in}, outs); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := Elements[float32](outs[0])
+		for k := range want {
+			if got[k] != want[k] {
+				t.Errorf("session %d: y = %v, want %v (the shared W)", i, got, want)
+				break
+			}
+		}
+		outs[0].Release()
+	}
+}
+
+func TestErrors(t *testing.T) {
+	rt := runtimeForTest(t)
+	_, err := rt.NewSession([]byte("not a model"), []string{"x"}, []string{"y"}, Options{})
+	var oe *Error
+	if !errors.As(err, &oe) || oe.Code == 0 || oe.Msg == "" {
+		t.Errorf("bad model bytes: got %v, want an *Error with a code", err)
+	}
+	s, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	in, err := NewTensorOf(rt, []int64{3}, []float32{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Release()
+	if err := s.Run([]*Value{in}, []*Value{nil}); !errors.As(err, &oe) {
+		t.Errorf("input of the wrong rank: got %v, want an *Error", err)
+	}
+	if err := s.Run(nil, []*Value{nil}); err == nil {
+		t.Error("no inputs: want an error")
+	}
+	if _, err := Elements[int64](in); err == nil {
+		t.Error("Elements[int64] of a float tensor: want an error")
+	}
+}
+
+func TestConcurrentRuns(t *testing.T) {
+	rt := runtimeForTest(t)
+	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{1, 1, 1}
+	s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for g := range errs {
+		wg.Go(func() {
+			x := []float32{float32(g), 1}
+			in, err := NewTensorOf(rt, []int64{1, 2}, x)
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer in.Release()
+			for range 50 {
+				out := make([]float32, 3)
+				ov, err := NewTensorOf(rt, []int64{1, 3}, out)
+				if err != nil {
+					errs[g] = err
+					return
+				}
+				err = s.Run([]*Value{in}, []*Value{ov})
+				ov.Release()
+				if err != nil {
+					errs[g] = err
+					return
+				}
+				want := affine(x, w, b)
+				for k := range want {
+					if out[k] != want[k] {
+						errs[g] = errors.New("wrong result under concurrency")
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestParseLevel(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Level
+		ok   bool
+	}{{"", LevelAll, true}, {"all", LevelAll, true}, {"extended", LevelExtended, true}, {"basic", LevelBasic, true},
+		{"none", LevelNone, true}, {"fast", 0, false}} {
+		got, err := ParseLevel(c.in)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("ParseLevel(%q) = %d, %v; want %d, ok %v", c.in, got, err, c.want, c.ok)
+		}
+	}
+}

@@ -1,0 +1,370 @@
+package statsop
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	"fp16audit/internal/onnx"
+)
+
+// internalSuffix marks the names this package invents, as audit's rewrites
+// do, so they cannot collide with a model's names.
+const internalSuffix = "::fp16audit"
+
+// Pass is one pass of an audit: its graph and the pass it is compared with.
+type Pass struct {
+	// Name tells the pass's values apart in a combined graph ("fp16").
+	Name string
+	// Model is the pass's graph, the model's values under the model's
+	// names (audit.Upcast's or audit.Emulate's result, uninstrumented).
+	Model *onnx.ModelProto
+	// Ref is the index of the pass compared with (an earlier one), or -1.
+	Ref int
+}
+
+// Output is what one Observe node of a combined graph records: value
+// Value in the passes Passes (record Slot+i for pass Passes[i]; the first
+// is the reference the others are compared with).
+type Output struct {
+	Name   string
+	Value  string
+	Passes []int
+	Slot   int
+}
+
+// Plan is a graph that runs passes side by side and observes values in
+// each. Its Observe nodes write Records records (RecordLen int64 each) into
+// the session's record sink, in a chain whose last token is the graph's one
+// output, Token.
+type Plan struct {
+	Model   *onnx.ModelProto
+	Outputs []Output
+	Records int
+	Token   string
+}
+
+const (
+	elemFloat  = int32(onnx.TensorProto_FLOAT)
+	elemDouble = int32(onnx.TensorProto_DOUBLE)
+	elemF16    = int32(onnx.TensorProto_FLOAT16)
+	elemBF16   = int32(onnx.TensorProto_BFLOAT16)
+)
+
+// Combine builds one graph holding every pass: pass 0 keeps the model's
+// names, the values and nodes of every later pass are renamed
+// "<name>::<pass>::fp16audit", and
+// all passes read the same graph inputs and, where their initializers are
+// the same tensors (as audit's rewrites leave them), the same weights.
+// Each value in values gets one Observe node per reference pass (a pass
+// whose Ref is -1), reading the value in that pass and in every pass
+// compared with it: ONNX Runtime then runs the passes in step, value by
+// value (see the node order below), and a reference value dies as soon as
+// the one node that compares with it has read it. elemType gives each
+// value's element type (0 when unknown: read as FLOAT); DOUBLE and half
+// values are cast to FLOAT first, as audit.Instrument does. Values no pass
+// makes are skipped.
+//
+// chunk is the chunk length the statistics cut values into (0: audit's
+// DefaultChunk); a shorter one lets ONNX Runtime's threads share a value
+// and keeps the inputs of one Observe node in cache while it reads them,
+// at the price of rounding Sum, SumSq and the differences' sums of values
+// longer than chunk otherwise than today.
+func Combine(passes []Pass, values []string, elemType func(string) int32, chunk int) (*Plan, error) {
+	if len(passes) == 0 {
+		return nil, fmt.Errorf("combine: no passes")
+	}
+	base := passes[0].Model
+	g := &onnx.GraphProto{Name: base.Graph.Name, Input: base.Graph.Input, Initializer: append([]*onnx.TensorProto(nil), base.Graph.Initializer...),
+		SparseInitializer: base.Graph.SparseInitializer}
+	baseInit := map[string]*onnx.TensorProto{}
+	for _, t := range base.Graph.Initializer {
+		baseInit[t.Name] = t
+	}
+	inputs := map[string]bool{}
+	for _, vi := range base.Graph.Input {
+		inputs[vi.Name] = true
+	}
+	// made[p] maps the model's value names made in pass p to their names in
+	// the combined graph.
+	made := make([]map[string]string, len(passes))
+	for p, ps := range passes {
+		if ps.Ref >= p || ps.Ref < -1 {
+			return nil, fmt.Errorf("combine: pass %s compares with pass %d, which does not come before it", ps.Name, ps.Ref)
+		}
+		pg := ps.Model.Graph
+		for _, vi := range pg.Input {
+			if !inputs[vi.Name] && baseInit[vi.Name] == nil {
+				return nil, fmt.Errorf("combine: pass %s has graph input %q that pass %s lacks", ps.Name, vi.Name, passes[0].Name)
+			}
+		}
+		rename := map[string]string{}
+		suffix := ""
+		if p > 0 {
+			suffix = "::" + ps.Name + internalSuffix
+		}
+		written := writtenInPlace(pg)
+		for _, t := range pg.Initializer {
+			if p > 0 && (baseInit[t.Name] != t || written[t.Name]) {
+				// A tensor of this pass's own, or one a node updates in
+				// place: kept apart.
+				rename[t.Name] = t.Name + suffix
+				c := proto.Clone(t).(*onnx.TensorProto)
+				c.Name = rename[t.Name]
+				g.Initializer = append(g.Initializer, c)
+			}
+		}
+		if p > 0 {
+			for name := range written {
+				if !inputs[name] {
+					continue
+				}
+				// A graph input a node updates in place: the pass reads
+				// a copy (x*1 is x bit for bit, NaN aside).
+				cp := name + "::copy" + suffix
+				one := cp + "::one"
+				g.Initializer = append(g.Initializer, oneOf(one, elemType(name)))
+				g.Node = append(g.Node, onnx.Node("Mul", cp, []string{name, one}, []string{cp}))
+				rename[name] = cp
+			}
+		}
+		made[p] = map[string]string{}
+		for _, n := range pg.Node {
+			for _, o := range n.Output {
+				if o != "" {
+					rename[o] = o + suffix
+					made[p][o] = o + suffix
+				}
+			}
+		}
+		if p == 0 {
+			for i, n := range pg.Node {
+				g.Node = append(g.Node, seeded(n, i))
+			}
+			g.ValueInfo = append(g.ValueInfo, pg.ValueInfo...)
+		} else {
+			for i, n := range pg.Node {
+				g.Node = append(g.Node, renameNode(seeded(n, i), rename, suffix))
+			}
+			for _, vi := range pg.ValueInfo {
+				if r, ok := rename[vi.Name]; ok {
+					g.ValueInfo = append(g.ValueInfo, renamedInfo(vi, r))
+				}
+			}
+		}
+		// The pass's own outputs stop being outputs; their declared types
+		// still help ONNX Runtime's inference.
+		for _, vi := range pg.Output {
+			if r, ok := rename[vi.Name]; ok && !inputs[vi.Name] {
+				g.ValueInfo = append(g.ValueInfo, renamedInfo(vi, r))
+			}
+		}
+	}
+
+	plan := &Plan{}
+	// A value is cast once, whatever reads it.
+	cast := map[string]string{}
+	toFloat := func(name, v string) string {
+		switch elemType(v) {
+		case elemDouble, elemF16, elemBF16:
+		default:
+			return name
+		}
+		if f, ok := cast[name]; ok {
+			return f
+		}
+		f := name + "::f32" + internalSuffix
+		g.Node = append(g.Node, onnx.Node("Cast", f, []string{name}, []string{f}, onnx.AttrInt("to", int64(elemFloat))))
+		cast[name] = f
+		return f
+	}
+	var stats []*onnx.NodeProto
+	token := "token" + internalSuffix
+	g.Initializer = append(g.Initializer, onnx.FloatTensor(token, []int64{1}, []float32{0}))
+	for _, v := range values {
+		for r, rs := range passes {
+			if rs.Ref >= 0 {
+				continue
+			}
+			name, ok := made[r][v]
+			if !ok {
+				continue
+			}
+			out := Output{Name: v + "::stats-" + rs.Name + internalSuffix, Value: v, Passes: []int{r}, Slot: plan.Records}
+			in := []string{token, toFloat(name, v)}
+			for p, ps := range passes {
+				if ps.Ref != r {
+					continue
+				}
+				y, ok := made[p][v]
+				if !ok {
+					return nil, fmt.Errorf("combine: pass %s does not make %q, which its reference pass %s makes", ps.Name, v, rs.Name)
+				}
+				in = append(in, toFloat(y, v))
+				out.Passes = append(out.Passes, p)
+			}
+			node := onnx.Node(OpObserve, out.Name, in, []string{out.Name},
+				onnx.AttrInt(AttrSink, 0), onnx.AttrInt(AttrSlot, int64(out.Slot)))
+			node.Domain = Domain
+			if chunk > 0 {
+				node.Attribute = append(node.Attribute, onnx.AttrInt(AttrChunk, int64(chunk)))
+			}
+			stats = append(stats, node)
+			token = out.Name
+			plan.Records += len(out.Passes)
+			plan.Outputs = append(plan.Outputs, out)
+		}
+	}
+	if len(plan.Outputs) == 0 {
+		return nil, fmt.Errorf("combine: none of the %d values is made by any pass", len(values))
+	}
+	// The chain of tokens runs the Observe nodes in value order, each value
+	// computed right before its node reads it and dying right after, so a
+	// run holds about what a plain inference holds; and the graph has a
+	// single output.
+	g.Node = append(g.Node, stats...)
+	g.Output = append(g.Output, onnx.TensorValueInfo(token, onnx.TensorProto_FLOAT, 1))
+	plan.Token = token
+	plan.Model = &onnx.ModelProto{
+		IrVersion: base.IrVersion, ProducerName: base.ProducerName, ProducerVersion: base.ProducerVersion,
+		Domain: base.Domain, ModelVersion: base.ModelVersion, DocString: base.DocString, Graph: g,
+		MetadataProps: base.MetadataProps, Functions: base.Functions,
+		OpsetImport: append(append([]*onnx.OperatorSetIdProto(nil), base.OpsetImport...), &onnx.OperatorSetIdProto{Domain: Domain, Version: 1}),
+	}
+	return plan, nil
+}
+
+// randomOps draw random numbers: separate sessions, one per pass, drew the
+// same numbers (each node seeded alike), but several copies of a node in
+// one session draw different ones unless seeded.
+var randomOps = map[string]bool{
+	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true, "RandomUniformLike": true,
+	"Bernoulli": true, "Multinomial": true,
+}
+
+// seeded returns n, the node at index i of its pass's graph (the same
+// index in every pass), with a seed of i when it is a random op without
+// one, so that every pass's copy draws the same numbers.
+func seeded(n *onnx.NodeProto, i int) *onnx.NodeProto {
+	if !randomOps[n.OpType] || (n.Domain != "" && n.Domain != "ai.onnx") {
+		return n
+	}
+	for _, a := range n.Attribute {
+		if a.Name == "seed" {
+			return n
+		}
+	}
+	c := &onnx.NodeProto{Input: n.Input, Output: n.Output, Name: n.Name, OpType: n.OpType, Domain: n.Domain,
+		Overload: n.Overload, DocString: n.DocString, MetadataProps: n.MetadataProps,
+		Attribute: append(append([]*onnx.AttributeProto(nil), n.Attribute...), onnx.AttrFloat("seed", float32(i)))}
+	return c
+}
+
+// writtenInPlace lists the initializers a node of g may overwrite: the
+// running mean and variance of a BatchNormalization in training mode,
+// whose outputs ONNX Runtime may place in its inputs' memory. Each pass
+// needs its own copy of those.
+func writtenInPlace(g *onnx.GraphProto) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range g.Node {
+		if n.OpType != "BatchNormalization" || (n.Domain != "" && n.Domain != "ai.onnx") {
+			continue
+		}
+		for _, a := range n.Attribute {
+			if a.Name == "training_mode" && a.I != 0 {
+				for _, k := range []int{3, 4} {
+					if k < len(n.Input) {
+						out[n.Input[k]] = true
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// oneOf is a scalar initializer 1 of element type t (FLOAT when unknown).
+func oneOf(name string, t int32) *onnx.TensorProto {
+	if t == elemDouble {
+		return &onnx.TensorProto{Name: name, DataType: t, DoubleData: []float64{1}}
+	}
+	return onnx.FloatTensor(name, nil, []float32{1})
+}
+
+func renamedInfo(vi *onnx.ValueInfoProto, name string) *onnx.ValueInfoProto {
+	return &onnx.ValueInfoProto{Name: name, Type: vi.Type, DocString: vi.DocString, MetadataProps: vi.MetadataProps}
+}
+
+// renameNode copies n with its inputs and outputs renamed and its name
+// suffixed; subgraphs get their references to renamed outer values
+// renamed.
+func renameNode(n *onnx.NodeProto, rename map[string]string, suffix string) *onnx.NodeProto {
+	c := &onnx.NodeProto{
+		Name: n.Name, OpType: n.OpType, Domain: n.Domain, Overload: n.Overload, DocString: n.DocString,
+		MetadataProps: n.MetadataProps,
+	}
+	if n.Name != "" {
+		// ONNX Runtime wants node names unique, except empty ones.
+		c.Name += suffix
+	}
+	for _, in := range n.Input {
+		if r, ok := rename[in]; ok {
+			in = r
+		}
+		c.Input = append(c.Input, in)
+	}
+	for _, o := range n.Output {
+		if r, ok := rename[o]; ok {
+			o = r
+		}
+		c.Output = append(c.Output, o)
+	}
+	for _, a := range n.Attribute {
+		if a.G != nil || len(a.Graphs) > 0 {
+			ca := &onnx.AttributeProto{Name: a.Name, RefAttrName: a.RefAttrName, DocString: a.DocString, Type: a.Type}
+			if a.G != nil {
+				ca.G = renameOuter(a.G, rename)
+			}
+			for _, sg := range a.Graphs {
+				ca.Graphs = append(ca.Graphs, renameOuter(sg, rename))
+			}
+			a = ca
+		}
+		c.Attribute = append(c.Attribute, a)
+	}
+	return c
+}
+
+// renameOuter copies subgraph g with its references to outer values
+// renamed; names g defines itself (inputs, initializers, node outputs)
+// shadow the outer ones and stay.
+func renameOuter(g *onnx.GraphProto, rename map[string]string) *onnx.GraphProto {
+	inner := map[string]string{}
+	for k, v := range rename {
+		inner[k] = v
+	}
+	for _, vi := range g.Input {
+		delete(inner, vi.Name)
+	}
+	for _, t := range g.Initializer {
+		delete(inner, t.Name)
+	}
+	for _, n := range g.Node {
+		for _, o := range n.Output {
+			delete(inner, o)
+		}
+	}
+	c := &onnx.GraphProto{Name: g.Name, Initializer: g.Initializer, SparseInitializer: g.SparseInitializer, DocString: g.DocString,
+		Input: g.Input, ValueInfo: g.ValueInfo, QuantizationAnnotation: g.QuantizationAnnotation, MetadataProps: g.MetadataProps}
+	for _, n := range g.Node {
+		c.Node = append(c.Node, renameNode(n, inner, ""))
+	}
+	for _, vi := range g.Output {
+		// A subgraph may return an outer value as it is.
+		if r, ok := inner[vi.Name]; ok {
+			vi = renamedInfo(vi, r)
+		}
+		c.Output = append(c.Output, vi)
+	}
+	return c
+}

@@ -1,0 +1,484 @@
+#include "ops.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel.h"
+
+// api is the OrtApi table the kernel calls; fa_ops_init sets it before any
+// session can use the operator.
+static const void *api;
+
+static OrtStatus *fail(const char *msg) { return ORTC_FN(api, ortc_CreateStatus)(ortc_err_invalid_argument, msg); }
+
+// tile_len is how many elements of each input one tile covers: a few
+// tiles of all inputs stay in the core's L2 cache, so the reference tile
+// read for input 0 is still there when inputs 1..m compare with it.
+enum { tile_len = 1 << 14 };
+
+// job is one call's work: m inputs cut into chunks. Inputs as long as x0
+// (same) share its chunks and are tiled with it; others are observed on
+// their own and compared over the common prefix, as audit does when a
+// shape depends on values.
+typedef struct {
+	int m;
+	const float **x;
+	int64_t *n;
+	int *same;
+	int64_t chunk; // chunk length
+	int64_t k;     // chunks of x0
+	fa_stats *parts; // [m][k], then the chunks of the other inputs
+	fa_diff *diffs;
+	int64_t *kk;   // chunks per input
+	int64_t *base; // first slot of each input in parts/diffs
+} job;
+
+static inline int64_t chunks(int64_t n, int64_t len) {
+	int64_t k = (n + len - 1) / len;
+	return k < 1 ? 1 : k;
+}
+
+// shared_chunk observes chunk c of x0 and of every input the same length,
+// tile by tile.
+static void shared_chunk(job *j, int64_t c) {
+	int64_t n = j->n[0];
+	int64_t lo = c * n / j->k, hi = (c + 1) * n / j->k, len = hi - lo, len8 = len - len % 8;
+	fa_state st[j->m];
+	fa_dstate dt[j->m];
+	for (int i = 0; i < j->m; i++) {
+		fa_state_init(&st[i]);
+		fa_dstate_init(&dt[i]);
+	}
+	const float *ref = j->x[0] + lo;
+	for (int64_t t = 0; t < len8; t += tile_len) {
+		int64_t te = t + tile_len < len8 ? t + tile_len : len8;
+		fa_blocks(&st[0], ref, t, te);
+		for (int i = 1; i < j->m; i++) {
+			if (j->same[i]) {
+				fa_blocks_diff(&st[i], &dt[i], j->x[i] + lo, ref, t, te);
+			}
+		}
+	}
+	for (int i = 0; i < j->m; i++) {
+		if (i > 0 && !j->same[i]) {
+			continue;
+		}
+		fa_stats *p = &j->parts[j->base[i] + c];
+		fa_finish(&st[i], j->x[i] + lo, len8, len, p);
+		if (p->argmax >= 0) {
+			p->argmax += lo;
+		}
+		if (i > 0) {
+			fa_diff_finish(&dt[i], j->x[i] + lo, ref, len8, len, &j->diffs[j->base[i] + c]);
+		}
+	}
+}
+
+// own_chunk observes chunk c of input i, whose length differs from x0's.
+static void own_chunk(job *j, int i, int64_t c) {
+	int64_t n = j->n[i], nref = j->n[0];
+	int64_t lo = c * n / j->kk[i], hi = (c + 1) * n / j->kk[i];
+	fa_stats *p = &j->parts[j->base[i] + c];
+	fa_kernel(j->x[i] + lo, hi - lo, p);
+	if (p->argmax >= 0) {
+		p->argmax += lo;
+	}
+	int64_t dlo = lo < nref ? lo : nref, dhi = hi < nref ? hi : nref;
+	fa_diff_observe(j->x[i] + dlo, j->x[0] + dlo, dhi - dlo, &j->diffs[j->base[i] + c]);
+}
+
+// work runs iteration it: the shared chunks first, then the others'.
+static void work(void *user, size_t it) {
+	job *j = (job *)user;
+	int64_t c = (int64_t)it;
+	if (c < j->k) {
+		shared_chunk(j, c);
+		return;
+	}
+	c -= j->k;
+	for (int i = 1; i < j->m; i++) {
+		if (j->same[i]) {
+			continue;
+		}
+		if (c < j->kk[i]) {
+			own_chunk(j, i, c);
+			return;
+		}
+		c -= j->kk[i];
+	}
+}
+
+// job_alloc sizes the job; it returns the number of iterations, or -1
+// when out of memory.
+static int64_t job_alloc(job *j) {
+	j->same = calloc((size_t)j->m, sizeof(int));
+	j->kk = calloc((size_t)j->m, sizeof(int64_t));
+	j->base = calloc((size_t)j->m, sizeof(int64_t));
+	if (j->same == NULL || j->kk == NULL || j->base == NULL) {
+		return -1;
+	}
+	j->k = chunks(j->n[0], j->chunk);
+	int64_t slots = 0, iters = j->k;
+	for (int i = 0; i < j->m; i++) {
+		j->same[i] = i == 0 || j->n[i] == j->n[0];
+		j->kk[i] = j->same[i] ? j->k : chunks(j->n[i], j->chunk);
+		j->base[i] = slots;
+		slots += j->kk[i];
+		if (!j->same[i]) {
+			iters += j->kk[i];
+		}
+	}
+	j->parts = malloc(sizeof(fa_stats) * (size_t)slots);
+	j->diffs = malloc(sizeof(fa_diff) * (size_t)slots);
+	if (j->parts == NULL || j->diffs == NULL) {
+		return -1;
+	}
+	return iters;
+}
+
+static void job_free(job *j) {
+	free(j->same);
+	free(j->kk);
+	free(j->base);
+	free(j->parts);
+	free(j->diffs);
+}
+
+static void fa_record(int64_t *rec, const fa_stats *s, const fa_diff *d, size_t rank, const int64_t *dims) {
+	memset(rec, 0, sizeof(int64_t) * FA_REC_LEN);
+	rec[FA_REC_COUNT] = s->count;
+	rec[FA_REC_MAXABS] = s->maxabs;
+	rec[FA_REC_ARGMAX] = s->argmax;
+	rec[FA_REC_MINNZ] = s->minnz;
+	memcpy(&rec[FA_REC_SUM], &s->sum, 8);
+	memcpy(&rec[FA_REC_SUMSQ], &s->sumsq, 8);
+	rec[FA_REC_FINITE] = s->finite;
+	rec[FA_REC_NAN] = s->nan;
+	rec[FA_REC_POSINF] = s->posinf;
+	rec[FA_REC_NEGINF] = s->neginf;
+	rec[FA_REC_ZEROS] = s->zeros;
+	rec[FA_REC_ABOVE] = s->above;
+	rec[FA_REC_SUBNORMAL] = s->subnormal;
+	rec[FA_REC_FLUSH] = s->flush;
+	if (d != NULL) {
+		rec[FA_REC_HASDIFF] = 1;
+		memcpy(&rec[FA_REC_SUMSQDIFF], &d->sumsqdiff, 8);
+		memcpy(&rec[FA_REC_SUMSQREF], &d->sumsqref, 8);
+		rec[FA_REC_NEWNF] = d->newnf;
+		rec[FA_REC_NZREF] = d->nzref;
+		rec[FA_REC_FLUSHED] = d->flushed;
+		rec[FA_REC_BOTHFIN] = d->bothfin;
+	}
+	rec[FA_REC_RANK] = (int64_t)rank;
+	for (size_t i = 0; i < rank && i < FA_REC_MAXDIMS; i++) {
+		rec[FA_REC_DIMS + i] = dims[i];
+	}
+}
+
+// job_records merges each input's chunks in index order into its record:
+// the statistics as Stats.Merge from NewStats, the differences added from
+// zero (audit's per-batch fold; see the package documentation).
+static void job_records(const job *j, int64_t *rec, const size_t *ranks, const int64_t *dims) {
+	for (int i = 0; i < j->m; i++) {
+		fa_stats s;
+		fa_stats_init(&s);
+		fa_diff d;
+		memset(&d, 0, sizeof d);
+		for (int64_t c = 0; c < j->kk[i]; c++) {
+			fa_stats_merge(&s, &j->parts[j->base[i] + c]);
+			if (i > 0) {
+				fa_diff_add(&d, &j->diffs[j->base[i] + c]);
+			}
+		}
+		fa_record(rec + (size_t)i * FA_REC_LEN, &s, i > 0 ? &d : NULL, ranks[i], dims + (size_t)i * FA_REC_MAXDIMS);
+	}
+}
+
+int fa_observe(int m, const float *const *x, const int64_t *n, int64_t chunk, int64_t *rec) {
+	job j;
+	memset(&j, 0, sizeof j);
+	j.m = m;
+	j.chunk = chunk;
+	j.x = (const float **)x;
+	j.n = (int64_t *)n;
+	int64_t iters = job_alloc(&j);
+	if (iters < 0) {
+		job_free(&j);
+		return -1;
+	}
+	for (int64_t it = 0; it < iters; it++) {
+		work(&j, (size_t)it);
+	}
+	size_t ranks[m];
+	int64_t dims[m * FA_REC_MAXDIMS];
+	for (int i = 0; i < m; i++) {
+		ranks[i] = 1;
+		dims[i * FA_REC_MAXDIMS] = n[i];
+	}
+	job_records(&j, rec, ranks, dims);
+	job_free(&j);
+	return 0;
+}
+
+// input reads input i of the kernel context: its data, element count and
+// shape (the first FA_REC_MAXDIMS dimensions; rank is the full rank).
+static OrtStatus *input(OrtKernelContext *ctx, size_t i, const float **data, int64_t *n, size_t *rank, int64_t *dims) {
+	const OrtValue *v = NULL;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, i, &v);
+	if (st != NULL) {
+		return st;
+	}
+	if (v == NULL) {
+		return fail("fp16audit Observe: missing input");
+	}
+	OrtTensorTypeAndShapeInfo *info = NULL;
+	if ((st = ORTC_FN(api, ortc_GetTensorTypeAndShape)(v, &info)) != NULL) {
+		return st;
+	}
+	int type = 0;
+	size_t count = 0;
+	st = ORTC_FN(api, ortc_GetTensorElementType)(info, &type);
+	if (st == NULL) {
+		st = ORTC_FN(api, ortc_GetDimensionsCount)(info, rank);
+	}
+	if (st == NULL) {
+		st = ORTC_FN(api, ortc_GetTensorShapeElementCount)(info, &count);
+	}
+	if (st == NULL && *rank <= 64) {
+		int64_t all[64];
+		st = ORTC_FN(api, ortc_GetDimensions)(info, all, *rank);
+		if (st == NULL) {
+			memcpy(dims, all, sizeof(int64_t) * (*rank < FA_REC_MAXDIMS ? *rank : FA_REC_MAXDIMS));
+		}
+	}
+	ORTC_RELEASE(api, ortc_ReleaseTensorTypeAndShapeInfo)(info);
+	if (st != NULL) {
+		return st;
+	}
+	if (type != ortc_float) {
+		return fail("fp16audit Observe: input is not a float tensor");
+	}
+	*n = (int64_t)count;
+	void *p = NULL;
+	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)((OrtValue *)v, &p)) != NULL) {
+		return st;
+	}
+	*data = (const float *)p;
+	return NULL;
+}
+
+// calls numbers the compute calls, so that the records show the order in
+// which ONNX Runtime ran the ops.
+static atomic_llong calls;
+
+// sinks are the registered record buffers, by id - 1. A slot is claimed
+// by a compare-and-swap on its buffer and cleared by fa_sink_free; a
+// kernel reads it when it runs, while its session (and so the sink) is
+// alive.
+enum { max_sinks = 256 };
+static struct {
+	_Atomic(int64_t *) rec;
+	atomic_llong nrec;
+} sinks[max_sinks];
+
+int64_t fa_sink_new(int64_t *rec, int64_t nrec) {
+	for (int i = 0; i < max_sinks; i++) {
+		int64_t *none = NULL;
+		if (atomic_compare_exchange_strong(&sinks[i].rec, &none, rec)) {
+			atomic_store(&sinks[i].nrec, nrec);
+			return i + 1;
+		}
+	}
+	return 0;
+}
+
+void fa_sink_free(int64_t id) {
+	if (id >= 1 && id <= max_sinks) {
+		atomic_store(&sinks[id - 1].nrec, 0);
+		atomic_store(&sinks[id - 1].rec, NULL);
+	}
+}
+
+// op_kernel is a node's state: its chunk length and where its records go.
+typedef struct {
+	int64_t chunk;
+	int64_t sink, slot;
+} op_kernel;
+
+static OrtStatus *compute(void *kernel, OrtKernelContext *ctx) {
+	int64_t seq = atomic_fetch_add(&calls, 1);
+	size_t m = 0;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInputCount)(ctx, &m);
+	if (st != NULL) {
+		return st;
+	}
+	if (m < 2 || m > 65) {
+		return fail("fp16audit Observe: wants a token and 1 to 64 values");
+	}
+	// Input 0 is the token; the values follow.
+	m--;
+	const op_kernel *k = (const op_kernel *)kernel;
+	int64_t *sink = NULL;
+	if (k->sink >= 1 && k->sink <= max_sinks) {
+		sink = atomic_load(&sinks[k->sink - 1].rec);
+		if (sink != NULL && (k->slot < 0 || k->slot + (int64_t)m > atomic_load(&sinks[k->sink - 1].nrec))) {
+			sink = NULL;
+		}
+	}
+	if (sink == NULL) {
+		return fail("fp16audit Observe: no record sink for this node (the session's sink was freed or never registered)");
+	}
+	const float *x[m];
+	int64_t n[m], dims[m * FA_REC_MAXDIMS];
+	size_t ranks[m];
+	memset(dims, 0, sizeof dims);
+	for (size_t i = 0; i < m; i++) {
+		if ((st = input(ctx, i + 1, &x[i], &n[i], &ranks[i], dims + i * FA_REC_MAXDIMS)) != NULL) {
+			return st;
+		}
+	}
+	int64_t out_dims[1] = {1};
+	OrtValue *out = NULL;
+	if ((st = ORTC_FN(api, ortc_KernelContext_GetOutput)(ctx, 0, out_dims, 1, &out)) != NULL) {
+		return st;
+	}
+	void *p = NULL;
+	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)(out, &p)) != NULL) {
+		return st;
+	}
+	*(float *)p = 0;
+	job j;
+	memset(&j, 0, sizeof j);
+	j.m = (int)m;
+	j.chunk = k->chunk;
+	j.x = x;
+	j.n = n;
+	int64_t iters = job_alloc(&j);
+	if (iters < 0) {
+		job_free(&j);
+		return fail("fp16audit Observe: out of memory");
+	}
+	if (iters > 1) {
+		st = ORTC_FN(api, ortc_KernelContext_ParallelFor)(ctx, work, (size_t)iters, 0, &j);
+	} else {
+		work(&j, 0);
+	}
+	if (st == NULL) {
+		int64_t *rec = sink + k->slot * FA_REC_LEN;
+		job_records(&j, rec, ranks, dims);
+		for (size_t i = 0; i < m; i++) {
+			rec[i * FA_REC_LEN + FA_REC_SEQ] = seq;
+		}
+	}
+	job_free(&j);
+	return st;
+}
+
+// The OrtCustomOp callbacks: variadic float inputs (the token, then the
+// values), one float output (the next token).
+static const char *op_name(const ortc_custom_op *op) {
+	(void)op;
+	return FA_OP_OBSERVE;
+}
+
+static OrtStatus *create_kernel(const ortc_custom_op *op, const void *api_, const OrtKernelInfo *info, void **out) {
+	(void)op;
+	(void)api_;
+	int64_t chunk = fa_chunk_len;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelInfoGetAttribute_int64)(info, FA_ATTR_CHUNK, &chunk);
+	if (st != NULL) {
+		// No attribute: the default.
+		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
+		chunk = fa_chunk_len;
+	}
+	if (chunk < 8 || chunk > ((int64_t)1 << 30)) {
+		return fail("fp16audit Observe: chunk must be 8 to 2^30 elements");
+	}
+	int64_t sink = 0, slot = -1;
+	if ((st = ORTC_FN(api, ortc_KernelInfoGetAttribute_int64)(info, FA_ATTR_SINK, &sink)) != NULL) {
+		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
+		return fail("fp16audit Observe: no sink attribute");
+	}
+	if ((st = ORTC_FN(api, ortc_KernelInfoGetAttribute_int64)(info, FA_ATTR_SLOT, &slot)) != NULL) {
+		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
+		return fail("fp16audit Observe: no slot attribute");
+	}
+	op_kernel *k = malloc(sizeof *k);
+	if (k == NULL) {
+		return fail("fp16audit Observe: out of memory");
+	}
+	k->chunk = chunk;
+	k->sink = sink;
+	k->slot = slot;
+	*out = k;
+	return NULL;
+}
+
+static void destroy_kernel(void *k) { free(k); }
+static const char *provider(const ortc_custom_op *op) {
+	(void)op;
+	return NULL; // the CPU execution provider
+}
+static int input_type(const ortc_custom_op *op, size_t i) {
+	(void)op;
+	(void)i;
+	return ortc_float;
+}
+static int output_type(const ortc_custom_op *op, size_t i) {
+	(void)op;
+	(void)i;
+	return ortc_float;
+}
+static size_t one_count(const ortc_custom_op *op) {
+	(void)op;
+	return 1;
+}
+static int variadic(const ortc_custom_op *op, size_t i) {
+	(void)op;
+	(void)i;
+	return ortc_io_variadic;
+}
+static int required(const ortc_custom_op *op, size_t i) {
+	(void)op;
+	(void)i;
+	return ortc_io_required;
+}
+static int mem_default(const ortc_custom_op *op, size_t i) {
+	(void)op;
+	(void)i;
+	return ortc_mem_default;
+}
+static int one(const ortc_custom_op *op) {
+	(void)op;
+	return 1;
+}
+static int two(const ortc_custom_op *op) {
+	(void)op;
+	return 2;
+}
+
+static ortc_custom_op observe_op = {
+	.version = ortc_custom_op_version,
+	.GetName = op_name,
+	.GetExecutionProviderType = provider,
+	.GetInputType = input_type,
+	.GetInputTypeCount = one_count,
+	.GetOutputType = output_type,
+	.GetOutputTypeCount = one_count,
+	.KernelDestroy = destroy_kernel,
+	.GetInputCharacteristic = variadic,
+	.GetOutputCharacteristic = required,
+	.GetInputMemoryType = mem_default,
+	.GetVariadicInputMinArity = two,
+	.GetVariadicInputHomogeneity = one,
+	.GetVariadicOutputMinArity = one,
+	.GetVariadicOutputHomogeneity = one,
+	.CreateKernelV2 = create_kernel,
+	.KernelComputeV2 = compute,
+};
+
+const void *fa_ops_init(const void *table) {
+	api = table;
+	return &observe_op;
+}

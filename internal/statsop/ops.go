@@ -1,0 +1,160 @@
+// Package statsop computes fp16audit's per-value statistics inside ONNX
+// Runtime, where the values are produced: a custom operator (Observe),
+// registered through ONNX Runtime's C API, summarises every observed value
+// while the session runs, and only a record of 32 numbers per value and
+// pass leaves the session. The fp32 reference and the emulated passes run
+// side by side in one graph that shares the weights (Combine), so that one
+// Observe node reads a value of every pass together and compares the
+// emulated ones with fp32 in the same read.
+//
+// The statistics are bit-identical to fp16audit's Go kernels (audit.Stats,
+// audit.Diff) chunked as audit's passes chunk a value (see kernel.h), with
+// one difference in how a value's chunks enter audit.Diff: audit adds each
+// chunk's difference to the running total over batches, the records hold
+// each batch's chunks added from zero. Values of up to 2^20 elements have
+// one chunk and agree either way; for larger ones audit should fold a
+// batch's chunks first, as it already does for Stats.
+package statsop
+
+// #cgo CFLAGS: -O2 -std=c11 -Wall
+// #include <stdlib.h>
+// #include "ops.h"
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"fp16audit/internal/ortcapi"
+)
+
+// Domain is the operator domain of Observe; a model that uses it imports
+// the domain at version 1.
+const Domain = "ai.fp16audit.stats"
+
+// OpObserve is the operator's name in Domain: Observe(token, x0, ..., xm)
+// writes m+1 records into the record sink its attribute AttrSink names,
+// from record AttrSlot on — record 0 the statistics of x0, record i those
+// of xi and its comparison with x0 — and returns the next token (see
+// ops.h). Its int attribute AttrChunk sets the chunk length (default
+// DefaultChunk).
+const (
+	OpObserve = C.FA_OP_OBSERVE
+	AttrChunk = C.FA_ATTR_CHUNK
+	AttrSink  = C.FA_ATTR_SINK
+	AttrSlot  = C.FA_ATTR_SLOT
+)
+
+// RecordLen is the number of int64 slots of one record.
+const RecordLen = C.FA_REC_LEN
+
+// The record slots, named after ops.h.
+const (
+	slotCount     = C.FA_REC_COUNT
+	slotMaxabs    = C.FA_REC_MAXABS
+	slotArgmax    = C.FA_REC_ARGMAX
+	slotMinnz     = C.FA_REC_MINNZ
+	slotSum       = C.FA_REC_SUM
+	slotSumsq     = C.FA_REC_SUMSQ
+	slotFinite    = C.FA_REC_FINITE
+	slotNan       = C.FA_REC_NAN
+	slotPosinf    = C.FA_REC_POSINF
+	slotNeginf    = C.FA_REC_NEGINF
+	slotZeros     = C.FA_REC_ZEROS
+	slotAbove     = C.FA_REC_ABOVE
+	slotSubnormal = C.FA_REC_SUBNORMAL
+	slotFlush     = C.FA_REC_FLUSH
+	slotHasdiff   = C.FA_REC_HASDIFF
+	slotSumsqdiff = C.FA_REC_SUMSQDIFF
+	slotSumsqref  = C.FA_REC_SUMSQREF
+	slotNewnf     = C.FA_REC_NEWNF
+	slotNzref     = C.FA_REC_NZREF
+	slotFlushed   = C.FA_REC_FLUSHED
+	slotBothfin   = C.FA_REC_BOTHFIN
+	slotSeq       = C.FA_REC_SEQ
+	slotRank      = C.FA_REC_RANK
+	slotDims      = C.FA_REC_DIMS
+	slotMaxdims   = C.FA_REC_MAXDIMS
+)
+
+var registered struct {
+	once sync.Once
+	d    *ortcapi.CustomOpDomain
+	err  error
+}
+
+// Register creates the custom operator domain of Observe, once per
+// process; pass it in ortcapi.Options.Domains of every session whose model
+// uses it.
+func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
+	registered.once.Do(func() {
+		op := unsafe.Pointer(C.fa_ops_init(rt.API()))
+		registered.d, registered.err = rt.NewCustomOpDomain(Domain, op)
+	})
+	return registered.d, registered.err
+}
+
+// DefaultChunk is the chunk length audit's passes cut values into today
+// (passRun.observe); see Options.Chunk.
+const DefaultChunk = C.fa_chunk_len
+
+// Observe computes, on the calling goroutine, the statistics of y (the
+// flat values of one tensor of batch number batch) exactly as the Observe
+// operator does with chunks of chunk elements (0: DefaultChunk).
+func Observe(y []float32, batch, chunk int) Stats {
+	recs := observeRecords(chunk, y)
+	return recs[0].Stats(batch)
+}
+
+// ObserveDiff computes the statistics of y and its comparison with ref
+// exactly as the Observe operator does for an emulated value y and its
+// reference ref.
+func ObserveDiff(y, ref []float32, batch, chunk int) (Stats, Diff) {
+	recs := observeRecords(chunk, ref, y)
+	d, _ := recs[1].Diff()
+	return recs[1].Stats(batch), d
+}
+
+func observeRecords(chunk int, xs ...[]float32) []Record {
+	if chunk <= 0 {
+		chunk = DefaultChunk
+	}
+	m := len(xs)
+	ptrs := (*[64]*C.float)(C.calloc(C.size_t(m), C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(ptrs))
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	var empty [1]float32
+	n := make([]C.int64_t, m)
+	for i, x := range xs {
+		// The pointers are stored in C memory for the call: pinned.
+		p := &empty[0]
+		if len(x) > 0 {
+			p = &x[0]
+		}
+		pin.Pin(p)
+		ptrs[i] = (*C.float)(unsafe.Pointer(p))
+		n[i] = C.int64_t(len(x))
+	}
+	rec := make([]int64, m*RecordLen)
+	if C.fa_observe(C.int(m), &ptrs[0], &n[0], C.int64_t(chunk), (*C.int64_t)(unsafe.Pointer(&rec[0]))) != 0 {
+		panic(fmt.Sprintf("statistics of %d values: out of memory", m))
+	}
+	out := make([]Record, m)
+	for i := range out {
+		out[i] = Record(rec[i*RecordLen : (i+1)*RecordLen])
+	}
+	return out
+}
+
+// setSIMD turns the AVX2 kernels on or off (tests compare both with Go)
+// and returns whether they were on.
+func setSIMD(on bool) bool {
+	v := C.int(0)
+	if on {
+		v = 1
+	}
+	return C.fa_set_simd(v) != 0
+}

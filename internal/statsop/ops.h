@@ -1,0 +1,80 @@
+// The custom operator of package statsop: ONNX Runtime calls it on every
+// observed value while the session runs, and it writes one record of
+// FA_REC_LEN int64 slots per input that the Go side decodes (record.go).
+#ifndef FP16AUDIT_ORTSTATS_OPS_H
+#define FP16AUDIT_ORTSTATS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ortcapi/abi.h"
+#include "kernel.h"
+
+// FA_OP_OBSERVE is the operator's name in the domain statsop registers.
+// Observe(token, x0, x1, ..., xm) -> token writes m+1 records into the
+// record sink its attribute "sink" names, from record "slot" on: record 0
+// holds the statistics of x0, record i those of xi and its comparison with
+// x0 (the same value in the reference pass). The inputs are read in tiles,
+// one after the other, so x0 is read from memory once for all of them. The
+// token (a float tensor whose contents do not matter) chains the Observe
+// nodes of a graph one after the other: ONNX Runtime then runs them in
+// that order, computing each value just before it is summarised, and the
+// graph has one output instead of one per value (ONNX Runtime's session
+// creation grows with the square of a graph's leaves). The int attribute
+// "chunk" (default fa_chunk_len) sets the chunk length.
+#define FA_OP_OBSERVE "Observe"
+#define FA_ATTR_CHUNK "chunk"
+#define FA_ATTR_SINK "sink"
+#define FA_ATTR_SLOT "slot"
+
+// Record slots. Floating-point slots hold the bits of a float64 (sums) or
+// of a float32 (MAXABS, MINNZ); HASDIFF is 1 when the diff slots are set;
+// SEQ numbers the op calls of the process in the order they started.
+enum {
+	FA_REC_COUNT,
+	FA_REC_MAXABS,
+	FA_REC_ARGMAX,
+	FA_REC_MINNZ,
+	FA_REC_SUM,
+	FA_REC_SUMSQ,
+	FA_REC_FINITE,
+	FA_REC_NAN,
+	FA_REC_POSINF,
+	FA_REC_NEGINF,
+	FA_REC_ZEROS,
+	FA_REC_ABOVE,
+	FA_REC_SUBNORMAL,
+	FA_REC_FLUSH,
+	FA_REC_HASDIFF,
+	FA_REC_SUMSQDIFF,
+	FA_REC_SUMSQREF,
+	FA_REC_NEWNF,
+	FA_REC_NZREF,
+	FA_REC_FLUSHED,
+	FA_REC_BOTHFIN,
+	FA_REC_SEQ,
+	FA_REC_RANK,
+	FA_REC_DIMS,
+	FA_REC_LEN = 32,
+	FA_REC_MAXDIMS = FA_REC_LEN - FA_REC_DIMS,
+};
+
+// fa_sink_new registers rec, a buffer of nrec records, as a record sink and
+// returns its id (>= 1), or 0 when every sink is taken; fa_sink_free
+// forgets it. A graph's Observe nodes write into the sink their "sink"
+// attribute names while a session runs; the caller keeps rec alive until
+// it frees the sink.
+int64_t fa_sink_new(int64_t *rec, int64_t nrec);
+void fa_sink_free(int64_t id);
+
+// fa_ops_init stores the function table the kernel calls and returns the
+// operator as an OrtCustomOp pointer.
+const void *fa_ops_init(const void *api);
+
+// fa_observe writes the records of the m values x[i][0:n[i]] (x[0] the
+// reference) on the calling thread, chunked (chunk elements; see
+// fa_chunk_len) and tiled exactly as the operator does; it returns -1 when
+// out of memory.
+int fa_observe(int m, const float *const *x, const int64_t *n, int64_t chunk, int64_t *rec);
+
+#endif

@@ -1,0 +1,139 @@
+package statsop
+
+// #include <stdlib.h>
+// #include "ops.h"
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/ortcapi"
+)
+
+// Session runs a Plan: the Observe nodes write the records of every run
+// into a record sink this session owns (C memory, registered with the
+// operator), so a run allocates nothing for them and only the plan's one
+// token leaves ONNX Runtime. It is not for concurrent use: each Run
+// overwrites the records of the last.
+type Session struct {
+	s    *ortcapi.Session
+	plan *Plan
+	sink C.int64_t
+	rec  []int64 // over the C buffer
+	buf  unsafe.Pointer
+}
+
+// NewSession creates the session of plan, whose graph inputs are inputs,
+// with Observe registered on top of opts.
+func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.Options) (*Session, error) {
+	d, err := Register(rt)
+	if err != nil {
+		return nil, fmt.Errorf("register the statistics operator: %w", err)
+	}
+	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
+	ss := &Session{plan: plan}
+	n := max(plan.Records, 1) * RecordLen
+	ss.buf = C.calloc(C.size_t(n), 8)
+	if ss.buf == nil {
+		return nil, fmt.Errorf("records of %d values: out of memory", plan.Records)
+	}
+	ss.rec = unsafe.Slice((*int64)(ss.buf), n)
+	if ss.sink = C.fa_sink_new((*C.int64_t)(ss.buf), C.int64_t(plan.Records)); ss.sink == 0 {
+		ss.Close()
+		return nil, fmt.Errorf("too many statistics sessions open at once")
+	}
+	data, err := onnx.Marshal(withSink(plan.Model, int64(ss.sink)))
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	// ONNX Runtime adds a custom domain to a process-wide schema registry
+	// while it creates a session; two sessions created at once race there
+	// ("the domain is already exist"), so creations take turns.
+	creating.Lock()
+	ss.s, err = rt.NewSession(data, inputs, []string{plan.Token}, opts)
+	creating.Unlock()
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	return ss, nil
+}
+
+// creating serialises session creation (see NewSession).
+var creating sync.Mutex
+
+// withSink returns m with every Observe node writing into sink.
+func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
+	out := onnx.ShallowCopy(m)
+	for i, n := range out.Graph.Node {
+		if n.Domain != Domain || n.OpType != OpObserve {
+			continue
+		}
+		c := onnx.CloneNode(n)
+		for k, a := range c.Attribute {
+			if a.Name == AttrSink {
+				c.Attribute[k] = onnx.AttrInt(AttrSink, sink)
+			}
+		}
+		out.Graph.Node[i] = c
+	}
+	return out
+}
+
+// Run runs the plan on inputs (in the session's input order). Record then
+// holds the records until the next Run.
+func (s *Session) Run(inputs []*ortcapi.Value) error {
+	outs := make([]*ortcapi.Value, 1)
+	if err := s.s.Run(inputs, outs); err != nil {
+		return err
+	}
+	if outs[0] != nil {
+		outs[0].Release()
+	}
+	return nil
+}
+
+// Record returns record row of output i from the last Run (the pass
+// plan.Outputs[i].Passes[row]); it is overwritten by the next.
+func (s *Session) Record(i, row int) Record {
+	lo := (s.plan.Outputs[i].Slot + row) * RecordLen
+	return Record(s.rec[lo : lo+RecordLen])
+}
+
+// InOrder reports whether the last Run summarised the values in the
+// order the plan lists them, which the chain of tokens asks ONNX Runtime
+// for and which keeps a run's memory near a plain inference's.
+func (s *Session) InOrder() bool {
+	last := int64(-1)
+	for i := range s.plan.Outputs {
+		seq := s.Record(i, 0).Seq()
+		if seq < last {
+			return false
+		}
+		last = seq
+	}
+	return true
+}
+
+// Plan returns the plan the session runs.
+func (s *Session) Plan() *Plan { return s.plan }
+
+// Close releases the session and its record sink.
+func (s *Session) Close() {
+	if s.s != nil {
+		s.s.Close()
+		s.s = nil
+	}
+	if s.sink != 0 {
+		C.fa_sink_free(s.sink)
+		s.sink = 0
+	}
+	if s.buf != nil {
+		C.free(s.buf)
+		s.buf, s.rec = nil, nil
+	}
+}
