@@ -9,6 +9,7 @@ import (
 
 	"fp16audit/internal/render"
 	"fp16audit/internal/trainlog"
+	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
 )
 
@@ -87,17 +88,17 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	case !(o.opt.UnderflowFraction > 0 && o.opt.UnderflowFraction <= 1):
 		return usage("--underflow-fraction %g: want a fraction above 0 and at most 1", o.opt.UnderflowFraction)
 	}
-	ropt := trainlog.ReadOptions{Series: o.series}
+	ropt := logfile.ReadOptions{Series: o.series}
 	switch o.series {
-	case "", trainlog.SeriesLoss, trainlog.SeriesScale, trainlog.SeriesFastaiScales:
+	case "", logfile.SeriesLoss, logfile.SeriesScale, logfile.SeriesFastaiScales:
 	default:
-		return usage("--series %q: want %s, %s or %s", o.series, trainlog.SeriesLoss, trainlog.SeriesScale, trainlog.SeriesFastaiScales)
+		return usage("--series %q: want %s, %s or %s", o.series, logfile.SeriesLoss, logfile.SeriesScale, logfile.SeriesFastaiScales)
 	}
-	cols, err := trainlog.ParseMapping(o.columns)
+	cols, err := logfile.ParseMapping(o.columns)
 	if err != nil {
 		return usage("--columns: %v", err)
 	}
-	tags, err := trainlog.ParseMapping(o.tags)
+	tags, err := logfile.ParseMapping(o.tags)
 	if err != nil {
 		return usage("--tag: %v", err)
 	}
@@ -111,7 +112,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		ropt.Columns[k] = v
 	}
 
-	run, err := trainlog.Read(fs.Arg(0), ropt)
+	run, err := logfile.Read(fs.Arg(0), ropt)
 	if err != nil {
 		return logError(stderr, err)
 	}
@@ -119,8 +120,8 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	if o.baseline != "" {
 		// The baseline is the fp32 run: what it holds is its losses.
 		bopt := ropt
-		bopt.Baseline, bopt.Series = true, trainlog.SeriesLoss
-		if baseline, err = trainlog.Read(o.baseline, bopt); err != nil {
+		bopt.Baseline, bopt.Series = true, logfile.SeriesLoss
+		if baseline, err = logfile.Read(o.baseline, bopt); err != nil {
 			return logError(stderr, err)
 		}
 		if baseline.Losses == nil {
@@ -146,7 +147,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 // logError prints a log that could not be read; a malformed or missing log
 // is an input error (exit 2).
 func logError(stderr io.Writer, err error) int {
-	var pe *trainlog.ParseError
+	var pe *logfile.ParseError
 	switch {
 	case errors.As(err, &pe):
 		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,7 +78,7 @@ func TestBrowser(t *testing.T) {
 	bin := chromium(t)
 	dir := t.TempDir()
 	var page bytes.Buffer
-	if err := auditHTML(&page, loadReport(t, "demo_cnn_raw")); err != nil {
+	if err := Render(&page, loadReport(t, "demo_cnn_raw"), "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	probed := strings.Replace(page.String(), "</body>", hoverProbe+"</body>", 1)
@@ -110,7 +111,7 @@ func TestBrowser(t *testing.T) {
 		r := loadReport(t, "demo_cnn_raw")
 		r.Tool.Version = report.Version
 		page.Reset()
-		if err := auditHTML(&page, r); err != nil {
+		if err := Render(&page, r, "html", Options{}); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(path, page.Bytes(), 0o644); err != nil {
@@ -137,7 +138,7 @@ func TestBrowser(t *testing.T) {
 func TestBrowserLarge(t *testing.T) {
 	bin := chromium(t)
 	var page bytes.Buffer
-	if err := auditHTML(&page, syntheticReport(20000)); err != nil {
+	if err := Render(&page, syntheticReport(20000), "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "large.html")
@@ -173,7 +174,7 @@ func TestBrowserFixtures(t *testing.T) {
 	parent.WriteString("<!DOCTYPE html><html><body>")
 	for _, name := range goldenNames(t) {
 		var page bytes.Buffer
-		if err := auditHTML(&page, loadReport(t, name)); err != nil {
+		if err := Render(&page, loadReport(t, name), "html", Options{}); err != nil {
 			t.Fatal(err)
 		}
 		fmt.Fprintf(&parent, `<iframe data-name="%s" srcdoc="%s"></iframe>`, name, html.EscapeString(page.String()))
@@ -207,7 +208,11 @@ window.addEventListener("load", function () {
 		r := loadReport(t, name)
 		rows := 0
 		for _, n := range r.Nodes {
-			if shownNode(r, n, false) {
+			// The table's rows by default: every node but those computing
+			// only from weights and constants, kept when flagged or an
+			// origin.
+			origin := slices.ContainsFunc(r.Origins, func(o report.Origin) bool { return o.Index >= 0 && o.Index == n.Index })
+			if !n.Constant || n.Flagged || origin {
 				rows += max(len(n.Outputs), 1)
 			}
 		}
@@ -242,7 +247,7 @@ const tableProbe = `<script>
 func probePage(t *testing.T, bin string, r *report.Report, probe string, width int) string {
 	t.Helper()
 	var page bytes.Buffer
-	if err := auditHTML(&page, r); err != nil {
+	if err := Render(&page, r, "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "probe.html")

@@ -120,7 +120,11 @@ func TestSchemaFieldsRendered(t *testing.T) {
 // TestChartSkipsNodesWithoutFloats: a node without float outputs between
 // two plotted ones leaves no gap; each series is one continuous line.
 func TestChartSkipsNodesWithoutFloats(t *testing.T) {
-	svg := chartSVG(schemaReport())
+	var page bytes.Buffer
+	if err := Render(&page, schemaReport(), "html", Options{}); err != nil {
+		t.Fatal(err)
+	}
+	svg := page.String()
 	series := regexp.MustCompile(`class="series" d="([^"]*)"`).FindAllStringSubmatch(svg, -1)
 	if len(series) != 2 {
 		t.Fatalf("%d series, want 2", len(series))

@@ -290,7 +290,7 @@ func TestGolden(t *testing.T) {
 	for _, v := range textVariants {
 		t.Run(v.report+"/"+v.name, func(t *testing.T) {
 			var b bytes.Buffer
-			if err := auditText(&b, loadReport(t, v.report), v.opt); err != nil {
+			if err := Render(&b, loadReport(t, v.report), "text", Options{Text: v.opt}); err != nil {
 				t.Fatal(err)
 			}
 			golden(t, filepath.Join("audit", v.report+"."+v.name+".txt.golden"), b.Bytes())

@@ -4,9 +4,13 @@
 // command — run, lint, scales and render — writes through one Formatter, so
 // a format behaves the same whichever command made the document.
 //
-// Renderers compute nothing: everything they show is in the document. The
-// package imports only report and checks, so rendering a saved report
-// needs neither cgo nor ONNX Runtime.
+// This package holds the Formatter registry: which format renders which
+// document kind, and JSON for all of them. The renderers live in one
+// package per document (audit, lint, scales) and share the helpers of
+// package markup. Renderers compute nothing: everything they show is in
+// the document. They import only report, checks and markup, and this
+// package only them, so rendering a saved report needs neither cgo nor
+// ONNX Runtime.
 package render
 
 import (
@@ -16,6 +20,9 @@ import (
 	"slices"
 	"strings"
 
+	"fp16audit/internal/render/audit"
+	"fp16audit/internal/render/lint"
+	"fp16audit/internal/render/scales"
 	"fp16audit/report"
 )
 
@@ -26,25 +33,7 @@ type Options struct {
 
 // TextOptions controls the text of an audit report; Color also applies to
 // the text of the other documents.
-type TextOptions struct {
-	// Pass selects the statistics shown per node; "" means the policy's
-	// emulated pass when there is one, else fp32.
-	Pass string
-	// OnlyFlagged lists only nodes with non-finite values or findings.
-	OnlyFlagged bool
-	// ConstantNodes lists the nodes that compute only from initializers
-	// and constants (report.NodeReport.Constant), which the table
-	// otherwise leaves out unless they are flagged.
-	ConstantNodes bool
-	// Color adds ANSI colours. The command line sets it only when stdout is
-	// a terminal, NO_COLOR is unset and --no-color is not given.
-	Color bool
-	// Width is the number of columns the report should fit (the terminal's
-	// width): prose is wrapped and the node table's name columns shortened
-	// in the middle. 0 means no limit; names are then cut at 60 and 40
-	// characters.
-	Width int
-}
+type TextOptions = audit.TextOptions
 
 // Formatter writes documents in one output format.
 type Formatter interface {
@@ -65,21 +54,21 @@ type format struct {
 
 var formats = []*format{
 	{name: "text",
-		audit:  func(w io.Writer, r *report.Report, o Options) error { return auditText(w, r, o.Text) },
-		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return lintText(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, o Options) error { return scalesText(w, r, o.Text) }},
+		audit:  func(w io.Writer, r *report.Report, o Options) error { return audit.Text(w, r, o.Text) },
+		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return lint.Text(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, o Options) error { return scales.Text(w, r, o.Text.Color) }},
 	{name: "json",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return writeJSON(w, r) },
 		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return writeJSON(w, r) },
 		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return writeJSON(w, r) }},
 	{name: "markdown",
-		audit:  func(w io.Writer, r *report.Report, _ Options) error { return auditMarkdown(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesMarkdown(w, r) }},
+		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.Markdown(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.Markdown(w, r) }},
 	{name: "html",
-		audit:  func(w io.Writer, r *report.Report, _ Options) error { return auditHTML(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scalesHTML(w, r) }},
+		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.HTML(w, r) },
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.HTML(w, r) }},
 	{name: "sarif",
-		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lintSARIF(w, r) }},
+		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lint.SARIF(w, r) }},
 }
 
 func (f *format) supports(k report.Kind) bool {
@@ -161,21 +150,3 @@ func writeJSON(w io.Writer, doc any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(doc)
 }
-
-// errWriter remembers the first write error, so that a renderer can print
-// line after line and check once at the end.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
-func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }

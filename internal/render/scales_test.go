@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"fp16audit/internal/trainlog"
+	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
 )
 
@@ -61,7 +62,7 @@ func nanTailLog() *trainlog.Log {
 func scalesReport(t testing.TB, c scalesCase) *report.ScalesReport {
 	t.Helper()
 	read := func(name string) *trainlog.Log {
-		l, err := trainlog.ReadFile(filepath.Join("..", "trainlog", "testdata", name))
+		l, err := logfile.Read(filepath.Join("..", "trainlog", "testdata", name), logfile.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,7 +167,7 @@ func TestScalesHTMLSelfContained(t *testing.T) {
 	r.Run.Path = `</script><script>alert(1)</script>`
 	r.Notes = append(r.Notes, `<img src=x onerror=alert(2)>`)
 	var b bytes.Buffer
-	if err := scalesHTML(&b, r); err != nil {
+	if err := Render(&b, r, "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"alert(1)</script>", "<img"} {
@@ -175,7 +176,7 @@ func TestScalesHTMLSelfContained(t *testing.T) {
 		}
 	}
 	b.Reset()
-	if err := scalesHTML(&b, scalesReport(t, scalesCases[0])); err != nil {
+	if err := Render(&b, scalesReport(t, scalesCases[0]), "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"<link", "<img", "<iframe", " src=", "https://", "@import", "url("} {
@@ -211,7 +212,7 @@ func TestBrowserScales(t *testing.T) {
 	parent.WriteString("<!DOCTYPE html><html><body>")
 	for _, c := range scalesCases {
 		var page bytes.Buffer
-		if err := scalesHTML(&page, scalesReport(t, c)); err != nil {
+		if err := Render(&page, scalesReport(t, c), "html", Options{}); err != nil {
 			t.Fatal(err)
 		}
 		fmt.Fprintf(&parent, `<iframe data-name="%s" srcdoc="%s"></iframe>`, c.name, html.EscapeString(page.String()))
@@ -255,7 +256,7 @@ window.addEventListener("load", function () {
 
 	plateau := scalesReport(t, scalesCases[5])
 	var page bytes.Buffer
-	if err := scalesHTML(&page, plateau); err != nil {
+	if err := Render(&page, plateau, "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, "plateau.html")

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"fp16audit/internal/render/audit"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/ and the screenshots docs/demo-report.png and docs/scales-report.png")
@@ -46,7 +49,7 @@ func TestOnlyFlagged(t *testing.T) {
 	for _, name := range goldenNames(t) {
 		r := loadReport(t, name)
 		var b bytes.Buffer
-		if err := auditText(&b, r, TextOptions{OnlyFlagged: true}); err != nil {
+		if err := Render(&b, r, "text", Options{Text: TextOptions{OnlyFlagged: true}}); err != nil {
 			t.Fatal(err)
 		}
 		table := b.String()[strings.Index(b.String(), "per-node statistics"):]
@@ -64,19 +67,22 @@ func TestOnlyFlagged(t *testing.T) {
 }
 
 func TestTextFitsWidth(t *testing.T) {
+	// A line's columns leave out the colour escapes.
+	escape := regexp.MustCompile("\x1b\\[[^m]*m")
+	stripANSI := func(s string) string { return escape.ReplaceAllString(s, "") }
 	r := syntheticReport(200)
 	r.Nodes[3].Name = strings.Repeat("/encoder/block", 20) + "/MatMul"
 	for _, width := range []int{80, 100, 120, 160, 240} {
 		for _, color := range []bool{false, true} {
 			var b bytes.Buffer
-			if err := auditText(&b, r, TextOptions{Width: width, Color: color}); err != nil {
+			if err := Render(&b, r, "text", Options{Text: TextOptions{Width: width, Color: color}}); err != nil {
 				t.Fatal(err)
 			}
 			if strings.Contains(b.String(), "\x1b[") != color {
 				t.Errorf("width %d: colour escapes present = %v, want %v", width, !color, color)
 			}
 			for i, line := range strings.Split(b.String(), "\n") {
-				if n := runeLen(stripANSI(line)); n > width {
+				if n := utf8.RuneCountInString(stripANSI(line)); n > width {
 					t.Errorf("width %d colour %v: line %d has %d columns: %q", width, color, i+1, n, stripANSI(line))
 					break
 				}
@@ -85,30 +91,6 @@ func TestTextFitsWidth(t *testing.T) {
 				t.Errorf("width %d: the long node name was not shortened", width)
 			}
 		}
-	}
-}
-
-func TestShorten(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		max  int
-		want string
-	}{
-		{"/conv1/Conv", 20, "/conv1/Conv"},
-		{"/layer1/layer1.0/bn1/BatchNormalization", 20, "/layer1/l…malization"},
-		{"abcdef", 5, "ab…ef"},
-	} {
-		if got := shorten(c.in, c.max); got != c.want || runeLen(got) > c.max {
-			t.Errorf("shorten(%q, %d) = %q, want %q", c.in, c.max, got, c.want)
-		}
-	}
-}
-
-func TestWrap(t *testing.T) {
-	got := wrap("one two three four five six", 14, 2, 4)
-	want := "one two\n    three four\n    five six"
-	if got != want {
-		t.Errorf("wrap = %q, want %q", got, want)
 	}
 }
 
@@ -121,12 +103,12 @@ func TestRenderUnknownFormat(t *testing.T) {
 
 func TestMarkdownLimit(t *testing.T) {
 	var b bytes.Buffer
-	if err := auditMarkdown(&b, syntheticReport(20000)); err != nil {
+	if err := Render(&b, syntheticReport(20000), "markdown", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	md := b.String()
-	if len(md) > MarkdownLimit {
-		t.Errorf("markdown is %d bytes, want at most %d", len(md), MarkdownLimit)
+	if len(md) > audit.MarkdownLimit {
+		t.Errorf("markdown is %d bytes, want at most %d", len(md), audit.MarkdownLimit)
 	}
 	for _, want := range []string{"flagged node rows cut", "findings cut", "### Flagged nodes (8000 of 20000)", "| 12000 | `/model/layers.857/"} {
 		if !strings.Contains(md, want) {
@@ -154,7 +136,7 @@ func TestMarkdownEscapes(t *testing.T) {
 	r.Nodes[0].Name = "/a|b/`x`"
 	r.Nodes[0].Flagged = true
 	var b bytes.Buffer
-	if err := auditMarkdown(&b, r); err != nil {
+	if err := Render(&b, r, "markdown", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"<script>", "a | b", "*c*"} {
@@ -172,7 +154,7 @@ func TestHTMLSelfContained(t *testing.T) {
 	r.Nodes[3].Module = `<img src=x onerror=alert(2)>`
 	r.VerdictText += ` <b>bold</b>`
 	var b bytes.Buffer
-	if err := auditHTML(&b, r); err != nil {
+	if err := Render(&b, r, "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	page := b.String()
@@ -182,7 +164,7 @@ func TestHTMLSelfContained(t *testing.T) {
 		}
 	}
 	b.Reset()
-	if err := auditHTML(&b, loadReport(t, "demo_cnn_raw")); err != nil {
+	if err := Render(&b, loadReport(t, "demo_cnn_raw"), "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	page = b.String()
@@ -205,7 +187,7 @@ func TestHTMLLarge(t *testing.T) {
 	r := syntheticReport(20000)
 	var b bytes.Buffer
 	start := time.Now()
-	if err := auditHTML(&b, r); err != nil {
+	if err := Render(&b, r, "html", Options{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("20 000 nodes: %d bytes of HTML in %v", b.Len(), time.Since(start))
@@ -222,7 +204,7 @@ func BenchmarkHTML20000(b *testing.B) {
 	var buf bytes.Buffer
 	for b.Loop() {
 		buf.Reset()
-		if err := auditHTML(&buf, r); err != nil {
+		if err := Render(&buf, r, "html", Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}

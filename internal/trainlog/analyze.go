@@ -170,7 +170,7 @@ func commonGap(steps []int) int {
 	return best
 }
 
-func (a *analysis) step(i int) int { return a.run.stepAt(i) }
+func (a *analysis) step(i int) int { return a.run.Step(i) }
 
 // unit is what the log's entries count: steps, or epochs for a per-epoch
 // log.

@@ -1,4 +1,4 @@
-package trainlog
+package trainlog_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 
 	"fp16audit/checks"
 	"fp16audit/internal/render"
+	"fp16audit/internal/trainlog"
+	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
 )
 
@@ -53,11 +55,11 @@ func TestFixtureVerdicts(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				run := mustRead(t, tt.log+ext)
-				var base *Log
+				var base *trainlog.Log
 				if tt.baseline != "" {
 					base = mustRead(t, tt.baseline+ext)
 				}
-				r := Analyze(run, base, DefaultOptions)
+				r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 				if r.Verdict != tt.verdict {
 					t.Fatalf("verdict %s (%s), want %s", r.Verdict, r.VerdictText, tt.verdict)
 				}
@@ -107,7 +109,7 @@ func TestFixturesMatchSimulator(t *testing.T) {
 			continue
 		}
 		sim := sc.run()
-		r := Analyze(mustRead(t, sc.name+".json"), nil, DefaultOptions)
+		r := trainlog.Analyze(mustRead(t, sc.name+".json"), nil, trainlog.DefaultOptions)
 		if r.Scales.Skipped != sim.skipped || r.Scales.MinScale != sim.minScale {
 			t.Errorf("%s: skipped %d, min scale %g; the simulator skipped %d, min %g", sc.name, r.Scales.Skipped, r.Scales.MinScale, sim.skipped, sim.minScale)
 		}
@@ -127,9 +129,9 @@ func firstNaN(r *report.ScalesReport) int {
 	return -1
 }
 
-func mustRead(t *testing.T, name string) *Log {
+func mustRead(t *testing.T, name string) *trainlog.Log {
 	t.Helper()
-	l, err := ReadFile(filepath.Join("testdata", name))
+	l, err := logfile.Read(filepath.Join("testdata", name), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,11 +148,11 @@ func TestGolden(t *testing.T) {
 	}
 	for name, baseline := range cases {
 		run := mustRead(t, name+".json")
-		var base *Log
+		var base *trainlog.Log
 		if baseline != "" {
 			base = mustRead(t, baseline+".json")
 		}
-		r := Analyze(run, base, DefaultOptions)
+		r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 		var txt, js bytes.Buffer
 		if err := render.Render(&txt, r, "text", render.Options{}); err != nil {
 			t.Fatal(err)
@@ -187,12 +189,12 @@ func golden(t *testing.T, path string, got []byte) {
 func TestReconstruction(t *testing.T) {
 	// Interval 3: two warm-up skips, growth after three clean steps, a
 	// probe that backs off, then the NaN tail.
-	l := &Log{Path: "hand.json", Scaler: report.ScalerConfig{GrowthInterval: 3},
+	l := &trainlog.Log{Path: "hand.json", Scaler: report.ScalerConfig{GrowthInterval: 3},
 		Scales: []float64{32768, 16384, 16384, 16384, 16384, 32768, 16384, 16384, 8192, 4096},
 		Losses: []float64{3, 3, 2.9, 2.8, 2.7, 2.6, 2.5, 2.4, math.NaN(), math.Inf(1)}}
-	opt := DefaultOptions
+	opt := trainlog.DefaultOptions
 	opt.EarlySteps = 5
-	r := Analyze(l, nil, opt)
+	r := trainlog.Analyze(l, nil, opt)
 	s := r.Scales
 	if s.Skipped != 5 || s.WarmupSkipped != 2 || s.WarmupScale != 16384 || s.Growths != 1 || s.LongestBackoffRun != 2 {
 		t.Errorf("skipped %d warm-up %d at %g growths %d longest run %d; want 5, 2 at 16384, 1, 2",
@@ -219,11 +221,11 @@ func TestReconstruction(t *testing.T) {
 // history is not blamed on the scaler.
 func TestPlateauUnexplained(t *testing.T) {
 	run := mustRead(t, "healthy.json")
-	base := &Log{Path: "base", Losses: make([]float64, len(run.Losses))}
+	base := &trainlog.Log{Path: "base", Losses: make([]float64, len(run.Losses))}
 	for i, v := range run.Losses {
 		base.Losses[i] = v / 1.2
 	}
-	r := Analyze(run, base, DefaultOptions)
+	r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesPlateauUnexplained || len(r.Findings) != 1 || r.Findings[0].Check != "FP5006" {
 		t.Fatalf("verdict %s findings %v", r.Verdict, r.Findings)
 	}
@@ -233,16 +235,16 @@ func TestPlateauUnexplained(t *testing.T) {
 }
 
 func TestGrowthIntervalInferred(t *testing.T) {
-	l := &Log{Path: "x", Scales: []float64{65536, 65536, 65536, 131072, 65536, 65536, 65536, 65536, 131072}}
-	r := Analyze(l, nil, DefaultOptions)
+	l := &trainlog.Log{Path: "x", Scales: []float64{65536, 65536, 65536, 131072, 65536, 65536, 65536, 65536, 131072}}
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.GrowthInterval != 4 || r.GradScaler.GrowthIntervalFrom != "inferred" {
 		t.Errorf("growth interval %d from %s, want 4 inferred", r.GradScaler.GrowthInterval, r.GradScaler.GrowthIntervalFrom)
 	}
 }
 
 func TestCustomInitScale(t *testing.T) {
-	l := &Log{Path: "x", Scales: []float64{1024, 512, 512}}
-	r := Analyze(l, nil, DefaultOptions)
+	l := &trainlog.Log{Path: "x", Scales: []float64{1024, 512, 512}}
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.InitScale != 1024 || r.Scales.Skipped != 1 || len(r.Notes) == 0 {
 		t.Errorf("init %g skipped %d notes %v", r.GradScaler.InitScale, r.Scales.Skipped, r.Notes)
 	}
@@ -267,7 +269,7 @@ func TestChecksDocumented(t *testing.T) {
 // TestTinyLogs: degenerate logs give a verdict and a report that encodes.
 func TestTinyLogs(t *testing.T) {
 	nan, inf := math.NaN(), math.Inf(1)
-	logs := []*Log{
+	logs := []*trainlog.Log{
 		{Path: "one-scale", Scales: []float64{65536}},
 		{Path: "one-nan", Losses: []float64{nan}},
 		{Path: "nan-first", Losses: []float64{nan, nan}, Scales: []float64{32768, 16384}},
@@ -275,10 +277,10 @@ func TestTinyLogs(t *testing.T) {
 		{Path: "to-zero", Scales: append(halvings(160), 0)},
 		{Path: "inf-losses", Losses: []float64{inf, 1, 2}, Epochs: []int{0, 0, 1}},
 	}
-	base := &Log{Path: "base", Losses: []float64{1, inf}}
+	base := &trainlog.Log{Path: "base", Losses: []float64{1, inf}}
 	for _, l := range logs {
-		for _, b := range []*Log{nil, base} {
-			r := Analyze(l, b, DefaultOptions)
+		for _, b := range []*trainlog.Log{nil, base} {
+			r := trainlog.Analyze(l, b, trainlog.DefaultOptions)
 			if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
 				t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 			}

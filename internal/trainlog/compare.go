@@ -24,7 +24,7 @@ func (a *analysis) compareByStep(b *Log) {
 	window := func(l *Log) *float64 {
 		var xs []float64
 		for i, v := range l.Losses {
-			if s := l.stepAt(i); s >= from && s <= hi {
+			if s := l.Step(i); s >= from && s <= hi {
 				xs = append(xs, v)
 			}
 		}
@@ -51,7 +51,7 @@ func (a *analysis) compareByStep(b *Log) {
 func widestGap(l *Log) int {
 	w := 1
 	for i := 1; i < l.Len(); i++ {
-		w = max(w, l.stepAt(i)-l.stepAt(i-1))
+		w = max(w, l.Step(i)-l.Step(i-1))
 	}
 	return w
 }
@@ -64,7 +64,7 @@ func (a *analysis) compareValid(b *Log) {
 	}
 	last := func(l *Log, upTo int) (float64, int, bool) {
 		for i := l.Len() - 1; i >= 0; i-- {
-			if s := l.stepAt(i); s <= upTo && isFinite(l.ValidLosses[i]) {
+			if s := l.Step(i); s <= upTo && isFinite(l.ValidLosses[i]) {
 				return l.ValidLosses[i], s, true
 			}
 		}

@@ -1,4 +1,4 @@
-package trainlog
+package trainlog_test
 
 // The logs people have, made from the GradScaler simulator's scenarios
 // (gen_test.go) in every form `fp16audit scales` reads: each must get the
@@ -25,6 +25,8 @@ import (
 	"fp16audit/internal/render"
 	"fp16audit/internal/tensor"
 	"fp16audit/internal/tfevents"
+	"fp16audit/internal/trainlog"
+	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
 )
 
@@ -72,7 +74,7 @@ func samples(sc scenario, sim simulated, every, phase int) []sample {
 // given (meaning -> header); NaN losses are written as nanWord.
 func writeTable(ss []sample, sep string, names map[string]string, nanWord string) []byte {
 	var cols []string
-	for _, m := range Meanings {
+	for _, m := range logfile.Meanings {
 		if _, ok := names[m]; ok {
 			cols = append(cols, m)
 		}
@@ -87,19 +89,19 @@ func writeTable(ss []sample, sep string, names map[string]string, nanWord string
 		var row []string
 		for _, m := range cols {
 			switch m {
-			case colStep:
+			case "step":
 				row = append(row, strconv.Itoa(s.step))
-			case colEpoch:
+			case "epoch":
 				row = append(row, strconv.Itoa(s.epoch))
-			case colLoss:
+			case "loss":
 				if math.IsNaN(s.loss) {
 					row = append(row, nanWord)
 				} else {
 					row = append(row, pyFloat(s.loss, true))
 				}
-			case colScale:
+			case "scale":
 				row = append(row, pyFloat(s.scale, true))
-			case colSkipped:
+			case "skipped":
 				row = append(row, strconv.FormatBool(s.skipped))
 			}
 		}
@@ -228,6 +230,8 @@ func npy(t *testing.T, vals []float64, dtype tensor.DType) []byte {
 	return b
 }
 
+func isFinite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
 func write(t *testing.T, dir, name string, data []byte) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
@@ -245,46 +249,46 @@ type form struct {
 	name string
 	// every is the sampling interval (1: every step).
 	every int
-	write func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions)
+	write func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions)
 }
 
 var forms = []form{
-	{"csv-other-names", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		names := map[string]string{colStep: "iteration", colEpoch: "epoch", colLoss: "train_loss"}
+	{"csv-other-names", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		names := map[string]string{"step": "iteration", "epoch": "epoch", "loss": "train_loss"}
 		if !sc.fp32 {
-			names[colScale] = "loss_scale"
+			names["scale"] = "loss_scale"
 		}
-		return write(t, dir, sc.name+".csv", writeTable(ss, ",", names, "nan")), ReadOptions{}
+		return write(t, dir, sc.name+".csv", writeTable(ss, ",", names, "nan")), logfile.ReadOptions{}
 	}},
-	{"tsv-pandas-empty-nan", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		names := map[string]string{colStep: "global_step", colEpoch: "Epoch", colLoss: "Loss"}
+	{"tsv-pandas-empty-nan", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		names := map[string]string{"step": "global_step", "epoch": "Epoch", "loss": "Loss"}
 		if !sc.fp32 {
-			names[colScale], names[colSkipped] = "amp_scale", "found_inf"
+			names["scale"], names["skipped"] = "amp_scale", "found_inf"
 		}
-		return write(t, dir, sc.name+".tsv", writeTable(ss, "\t", names, "")), ReadOptions{}
+		return write(t, dir, sc.name+".tsv", writeTable(ss, "\t", names, "")), logfile.ReadOptions{}
 	}},
-	{"csv-mapped-columns", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		names := map[string]string{colStep: "n", colLoss: "objective"}
+	{"csv-mapped-columns", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		names := map[string]string{"step": "n", "loss": "objective"}
 		if !sc.fp32 {
-			names[colScale] = "s"
+			names["scale"] = "s"
 		}
-		return write(t, dir, sc.name+".log", writeTable(ss, ",", names, "NaN")), ReadOptions{Columns: map[string]string{"step": "n", "loss": "objective", "scale": "s"}}
+		return write(t, dir, sc.name+".log", writeTable(ss, ",", names, "NaN")), logfile.ReadOptions{Columns: map[string]string{"step": "n", "loss": "objective", "scale": "s"}}
 	}},
-	{"json-records", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
+	{"json-records", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		var objs []string
 		for _, r := range records(ss, "train_loss", "grad_scale") {
 			objs = append(objs, object(r))
 		}
-		return write(t, dir, sc.name+".json", []byte("["+strings.Join(objs, ",\n")+"]\n")), ReadOptions{}
+		return write(t, dir, sc.name+".json", []byte("["+strings.Join(objs, ",\n")+"]\n")), logfile.ReadOptions{}
 	}},
-	{"jsonl-records", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
+	{"jsonl-records", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		var b bytes.Buffer
 		for _, r := range records(ss, "loss", "scale") {
 			b.WriteString(object(r) + "\n")
 		}
-		return write(t, dir, sc.name+".jsonl", b.Bytes()), ReadOptions{}
+		return write(t, dir, sc.name+".jsonl", b.Bytes()), logfile.ReadOptions{}
 	}},
-	{"pandas-to-json", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
+	{"pandas-to-json", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		cols := map[string][]string{}
 		for i, r := range records(ss, "train_loss", "loss_scale") {
 			for k, v := range r {
@@ -295,27 +299,27 @@ var forms = []form{
 		for k, vs := range cols {
 			top[k] = "{" + strings.Join(vs, ", ") + "}"
 		}
-		return write(t, dir, sc.name+".json", []byte(object(top))), ReadOptions{}
+		return write(t, dir, sc.name+".json", []byte(object(top))), logfile.ReadOptions{}
 	}},
-	{"companion-jsonl", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		return write(t, dir, sc.name+".jsonl", companion(sc, ss)), ReadOptions{}
+	{"companion-jsonl", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		return write(t, dir, sc.name+".jsonl", companion(sc, ss)), logfile.ReadOptions{}
 	}},
-	{"tfevents-simple-value", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
+	{"tfevents-simple-value", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		d := filepath.Join(dir, sc.name)
 		tensorboard(t, d, ss, "train/loss", "amp/loss_scale", tfevents.SimpleValue)
-		return d, ReadOptions{}
+		return d, logfile.ReadOptions{}
 	}},
-	{"tfevents-tensor-tagged", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		return tensorboard(t, dir, ss, "Loss/objective", "scaler", tfevents.TensorContent), ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
+	{"tfevents-tensor-tagged", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		return tensorboard(t, dir, ss, "Loss/objective", "scaler", tfevents.TensorContent), logfile.ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
 	}},
-	{"csv-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
-		names := map[string]string{colStep: "step", colEpoch: "epoch", colLoss: "loss"}
+	{"csv-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
+		names := map[string]string{"step": "step", "epoch": "epoch", "loss": "loss"}
 		if !sc.fp32 {
-			names[colScale] = "scale"
+			names["scale"] = "scale"
 		}
-		return write(t, dir, sc.name+".csv", writeTable(ss, ",", names, "nan")), ReadOptions{}
+		return write(t, dir, sc.name+".csv", writeTable(ss, ",", names, "nan")), logfile.ReadOptions{}
 	}},
-	{"json-columns-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, ReadOptions) {
+	{"json-columns-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		var steps, losses, scales []string
 		for _, s := range ss {
 			steps, losses, scales = append(steps, strconv.Itoa(s.step)), append(losses, jsonNum(s.loss)), append(scales, jsonNum(s.scale))
@@ -324,7 +328,7 @@ var forms = []form{
 		if !sc.fp32 {
 			doc += fmt.Sprintf(`, "loss_scale": [%s], "grad_scaler": {"init_scale": %s, "growth_interval": %d}`, strings.Join(scales, ","), pyFloat(float64(sc.init), false), sc.interval)
 		}
-		return write(t, dir, sc.name+".json", []byte(doc+"}")), ReadOptions{}
+		return write(t, dir, sc.name+".json", []byte(doc+"}")), logfile.ReadOptions{}
 	}},
 }
 
@@ -341,20 +345,20 @@ func TestFormatsGetTheirClass(t *testing.T) {
 				// Sampled logs are written at steps 9, 19, …: the step
 				// after every tenth optimizer step.
 				path, opt := f.write(t, dir, sc, samples(sc, sim, f.every, f.every-1))
-				run, err := Read(path, opt)
+				run, err := logfile.Read(path, opt)
 				if err != nil {
 					t.Fatal(err)
 				}
-				var base *Log
+				var base *trainlog.Log
 				if e.baseline != "" {
 					bsc := scenarioByName(t, e.baseline)
 					bpath, bopt := f.write(t, filepath.Join(dir, "base"), bsc, samples(bsc, bsc.run(), f.every, f.every-1))
-					bopt.Baseline, bopt.Series = true, SeriesLoss
-					if base, err = Read(bpath, bopt); err != nil {
+					bopt.Baseline, bopt.Series = true, logfile.SeriesLoss
+					if base, err = logfile.Read(bpath, bopt); err != nil {
 						t.Fatal(err)
 					}
 				}
-				r := Analyze(run, base, DefaultOptions)
+				r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 				if r.Verdict != e.verdict {
 					t.Fatalf("verdict %s (%s), want %s\nnot derived: %q\nnotes: %q", r.Verdict, r.VerdictText, e.verdict, r.NotDerived, r.Notes)
 				}
@@ -405,11 +409,11 @@ func TestSampledScalesOnly(t *testing.T) {
 	for _, s := range samples(sc, sim, 10, 9) {
 		fmt.Fprintf(&b, "%d,%s\n", s.step, pyFloat(s.scale, true))
 	}
-	run, err := Read(write(t, t.TempDir(), "scales.csv", b.Bytes()), ReadOptions{})
+	run, err := logfile.Read(write(t, t.TempDir(), "scales.csv", b.Bytes()), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Analyze(run, nil, DefaultOptions)
+	r := trainlog.Analyze(run, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || r.Scales.InferredNaNStep == nil || *r.Scales.InferredNaNStep != sim.firstNaN {
 		t.Fatalf("verdict %s, inferred NaN %v; want %s at %d", r.Verdict, r.Scales.InferredNaNStep, report.ScalesGradientOverflowNaN, sim.firstNaN)
 	}
@@ -418,12 +422,12 @@ func TestSampledScalesOnly(t *testing.T) {
 // TestSparseBounds checks the bounds on hand-made gaps: growth_interval 4,
 // samples every 5 steps.
 func TestSparseBounds(t *testing.T) {
-	l := &Log{Path: "gaps", Scaler: report.ScalerConfig{InitScale: 1024, GrowthInterval: 4}, Steps: []int{4, 9, 14, 19, 24}, FirstStep: 4,
+	l := &trainlog.Log{Path: "gaps", Scaler: report.ScalerConfig{InitScale: 1024, GrowthInterval: 4}, Steps: []int{4, 9, 14, 19, 24}, FirstStep: 4,
 		// 1024 -> 256: two backoffs at least, in five steps; -> 256: none
 		// proven (a growth and a backoff may cancel); -> 512: a growth;
 		// -> 16: five halvings in five steps, all skipped.
 		Scales: []float64{256, 256, 512, 512, 16}}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	s := r.Scales
 	// Lower bounds: 2 + 0 + 0 + 0 + 5. Upper: a gap of 5 steps with net n
 	// allows (5+n+3)/5 growths (1, 1, 1, 1, 0), so growths − n backoffs:
@@ -447,8 +451,12 @@ func TestHistoryCSV(t *testing.T) {
 			part := sim.losses[e*sc.stepsPerEpoch : min((e+1)*sc.stepsPerEpoch, sc.steps)]
 			// fastai's train_loss is a smoothed loss: NaN once a NaN came.
 			loss := math.NaN()
-			if m := meanFinite(part); m != nil && !slices.ContainsFunc(part, func(v float64) bool { return !isFinite(v) }) {
-				loss = *m
+			if len(part) > 0 && !slices.ContainsFunc(part, func(v float64) bool { return !isFinite(v) }) {
+				sum := 0.0
+				for _, v := range part {
+					sum += v
+				}
+				loss = sum / float64(len(part))
 			}
 			valid := "#na#"
 			if isFinite(loss) {
@@ -459,8 +467,8 @@ func TestHistoryCSV(t *testing.T) {
 		return b.Bytes()
 	}
 	dir := t.TempDir()
-	read := func(name string) *Log {
-		l, err := Read(write(t, dir, name+"/history.csv", history(scenarioByName(t, name))), ReadOptions{})
+	read := func(name string) *trainlog.Log {
+		l, err := logfile.Read(write(t, dir, name+"/history.csv", history(scenarioByName(t, name))), logfile.ReadOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -469,7 +477,7 @@ func TestHistoryCSV(t *testing.T) {
 	base := read("baseline_fp32")
 	tests := []struct {
 		run, verdict string
-		baseline     *Log
+		baseline     *trainlog.Log
 	}{
 		{"plateau_underflow", report.ScalesPlateauUnexplained, base},
 		{"fp16_noise", report.ScalesFP16Noise, base},
@@ -481,7 +489,7 @@ func TestHistoryCSV(t *testing.T) {
 		if !run.PerEpoch || run.Format != "fastai-history" || run.ValidLosses == nil {
 			t.Fatalf("%s: read as %+v", tt.run, run)
 		}
-		r := Analyze(run, tt.baseline, DefaultOptions)
+		r := trainlog.Analyze(run, tt.baseline, trainlog.DefaultOptions)
 		if r.Verdict != tt.verdict {
 			t.Errorf("%s: verdict %s (%s), want %s", tt.run, r.Verdict, r.VerdictText, tt.verdict)
 		}
@@ -495,7 +503,7 @@ func TestHistoryCSV(t *testing.T) {
 		}
 	}
 	// A per-step baseline cannot be compared with a per-epoch run.
-	r := Analyze(read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), DefaultOptions)
+	r := trainlog.Analyze(read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), trainlog.DefaultOptions)
 	if r.Comparison != nil || !slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "same form") }) {
 		t.Errorf("mixed per-epoch and per-step logs compared: %+v %q", r.Comparison, r.NotDerived)
 	}
@@ -508,19 +516,19 @@ func TestPlainLists(t *testing.T) {
 	tests := []struct {
 		scenario, name, verdict string
 		data                    func(sim simulated) []byte
-		opt                     ReadOptions
+		opt                     logfile.ReadOptions
 		wantScales              bool
 	}{
-		{"gradient_overflow_nan", "scales.npy", report.ScalesGradientOverflowNaN, func(sim simulated) []byte { return npy(t, sim.scales, tensor.Float64) }, ReadOptions{}, true},
-		{"early_nan", "learn_scales.npy", report.ScalesEarlyNaN, func(sim simulated) []byte { return npy(t, sim.scales, tensor.Float32) }, ReadOptions{}, true},
+		{"gradient_overflow_nan", "scales.npy", report.ScalesGradientOverflowNaN, func(sim simulated) []byte { return npy(t, sim.scales, tensor.Float64) }, logfile.ReadOptions{}, true},
+		{"early_nan", "learn_scales.npy", report.ScalesEarlyNaN, func(sim simulated) []byte { return npy(t, sim.scales, tensor.Float32) }, logfile.ReadOptions{}, true},
 		{"wasted_warmup", "scales.json", report.ScalesWastedWarmup, func(sim simulated) []byte {
 			var parts []string
 			for _, v := range sim.scales {
 				parts = append(parts, jsonNum(v))
 			}
 			return []byte("[" + strings.Join(parts, ", ") + "]")
-		}, ReadOptions{}, true},
-		{"forward_overflow_nan", "losses.npy", report.ScalesLateNaN, func(sim simulated) []byte { return npy(t, sim.losses, tensor.Float32) }, ReadOptions{}, false},
+		}, logfile.ReadOptions{}, true},
+		{"forward_overflow_nan", "losses.npy", report.ScalesLateNaN, func(sim simulated) []byte { return npy(t, sim.losses, tensor.Float32) }, logfile.ReadOptions{}, false},
 		{"healthy", "losses.txt", report.ScalesHealthy, func(sim simulated) []byte {
 			var b bytes.Buffer
 			b.WriteString("# learn.recorder.losses\n")
@@ -528,29 +536,29 @@ func TestPlainLists(t *testing.T) {
 				b.WriteString(pyFloat(v, true) + "\n")
 			}
 			return b.Bytes()
-		}, ReadOptions{}, false},
+		}, logfile.ReadOptions{}, false},
 		{"healthy", "values.txt", report.ScalesHealthy, func(sim simulated) []byte {
 			var b bytes.Buffer
 			for _, v := range sim.scales {
 				b.WriteString(pyFloat(v, true) + "\n")
 			}
 			return b.Bytes()
-		}, ReadOptions{Series: SeriesLoss}, false},
+		}, logfile.ReadOptions{Series: logfile.SeriesLoss}, false},
 	}
 	for _, tt := range tests {
 		sim := scenarioByName(t, tt.scenario).run()
-		l, err := Read(write(t, dir, tt.scenario+"/"+tt.name, tt.data(sim)), tt.opt)
+		l, err := logfile.Read(write(t, dir, tt.scenario+"/"+tt.name, tt.data(sim)), tt.opt)
 		if err != nil {
 			t.Fatalf("%s/%s: %v", tt.scenario, tt.name, err)
 		}
 		if (l.Scales != nil) != tt.wantScales || (l.Losses != nil) == tt.wantScales {
 			t.Errorf("%s/%s: read scales %v, losses %v", tt.scenario, tt.name, l.Scales != nil, l.Losses != nil)
 		}
-		if r := Analyze(l, nil, DefaultOptions); r.Verdict != tt.verdict {
+		if r := trainlog.Analyze(l, nil, trainlog.DefaultOptions); r.Verdict != tt.verdict {
 			t.Errorf("%s/%s: verdict %s (%s), want %s", tt.scenario, tt.name, r.Verdict, r.VerdictText, tt.verdict)
 		}
 	}
-	if _, err := Read(write(t, dir, "neg.txt", []byte("65536\n-1\n")), ReadOptions{Series: SeriesScale}); err == nil ||
+	if _, err := logfile.Read(write(t, dir, "neg.txt", []byte("65536\n-1\n")), logfile.ReadOptions{Series: logfile.SeriesScale}); err == nil ||
 		!strings.Contains(err.Error(), "neg.txt:2: want a positive finite loss scale, found -1") || !strings.Contains(err.Error(), "--series loss") {
 		t.Errorf("a negative scale: %v", err)
 	}
@@ -581,7 +589,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 		gmax: func(t int) float64 { return 300 * math.Pow(2, -float64(t)/40) }, forceInf: hashed(0, 0.02)}
 	sim := sc.run()
 	list := fastaiList(sc, sim)
-	l, err := Read(write(t, t.TempDir(), "mixed_precision_scales.npy", npy(t, list, tensor.Float32)), ReadOptions{Series: SeriesFastaiScales})
+	l, err := logfile.Read(write(t, t.TempDir(), "mixed_precision_scales.npy", npy(t, list, tensor.Float32)), logfile.ReadOptions{Series: logfile.SeriesFastaiScales})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +600,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	if !slices.Equal(l.Scales, sim.scales[:last+1]) {
 		t.Fatalf("rebuilt %d scales, want the simulator's %d; first difference at %d", len(l.Scales), last+1, firstDiff(l.Scales, sim.scales[:last+1]))
 	}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.GrowthInterval != 20 {
 		t.Errorf("growth interval %d, want 20", r.GradScaler.GrowthInterval)
 	}
@@ -605,11 +613,11 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	for _, v := range fastaiList(hsc, hsim) {
 		parts = append(parts, jsonNum(v))
 	}
-	l, err = Read(write(t, t.TempDir(), "scales.json", []byte("["+strings.Join(parts, ",")+"]")), ReadOptions{Series: SeriesFastaiScales})
+	l, err = logfile.Read(write(t, t.TempDir(), "scales.json", []byte("["+strings.Join(parts, ",")+"]")), logfile.ReadOptions{Series: logfile.SeriesFastaiScales})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r = Analyze(l, nil, DefaultOptions)
+	r = trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesHealthy || r.Scales.Skipped > hsim.skipped || r.Scales.WarmupSkipped != 2 ||
 		!slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "cancelled") }) {
 		t.Errorf("healthy fastai list: %s, skipped %d (simulator %d), warm-up %d, not derived %q", r.Verdict, r.Scales.Skipped, hsim.skipped, r.Scales.WarmupSkipped, r.NotDerived)
@@ -640,12 +648,12 @@ func TestTensorBoardTags(t *testing.T) {
 	sc := scenarioByName(t, "healthy")
 	ss := samples(sc, sc.run(), 1, 0)
 	path := tensorboard(t, dir, ss, "objective", "amp_state", tfevents.TensorFloatVal)
-	_, err := Read(path, ReadOptions{})
-	var pe *ParseError
+	_, err := logfile.Read(path, logfile.ReadOptions{})
+	var pe *logfile.ParseError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `"amp_state", "objective", "train/lr"`) || !strings.Contains(err.Error(), "--tag loss=TAG,scale=TAG") {
 		t.Errorf("no recognisable tag: %v", err)
 	}
-	if _, err := Read(path, ReadOptions{Columns: map[string]string{"loss": "train/loss"}}); err == nil || !strings.Contains(err.Error(), "--tag loss=train/loss: no such scalar tag") {
+	if _, err := logfile.Read(path, logfile.ReadOptions{Columns: map[string]string{"loss": "train/loss"}}); err == nil || !strings.Contains(err.Error(), "--tag loss=train/loss: no such scalar tag") {
 		t.Errorf("a tag that is not there: %v", err)
 	}
 
@@ -668,7 +676,7 @@ func TestTensorBoardTags(t *testing.T) {
 	}
 	w1.Close()
 	w2.Close()
-	l, err := Read(rdir, ReadOptions{})
+	l, err := logfile.Read(rdir, logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +687,7 @@ func TestTensorBoardTags(t *testing.T) {
 	data, _ := os.ReadFile(path)
 	data[40] ^= 0xff
 	bad := write(t, dir, "events.out.tfevents.1.bad", data)
-	if _, err := Read(bad, ReadOptions{}); err == nil || !strings.Contains(err.Error(), "events.out.tfevents.1.bad: record at byte") || !strings.Contains(err.Error(), "SummaryWriter") {
+	if _, err := logfile.Read(bad, logfile.ReadOptions{}); err == nil || !strings.Contains(err.Error(), "events.out.tfevents.1.bad: record at byte") || !strings.Contains(err.Error(), "SummaryWriter") {
 		t.Errorf("a damaged event file: %v", err)
 	}
 	empty := filepath.Join(dir, "empty")
@@ -687,41 +695,8 @@ func TestTensorBoardTags(t *testing.T) {
 		t.Fatal(err)
 	}
 	tensorboard(t, filepath.Join(empty, "run1"), ss[:5], "loss", "scale", tfevents.SimpleValue)
-	if _, err := Read(empty, ReadOptions{}); err == nil || !strings.Contains(err.Error(), "run1") || !strings.Contains(err.Error(), "pass one of them") {
+	if _, err := logfile.Read(empty, logfile.ReadOptions{}); err == nil || !strings.Contains(err.Error(), "run1") || !strings.Contains(err.Error(), "pass one of them") {
 		t.Errorf("a log directory of runs: %v", err)
-	}
-}
-
-// TestColumnsRecognised: names by meaning, ambiguity noted, validation
-// columns left alone, --columns winning.
-func TestColumnsRecognised(t *testing.T) {
-	for name, want := range map[string]string{
-		"iteration": colStep, "Global Step": colStep, "train/loss": colLoss, "Loss/train": colLoss, "val/loss": "",
-		"valid_loss": "", "amp/scale": colScale, "loss_scale": colScale, "found_inf": colSkipped, "lr": "", "eval_loss": "",
-	} {
-		if got, _ := meaningOf(name); got != want {
-			t.Errorf("meaningOf(%q) = %q, want %q", name, got, want)
-		}
-	}
-	data := "iter,step,train_loss,valid_loss,scale\n0,0,2.5,2.6,65536\n1,1,2.4,2.5,65536\n"
-	l, err := Read(write(t, t.TempDir(), "m.csv", []byte(data)), ReadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Losses[1] != 2.4 || !slices.ContainsFunc(l.Notes, func(s string) bool { return strings.Contains(s, `"iter" also look like the step`) }) {
-		t.Errorf("losses %v notes %q", l.Losses, l.Notes)
-	}
-	if _, err := Read(write(t, t.TempDir(), "m.csv", []byte(data)), ReadOptions{Columns: map[string]string{"scale": "amp"}}); err == nil ||
-		!strings.Contains(err.Error(), `--columns scale=amp: no such column; the header names are "iter", "step"`) {
-		t.Errorf("a mapped column that is missing: %v", err)
-	}
-	if m, err := ParseMapping("step=iteration, loss=train_loss"); err != nil || m["step"] != "iteration" || m["loss"] != "train_loss" {
-		t.Errorf("ParseMapping: %v %v", m, err)
-	}
-	for _, bad := range []string{"lr=x", "loss", "loss=a,loss=b"} {
-		if _, err := ParseMapping(bad); err == nil {
-			t.Errorf("ParseMapping(%q) accepted", bad)
-		}
 	}
 }
 
@@ -729,7 +704,7 @@ func TestColumnsRecognised(t *testing.T) {
 // often than the scale leaves empty cells that are no NaN.
 func TestEmptyCells(t *testing.T) {
 	dir := t.TempDir()
-	l, err := Read(write(t, dir, "pandas.csv", []byte("step,loss,scale\n0,2.5,65536\n1,,32768\n2,2.4,32768\n")), ReadOptions{})
+	l, err := logfile.Read(write(t, dir, "pandas.csv", []byte("step,loss,scale\n0,2.5,65536\n1,,32768\n2,2.4,32768\n")), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -745,7 +720,7 @@ func TestEmptyCells(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%d,%s,65536\n", i, loss)
 	}
-	l, err = Read(write(t, dir, "merged.csv", b.Bytes()), ReadOptions{})
+	l, err = logfile.Read(write(t, dir, "merged.csv", b.Bytes()), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -757,7 +732,7 @@ func TestEmptyCells(t *testing.T) {
 	hf := `{"global_step": 30, "log_history": [{"epoch": 0.33, "learning_rate": 1e-4, "loss": 2.5, "step": 10},
 		{"epoch": 0.67, "learning_rate": 1e-4, "loss": 2.1, "step": 20}, {"epoch": 1.0, "learning_rate": 1e-4, "loss": 1.9, "step": 30},
 		{"epoch": 1.0, "eval_loss": 2.0, "step": 30}]}`
-	l, err = Read(write(t, dir, "trainer_state.json", []byte(hf)), ReadOptions{})
+	l, err = logfile.Read(write(t, dir, "trainer_state.json", []byte(hf)), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -776,7 +751,7 @@ func TestCompanionLog(t *testing.T) {
 {"kind":"step","step":1,"epoch":0,"iter":1,"loss":"NaN","scale":32768.0,"scale_used":32768.0,"skipped":true}
 {"kind":"step","step":2,"epoch":0,"iter":2,"loss":Infinity,"scale":16384.0,"scale_used":32768.0,"skipped":true}
 `
-	l, err := Read(write(t, dir, "run.jsonl", []byte(head+steps)), ReadOptions{})
+	l, err := logfile.Read(write(t, dir, "run.jsonl", []byte(head+steps)), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -784,13 +759,13 @@ func TestCompanionLog(t *testing.T) {
 		!slices.ContainsFunc(l.Notes, func(s string) bool { return strings.Contains(s, "no end line") }) {
 		t.Errorf("read %+v", l)
 	}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if !slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "marks 1 steps skipped whose scale did not back off") }) {
 		t.Errorf("notes %q", r.Notes)
 	}
 	fp32 := strings.Replace(head, `{"enabled":true,"class":"GradScaler","init_scale":65536.0,"growth_factor":2.0,"backoff_factor":0.5,"growth_interval":2000}`, `{"enabled":false,"class":"GradScaler"}`, 1) +
 		`{"kind":"step","step":0,"epoch":0,"iter":0,"loss":2.5,"scale":null,"scale_used":null,"skipped":false}` + "\n"
-	l, err = Read(write(t, dir, "fp32.jsonl", []byte(fp32)), ReadOptions{})
+	l, err = logfile.Read(write(t, dir, "fp32.jsonl", []byte(fp32)), logfile.ReadOptions{})
 	if err != nil || l.Scales != nil || l.Losses == nil {
 		t.Errorf("an fp32 run: %+v %v", l, err)
 	}
@@ -801,12 +776,12 @@ func TestCompanionLog(t *testing.T) {
 func TestSkippedColumnOnly(t *testing.T) {
 	sc := scenarioByName(t, "plateau_underflow")
 	sim := sc.run()
-	names := map[string]string{colStep: "step", colLoss: "loss", colSkipped: "overflow"}
-	l, err := Read(write(t, t.TempDir(), "run.csv", writeTable(samples(sc, sim, 1, 0), ",", names, "nan")), ReadOptions{})
+	names := map[string]string{"step": "step", "loss": "loss", "skipped": "overflow"}
+	l, err := logfile.Read(write(t, t.TempDir(), "run.csv", writeTable(samples(sc, sim, 1, 0), ",", names, "nan")), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.Run.HasScales || r.Scales == nil || r.Scales.Skipped != sim.skipped ||
 		!slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "rebuilt with GradScaler's rule") }) {
 		t.Errorf("has scales %v, skipped %v (simulator %d), notes %q", r.Run.HasScales, r.Scales, sim.skipped, r.Notes)
@@ -828,11 +803,11 @@ func TestScaleLoggedLessOften(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%d,%s,%s\n", s.step, pyFloat(s.loss, true), scale)
 	}
-	l, err := Read(write(t, t.TempDir(), "run.csv", b.Bytes()), ReadOptions{})
+	l, err := logfile.Read(write(t, t.TempDir(), "run.csv", b.Bytes()), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || firstNaN(r) != sim.firstNaN || !r.Scales.SkippedLowerBound || r.Scales.Skipped > sim.skipped ||
 		!strings.Contains(r.VerdictText, fmt.Sprintf("at step %d", sim.firstNaN)) {
 		t.Errorf("verdict %s (%s), first NaN %d, skipped %d (lower bound %v); simulator: NaN %d, %d skipped",
@@ -844,7 +819,7 @@ func TestScaleLoggedLessOften(t *testing.T) {
 // give a verdict and a report that renders.
 func TestTinySampledLogs(t *testing.T) {
 	nan := math.NaN()
-	logs := []*Log{
+	logs := []*trainlog.Log{
 		{Path: "one-sample", FirstStep: 9, Steps: []int{9}, Scales: []float64{16384}},
 		{Path: "far", FirstStep: 5000, Steps: []int{5000, 5010}, Scales: []float64{1024, 512}},
 		{Path: "far-one", FirstStep: 5000, Steps: []int{5000}, Scales: []float64{1024}, Losses: []float64{nan}},
@@ -852,11 +827,11 @@ func TestTinySampledLogs(t *testing.T) {
 		{Path: "to-zero", FirstStep: 0, Steps: []int{0, 10, 20}, Scales: []float64{1e-40, 1e-44, 0}},
 		{Path: "holes", Scales: []float64{nan, 65536, nan}, Losses: []float64{1, 1, 1}},
 		{Path: "epoch", PerEpoch: true, Losses: []float64{nan}, ValidLosses: []float64{nan}, Epochs: []int{0}},
-		{Path: "telemetry", Scales: []float64{32768}, TelemetryModules: 2, Telemetry: []TelemetryLine{{Step: 0, Skip: true, Full: true, Scale: 65536,
-			Modules: []ModuleGrads{{Name: "a", Output: &GradSummary{NonFinite: 1}}, {Name: "b", Params: &GradSummary{Nonzero: new(int)}}}}}},
+		{Path: "telemetry", Scales: []float64{32768}, TelemetryModules: 2, Telemetry: []trainlog.TelemetryLine{{Step: 0, Skip: true, Full: true, Scale: 65536,
+			Modules: []trainlog.ModuleGrads{{Name: "a", Output: &trainlog.GradSummary{NonFinite: 1}}, {Name: "b", Params: &trainlog.GradSummary{Nonzero: new(int)}}}}}},
 	}
 	for _, l := range logs {
-		r := Analyze(l, nil, DefaultOptions)
+		r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 		if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
 			t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 		}

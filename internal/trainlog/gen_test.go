@@ -1,4 +1,4 @@
-package trainlog
+package trainlog_test
 
 // The fixtures under testdata/ are training logs made by a simulator of
 // PyTorch's GradScaler, driven by known overflow patterns. They are written

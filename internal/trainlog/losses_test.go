@@ -1,9 +1,10 @@
-package trainlog
+package trainlog_test
 
 import (
 	"math"
 	"testing"
 
+	"fp16audit/internal/trainlog"
 	"fp16audit/report"
 )
 
@@ -24,18 +25,18 @@ func TestLossWindows(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name       string
-		log        *Log
+		log        *trainlog.Log
 		first      report.StepRange
 		final      report.StepRange
 		trailing   int
 		lastFinite int // -1: none
 	}{
-		{"nan tail", &Log{Losses: losses(600, 5, 600)}, report.StepRange{From: 0, To: 0}, report.StepRange{From: 4, To: 4}, 595, 4},
-		{"recovered", &Log{Losses: losses(1000, 500, 503)}, report.StepRange{From: 0, To: 49}, report.StepRange{From: 450, To: 499}, 0, 999},
-		{"clean, csv steps", &Log{FirstStep: 100, Losses: losses(300, -1, -1)}, report.StepRange{From: 100, To: 129}, report.StepRange{From: 370, To: 399}, 0, 399},
+		{"nan tail", &trainlog.Log{Losses: losses(600, 5, 600)}, report.StepRange{From: 0, To: 0}, report.StepRange{From: 4, To: 4}, 595, 4},
+		{"recovered", &trainlog.Log{Losses: losses(1000, 500, 503)}, report.StepRange{From: 0, To: 49}, report.StepRange{From: 450, To: 499}, 0, 999},
+		{"clean, csv steps", &trainlog.Log{FirstStep: 100, Losses: losses(300, -1, -1)}, report.StepRange{From: 100, To: 129}, report.StepRange{From: 370, To: 399}, 0, 399},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := Analyze(c.log, nil, DefaultOptions).Losses
+			l := trainlog.Analyze(c.log, nil, trainlog.DefaultOptions).Losses
 			if l.FirstSteps == nil || *l.FirstSteps != c.first || l.FinalSteps == nil || *l.FinalSteps != c.final {
 				t.Errorf("windows %v and %v, want %v and %v", l.FirstSteps, l.FinalSteps, c.first, c.final)
 			}
@@ -47,7 +48,7 @@ func TestLossWindows(t *testing.T) {
 			}
 		})
 	}
-	l := Analyze(&Log{Losses: []float64{nan, nan}}, nil, DefaultOptions).Losses
+	l := trainlog.Analyze(&trainlog.Log{Losses: []float64{nan, nan}}, nil, trainlog.DefaultOptions).Losses
 	if l.LastFiniteStep != nil || l.TrailingNonFinite != 2 || l.FinalSteps != nil {
 		t.Errorf("all-NaN log: last finite %v, trailing %d, final window %v", l.LastFiniteStep, l.TrailingNonFinite, l.FinalSteps)
 	}
@@ -56,15 +57,15 @@ func TestLossWindows(t *testing.T) {
 // TestBaselineSeries: with a baseline, each bucket holds the mean of the
 // baseline's losses over the same steps, for the plots.
 func TestBaselineSeries(t *testing.T) {
-	run := &Log{Losses: make([]float64, 240)}
-	base := &Log{Losses: make([]float64, 200)}
+	run := &trainlog.Log{Losses: make([]float64, 240)}
+	base := &trainlog.Log{Losses: make([]float64, 200)}
 	for i := range run.Losses {
 		run.Losses[i] = 2
 	}
 	for i := range base.Losses {
 		base.Losses[i] = float64(i)
 	}
-	r := Analyze(run, base, DefaultOptions)
+	r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 	first, last := r.Series[0], r.Series[len(r.Series)-1]
 	if first.From != 0 || first.To != 1 || first.BaselineLoss == nil || *first.BaselineLoss != 0.5 {
 		t.Errorf("first bucket %+v, want steps 0–1 with baseline mean 0.5", first)
@@ -72,7 +73,7 @@ func TestBaselineSeries(t *testing.T) {
 	if last.BaselineLoss != nil {
 		t.Errorf("bucket of steps %d–%d has a baseline loss, but the baseline ends at step 199", last.From, last.To)
 	}
-	if r := Analyze(run, nil, DefaultOptions); r.Series[0].BaselineLoss != nil {
+	if r := trainlog.Analyze(run, nil, trainlog.DefaultOptions); r.Series[0].BaselineLoss != nil {
 		t.Errorf("baseline loss without a baseline")
 	}
 }

@@ -1,4 +1,4 @@
-package trainlog
+package trainlog_test
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"fp16audit/checks"
+	"fp16audit/internal/trainlog"
+	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
 )
 
@@ -17,14 +19,14 @@ import (
 // (testdata/companion/make_logs.py, real torch telemetry): the scale
 // collapses, the loss turns Inf, and the diagnosis must name `planted`.
 func TestCompanionNamesOverflowingModule(t *testing.T) {
-	l, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.jsonl"))
+	l, err := logfile.Read(filepath.Join("testdata", "companion", "gradient_overflow_nan.jsonl"), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l.Format != "trainlog" || l.TelemetryModules != 3 || len(l.Telemetry) == 0 || l.Scaler.GrowthInterval != 20 {
 		t.Fatalf("read format %s, %d modules, %d telemetry lines, growth interval %d", l.Format, l.TelemetryModules, len(l.Telemetry), l.Scaler.GrowthInterval)
 	}
-	r := Analyze(l, nil, DefaultOptions)
+	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN {
 		t.Fatalf("verdict %s (%s), want %s", r.Verdict, r.VerdictText, report.ScalesGradientOverflowNaN)
 	}
@@ -55,21 +57,21 @@ func TestCompanionNamesOverflowingModule(t *testing.T) {
 	}
 
 	// The same run's np.save'd lists.
-	scales, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.scales.npy"))
+	scales, err := logfile.Read(filepath.Join("testdata", "companion", "gradient_overflow_nan.scales.npy"), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(scales.Scales, l.Scales) {
 		t.Errorf("the np.save'd scales differ from the log's")
 	}
-	if r := Analyze(scales, nil, DefaultOptions); r.Verdict != report.ScalesGradientOverflowNaN {
+	if r := trainlog.Analyze(scales, nil, trainlog.DefaultOptions); r.Verdict != report.ScalesGradientOverflowNaN {
 		t.Errorf("scales.npy: verdict %s (%s)", r.Verdict, r.VerdictText)
 	}
-	losses, err := ReadFile(filepath.Join("testdata", "companion", "gradient_overflow_nan.losses.npy"))
+	losses, err := logfile.Read(filepath.Join("testdata", "companion", "gradient_overflow_nan.losses.npy"), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := Analyze(losses, nil, DefaultOptions); r.Verdict != report.ScalesLateNaN || *r.Losses.FirstNonFiniteStep != *Analyze(l, nil, DefaultOptions).Losses.FirstNonFiniteStep {
+	if r := trainlog.Analyze(losses, nil, trainlog.DefaultOptions); r.Verdict != report.ScalesLateNaN || *r.Losses.FirstNonFiniteStep != *trainlog.Analyze(l, nil, trainlog.DefaultOptions).Losses.FirstNonFiniteStep {
 		t.Errorf("losses.npy: verdict %s (%s)", r.Verdict, r.VerdictText)
 	}
 }
@@ -123,16 +125,16 @@ func underflowLog(sc scenario, sim simulated) []byte {
 func TestTelemetryNamesUnderflowingModules(t *testing.T) {
 	sc := scenarioByName(t, "plateau_underflow")
 	dir := t.TempDir()
-	run, err := Read(write(t, dir, "run.jsonl", underflowLog(sc, sc.run())), ReadOptions{})
+	run, err := logfile.Read(write(t, dir, "run.jsonl", underflowLog(sc, sc.run())), logfile.ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bsc := scenarioByName(t, "baseline_fp32")
-	base, err := Read(write(t, dir, "base.jsonl", companion(bsc, samples(bsc, bsc.run(), 1, 0))), ReadOptions{Baseline: true})
+	base, err := logfile.Read(write(t, dir, "base.jsonl", companion(bsc, samples(bsc, bsc.run(), 1, 0))), logfile.ReadOptions{Baseline: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Analyze(run, base, DefaultOptions)
+	r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesPlateauUnderflow {
 		t.Fatalf("verdict %s (%s)", r.Verdict, r.VerdictText)
 	}
@@ -156,9 +158,9 @@ func TestTelemetryNamesUnderflowingModules(t *testing.T) {
 	}
 	// Below the default 10%, encoder's 1% is named only with a lower
 	// threshold.
-	opt := DefaultOptions
+	opt := trainlog.DefaultOptions
 	opt.UnderflowFraction = 0.005
-	if u := Analyze(run, base, opt).Telemetry.Underflow; len(u) != 2 || u[1].Module != "encoder" {
+	if u := trainlog.Analyze(run, base, opt).Telemetry.Underflow; len(u) != 2 || u[1].Module != "encoder" {
 		t.Errorf("with threshold 0.5%%: %+v", u)
 	}
 	if o := r.Telemetry.Overflow; len(o) != 1 || o[0].Module != "encoder" || o[0].Steps != o[0].OfSteps || o[0].Steps != r.Scales.Skipped-r.Scales.WarmupSkipped {

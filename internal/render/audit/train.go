@@ -1,4 +1,4 @@
-package render
+package audit
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
@@ -102,27 +103,27 @@ func (t *textWriter) training(tr *report.TrainingReport) {
 	if quiet(tr) {
 		return
 	}
-	t.printf("\n")
-	t.para(t.style(ansiDim, "training: "), trainingMode(tr), 10)
+	t.Printf("\n")
+	t.para(t.Style(markup.Dim, "training: "), trainingMode(tr), 10)
 	for _, n := range tr.Notes {
-		t.para(t.style(ansiDim, "  note: "), n, 8)
+		t.para(t.Style(markup.Dim, "  note: "), n, 8)
 	}
 	b := tr.Backward
 	if b == nil {
 		return
 	}
-	mark, col := "✗", ansiRed
+	mark, col := "✗", markup.Red
 	if b.Verdict == report.BackwardHealthy {
-		mark, col = "✓", ansiGreen
+		mark, col = "✓", markup.Green
 	}
-	t.para(t.style(ansiBold+col, mark+" backward: "+b.Verdict)+" — ", b.VerdictText, 2)
+	t.para(t.Style(markup.Bold+col, mark+" backward: "+b.Verdict)+" — ", b.VerdictText, 2)
 	t.para("  ", seedLine(b), 2)
 	for _, f := range b.Fixes {
-		fm := t.style(ansiRed, "does not work")
+		fm := t.Style(markup.Red, "does not work")
 		if f.Works {
-			fm = t.style(ansiGreen, "works")
+			fm = t.Style(markup.Green, "works")
 		}
-		t.para(fmt.Sprintf("  fix %s (%s, verified by rerun): ", t.style(ansiBold, f.Kind), fm), f.Summary, 6)
+		t.para(fmt.Sprintf("  fix %s (%s, verified by rerun): ", t.Style(markup.Bold, f.Kind), fm), f.Summary, 6)
 	}
 	if len(b.Unsupported) > 0 {
 		var ops []string
@@ -173,9 +174,9 @@ func (t *textWriter) grid(rows [][]string) {
 		}
 		line := strings.TrimRight(b.String(), " ")
 		if i == 0 {
-			line = t.style(ansiDim, line)
+			line = t.Style(markup.Dim, line)
 		}
-		t.printf("%s\n", line)
+		t.Printf("%s\n", line)
 	}
 }
 
@@ -184,9 +185,9 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 	if quiet(tr) {
 		return
 	}
-	fmt.Fprintf(b, "\n### Training\n\n%s.\n", mdText(trainingMode(tr)))
+	fmt.Fprintf(b, "\n### Training\n\n%s.\n", markup.MDText(trainingMode(tr)))
 	for _, n := range tr.Notes {
-		fmt.Fprintf(b, "\n> **Note:** %s\n", mdText(n))
+		fmt.Fprintf(b, "\n> **Note:** %s\n", markup.MDText(n))
 	}
 	bw := tr.Backward
 	if bw == nil {
@@ -196,17 +197,17 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 	if bw.Verdict == report.BackwardHealthy {
 		mark = "✅"
 	}
-	fmt.Fprintf(b, "\n**Backward: %s `%s`** — %s\n\n%s.\n", mark, bw.Verdict, mdText(bw.VerdictText), mdText(seedLine(bw)))
+	fmt.Fprintf(b, "\n**Backward: %s `%s`** — %s\n\n%s.\n", mark, bw.Verdict, markup.MDText(bw.VerdictText), markup.MDText(seedLine(bw)))
 	for _, f := range bw.Fixes {
 		res := "❌ does not work"
 		if f.Works {
 			res = "✅ works"
 		}
-		fmt.Fprintf(b, "\nFix `%s` (verified by rerun): %s — %s\n", f.Kind, res, mdText(f.Summary))
+		fmt.Fprintf(b, "\nFix `%s` (verified by rerun): %s — %s\n", f.Kind, res, markup.MDText(f.Summary))
 	}
 	b.WriteString("\n| scale | overflow | flushing modules |\n|--:|---|---|\n")
 	for _, s := range bw.Scales {
-		fmt.Fprintf(b, "| 2^%d | %s | %s |\n", s.Exp, mdText(overflowText(s)), mdText(flushingText(s)))
+		fmt.Fprintf(b, "| 2^%d | %s | %s |\n", s.Exp, markup.MDText(overflowText(s)), markup.MDText(flushingText(s)))
 	}
 	fmt.Fprintf(b, "\n| module | gradients | clean up to | flush-free from | max \\|g\\| at 2^%d | flushed |\n|---|--:|--:|--:|--:|--:|\n", bw.InitExp)
 	for _, m := range bw.Modules {
@@ -214,7 +215,7 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 		if m.OverflowAtInit {
 			mx = "overflow"
 		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %.1f%% |\n", mdCode(m.Module), m.Gradients, exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, 100*m.FlushedAtInit)
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %.1f%% |\n", markup.MDCode(m.Module), m.Gradients, exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, 100*m.FlushedAtInit)
 	}
 }
 

@@ -1,4 +1,8 @@
-package render
+// Package scales renders the diagnosis of a training log
+// (report.ScalesReport, `fp16audit scales`) as text with sparklines,
+// GitHub-flavoured Markdown and a self-contained HTML page with the scale
+// and loss charts. It imports only report, checks and markup.
+package scales
 
 import (
 	"fmt"
@@ -7,6 +11,7 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
@@ -15,33 +20,33 @@ const sparkWidth = 60
 
 var sparkGlyphs = []rune("▁▂▃▄▅▆▇█")
 
-// scalesText writes the human-readable training-log diagnosis: the verdict and fix
+// Text writes the human-readable training-log diagnosis: the verdict and fix
 // first, then sparklines of log2(scale) and the loss, the reconstruction,
 // the comparison with the baseline, the findings, what could not be derived
-// and the notes.
-func scalesText(w io.Writer, r *report.ScalesReport, opt TextOptions) error {
-	p := &textWriter{errWriter: errWriter{w: w}, color: opt.Color}
-	p.printf("%s\n", p.style(ansiBold, "fp16audit scales — "+r.Run.Path))
-	p.printf("run: %s\n", describeRun(r.Run))
+// and the notes; with color, in ANSI colours.
+func Text(w io.Writer, r *report.ScalesReport, color bool) error {
+	p := markup.NewWriter(w, color)
+	p.Printf("%s\n", p.Style(markup.Bold, "fp16audit scales — "+r.Run.Path))
+	p.Printf("run: %s\n", describeRun(r.Run))
 	if g := r.GradScaler; g != nil {
-		p.printf("grad scaler: %s\n", scalerText(g))
+		p.Printf("grad scaler: %s\n", scalerText(g))
 	}
 	if b := r.Baseline; b != nil {
-		p.printf("baseline: %s (%s)\n", b.Path, describeRun(*b))
+		p.Printf("baseline: %s (%s)\n", b.Path, describeRun(*b))
 	}
-	p.printf("\n%s — %s\n", p.style(ansiBold+scalesVerdictStyle(r), "verdict: "+r.Verdict), r.VerdictText)
+	p.Printf("\n%s — %s\n", p.Style(markup.Bold+scalesVerdictStyle(r), "verdict: "+r.Verdict), r.VerdictText)
 	if r.Fix != "" {
-		p.printf("%s %s\n", p.style(ansiBold, "fix:"), r.Fix)
+		p.Printf("%s %s\n", p.Style(markup.Bold, "fix:"), r.Fix)
 	}
 
-	if lines := historyLines(r, p.style(ansiRed, "!")); len(lines) > 0 {
-		p.printf("\n%s\n", strings.Join(lines, "\n"))
+	if lines := historyLines(r, p.Style(markup.Red, "!")); len(lines) > 0 {
+		p.Printf("\n%s\n", strings.Join(lines, "\n"))
 	}
 
 	if rows := scaleRows(r); len(rows) > 0 {
-		p.printf("\nscale history:\n")
+		p.Printf("\nscale history:\n")
 		for _, row := range rows {
-			p.printf("  %-20s %s\n", row[0], row[1])
+			p.Printf("  %-20s %s\n", row[0], row[1])
 		}
 	}
 	if parts := epochParts(r); len(parts) > 0 {
@@ -50,39 +55,39 @@ func scalesText(w io.Writer, r *report.ScalesReport, opt TextOptions) error {
 			if i > 0 {
 				head = "                       "
 			}
-			p.printf("%s%s\n", head, strings.Join(parts[i:min(i+6, len(parts))], "  "))
+			p.Printf("%s%s\n", head, strings.Join(parts[i:min(i+6, len(parts))], "  "))
 		}
 	}
 	if l := r.Losses; l != nil {
-		p.printf("\nloss: %s\n", lossSummary(r.Run, l))
+		p.Printf("\nloss: %s\n", lossSummary(r.Run, l))
 	}
 	if c := r.Comparison; c != nil {
-		p.printf("vs fp32 baseline: %s\n", comparisonText(c))
+		p.Printf("vs fp32 baseline: %s\n", comparisonText(c))
 	}
-	scalesTelemetryText(&p.errWriter, r)
+	telemetryText(p, r)
 
-	p.printf("\n")
+	p.Printf("\n")
 	if len(r.Findings) == 0 {
-		p.printf("findings: none\n")
+		p.Printf("findings: none\n")
 	} else {
-		p.printf("findings:\n")
+		p.Printf("findings:\n")
 		for _, f := range r.Findings {
-			p.printf("  %s %s  %s\n", p.style(severityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check, f.Message)
+			p.Printf("  %s %s  %s\n", p.Style(markup.SeverityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check, f.Message)
 		}
 	}
 	if len(r.NotDerived) > 0 {
-		p.printf("not derived:\n")
+		p.Printf("not derived:\n")
 		for _, s := range r.NotDerived {
-			p.printf("  - %s\n", s)
+			p.Printf("  - %s\n", s)
 		}
 	}
 	if len(r.Notes) > 0 {
-		p.printf("notes:\n")
+		p.Printf("notes:\n")
 		for _, s := range r.Notes {
-			p.printf("  - %s\n", s)
+			p.Printf("  - %s\n", s)
 		}
 	}
-	return p.err
+	return p.Err()
 }
 
 // scaleRows are the facts of the scale reconstruction, as label and value.
@@ -325,11 +330,11 @@ func hasBaseline(bs []report.Bucket) bool {
 func scalesVerdictStyle(r *report.ScalesReport) string {
 	switch r.MaxSeverity() {
 	case checks.SevError:
-		return ansiRed
+		return markup.Red
 	case checks.SevWarning:
-		return ansiYellow
+		return markup.Yellow
 	}
-	return ansiGreen
+	return markup.Green
 }
 
 // steps writes a window of steps: "step 4" or "steps 30–39".

@@ -1,40 +1,41 @@
-package render
+package scales
 
 import (
 	"fmt"
 
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
-// scalesTelemetryText writes what the scales report holds beyond one loss
+// telemetryText writes what the scales report holds beyond one loss
 // and one scale per step: how the log was read when it is not one entry
 // per optimizer step (sampled, per epoch), with the bounds on the skipped
 // steps, and the per-module gradient telemetry of the Python companion's
 // log: where the overflows began, which modules underflow. It writes
 // nothing for a log of every step without telemetry.
-func scalesTelemetryText(p *errWriter, r *report.ScalesReport) {
+func telemetryText(p *markup.Writer, r *report.ScalesReport) {
 	ri := r.Run
 	switch {
 	case ri.PerEpoch:
-		p.printf("\nlog: %s, one entry per epoch (step numbers are epochs)\n", ri.Format)
+		p.Printf("\nlog: %s, one entry per epoch (step numbers are epochs)\n", ri.Format)
 	case ri.Samples > 0:
-		p.printf("\nlog: %s, %d samples, every %d steps", ri.Format, ri.Samples, ri.SampleEvery)
+		p.Printf("\nlog: %s, %d samples, every %d steps", ri.Format, ri.Samples, ri.SampleEvery)
 		if s := r.Scales; s != nil && s.SkippedLowerBound {
-			p.printf("; the scales prove at least %d skipped steps", s.Skipped)
+			p.Printf("; the scales prove at least %d skipped steps", s.Skipped)
 			if s.SkippedMax != nil {
-				p.printf(" and allow at most %d", *s.SkippedMax)
+				p.Printf(" and allow at most %d", *s.SkippedMax)
 			}
 		}
-		p.printf("\n")
+		p.Printf("\n")
 	}
 	t := r.Telemetry
 	if t == nil {
 		return
 	}
-	p.printf("\ngradient telemetry: %d lines (%d measured in full, %d of skipped steps), %d modules watched\n",
+	p.Printf("\ngradient telemetry: %d lines (%d measured in full, %d of skipped steps), %d modules watched\n",
 		t.Lines, t.FullLines, t.SkippedLines, t.Modules)
 	if len(t.Overflow) == 0 {
-		p.printf("  overflow begins in   no module, in the skipped steps %d–%d\n", t.OverflowFrom, t.OverflowTo)
+		p.Printf("  overflow begins in   no module, in the skipped steps %d–%d\n", t.OverflowFrom, t.OverflowTo)
 	}
 	for i, o := range t.Overflow {
 		head := "  overflow begins in   "
@@ -48,11 +49,11 @@ func scalesTelemetryText(p *errWriter, r *report.ScalesReport) {
 		case 0:
 			which = "parameter gradient"
 		}
-		p.printf("%s%s (%s), %s: %d of %d skipped steps in %d–%d", head, o.Module, o.Type, which, o.Steps, o.OfSteps, t.OverflowFrom, t.OverflowTo)
+		p.Printf("%s%s (%s), %s: %d of %d skipped steps in %d–%d", head, o.Module, o.Type, which, o.Steps, o.OfSteps, t.OverflowFrom, t.OverflowTo)
 		if o.MaxAbs > 0 {
-			p.printf(", largest scaled %.3g (%.3g unscaled)", o.MaxAbs, o.MaxUnscaled)
+			p.Printf(", largest scaled %.3g (%.3g unscaled)", o.MaxAbs, o.MaxUnscaled)
 		}
-		p.printf("\n")
+		p.Printf("\n")
 	}
 	for i, u := range t.Underflow {
 		head := "  underflow            "
@@ -67,7 +68,7 @@ func scalesTelemetryText(p *errWriter, r *report.ScalesReport) {
 		if u.Gradient == "params" {
 			which = "parameter gradient"
 		}
-		p.printf("%s%s (%s), %s: %s of its nonzero elements %s (median scale %s, %d lines)\n",
+		p.Printf("%s%s (%s), %s: %s of its nonzero elements %s (median scale %s, %d lines)\n",
 			head, u.Module, u.Type, which, fmt.Sprintf("%.1f%%", 100*u.Fraction), what, report.FormatScale(u.MedianScale), u.Lines)
 	}
 }

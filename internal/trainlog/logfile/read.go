@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"fp16audit/internal/trainlog"
 )
 
 // npyMagic starts every .npy file.
@@ -30,7 +32,7 @@ const npyMagic = "\x93NUMPY"
 //
 // Errors are *ParseError naming the file, the line or field, what was
 // expected and how to convert, or I/O errors.
-func Read(path string, opt ReadOptions) (*Log, error) {
+func Read(path string, opt ReadOptions) (*trainlog.Log, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
@@ -106,7 +108,7 @@ func (v rawValue) cell() cell {
 	return cell{text: s}
 }
 
-// ParseJSON reads a JSON log. fp16audit's own form is an object
+// parseJSON reads a JSON log. fp16audit's own form is an object
 //
 //	{"losses": [...], "scales": [...], "steps_per_epoch": N,
 //	 "grad_scaler": {"init_scale": 65536, "growth_factor": 2, "backoff_factor": 0.5, "growth_interval": 2000}}
@@ -117,11 +119,7 @@ func (v rawValue) cell() cell {
 // ignored. Other JSON is read as a table (an object of column arrays, an
 // array of records, Hugging Face's trainer_state.json) or, for an array of
 // numbers, as a plain list.
-func ParseJSON(path string, data []byte) (*Log, error) {
-	return parseJSON(path, data, ReadOptions{})
-}
-
-func parseJSON(path string, data []byte, opt ReadOptions) (*Log, error) {
+func parseJSON(path string, data []byte, opt ReadOptions) (*trainlog.Log, error) {
 	perr := func(line int, field, format string, args ...any) error {
 		return &ParseError{Path: path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
@@ -171,11 +169,11 @@ func parseJSON(path string, data []byte, opt ReadOptions) (*Log, error) {
 }
 
 // ownJSON reads fp16audit's own JSON form.
-func ownJSON(path string, top map[string]json.RawMessage) (*Log, error) {
+func ownJSON(path string, top map[string]json.RawMessage) (*trainlog.Log, error) {
 	perr := func(field, format string, args ...any) error {
 		return &ParseError{Path: path, Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	l := &Log{Path: path, Format: "json"}
+	l := &trainlog.Log{Path: path, Format: "json"}
 	var err error
 	if raw, ok := top["losses"]; ok {
 		if l.Losses, err = jsonNumbers(raw, "losses", true); err != nil {
@@ -190,7 +188,7 @@ func ownJSON(path string, top map[string]json.RawMessage) (*Log, error) {
 	if err := jsonExtras(path, top, l); err != nil {
 		return nil, err
 	}
-	if err := l.validate(); err != nil {
+	if err := validate(l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -198,7 +196,7 @@ func ownJSON(path string, top map[string]json.RawMessage) (*Log, error) {
 
 // jsonExtras reads the fields of fp16audit's JSON form that sit beside the
 // series: steps_per_epoch and grad_scaler.
-func jsonExtras(path string, top map[string]json.RawMessage, l *Log) error {
+func jsonExtras(path string, top map[string]json.RawMessage, l *trainlog.Log) error {
 	if raw, ok := top["steps_per_epoch"]; ok && string(raw) != "null" {
 		v, err := jsonInt(raw)
 		if err != nil || v <= 0 {
@@ -216,7 +214,7 @@ func jsonExtras(path string, top map[string]json.RawMessage, l *Log) error {
 	if l.StepsPerEpoch > 0 && l.Epochs == nil {
 		l.Epochs = make([]int, l.Len())
 		for i := range l.Epochs {
-			l.Epochs[i] = l.stepAt(i) / l.StepsPerEpoch
+			l.Epochs[i] = l.Step(i) / l.StepsPerEpoch
 		}
 	}
 	return nil
@@ -224,7 +222,7 @@ func jsonExtras(path string, top map[string]json.RawMessage, l *Log) error {
 
 // jsonColumns reads an object whose fields are columns: arrays of equal
 // length, or pandas' DataFrame.to_json() objects of {"index": value}.
-func jsonColumns(path string, top map[string]json.RawMessage, opt ReadOptions) (*Log, error) {
+func jsonColumns(path string, top map[string]json.RawMessage, opt ReadOptions) (*trainlog.Log, error) {
 	t := &table{path: path, format: "json"}
 	t.field = func(row int, col string) string { return fmt.Sprintf("%s[%d]", col, row) }
 	keys := make([]string, 0, len(top))
@@ -323,7 +321,7 @@ func sortedIndex(obj map[string]rawValue) []string {
 
 // jsonArray reads a top-level array: records (objects) as a table, numbers
 // as a plain list.
-func jsonArray(path string, doc json.RawMessage, opt ReadOptions) (*Log, error) {
+func jsonArray(path string, doc json.RawMessage, opt ReadOptions) (*trainlog.Log, error) {
 	var elems []rawValue
 	if err := json.Unmarshal(doc, &elems); err != nil {
 		return nil, &ParseError{Path: path, Msg: fmt.Sprintf("want an array, found %s", describeJSON(doc))}
@@ -358,7 +356,7 @@ func jsonArray(path string, doc json.RawMessage, opt ReadOptions) (*Log, error) 
 
 // parseJSONLines reads JSON Lines: the companion's fp16audit.trainlog log,
 // or one record per line (a table).
-func parseJSONLines(path string, data []byte, opt ReadOptions) (*Log, error) {
+func parseJSONLines(path string, data []byte, opt ReadOptions) (*trainlog.Log, error) {
 	var recs []map[string]rawValue
 	var lines []int
 	for i, raw := range bytes.Split(data, []byte("\n")) {
@@ -392,7 +390,7 @@ func parseJSONLines(path string, data []byte, opt ReadOptions) (*Log, error) {
 }
 
 // parseTextList reads a plain list of numbers, one per line.
-func parseTextList(path string, data []byte, opt ReadOptions) (*Log, error) {
+func parseTextList(path string, data []byte, opt ReadOptions) (*trainlog.Log, error) {
 	var vals []float64
 	var lines []int
 	for i, raw := range bytes.Split(data, []byte("\n")) {

@@ -1,4 +1,4 @@
-package render
+package audit
 
 import (
 	"encoding/json"
@@ -11,16 +11,17 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
-// auditHTML writes r as one self-contained page: a verdict card, an SVG chart of
+// HTML writes r as one self-contained page: a verdict card, an SVG chart of
 // log2 max|x| per node in every pass against the fp16 limits, the node
 // table (sorted, filtered and paged by a little inline script from an
 // embedded JSON copy of the statistics), the input statistics and the model
 // summary. It loads nothing from the network. The chart draws one SVG path
 // per series, so its size grows by a few bytes per node.
-func auditHTML(w io.Writer, r *report.Report) error {
+func HTML(w io.Writer, r *report.Report) error {
 	data, err := htmlData(r)
 	if err != nil {
 		return err
@@ -32,18 +33,18 @@ func auditHTML(w io.Writer, r *report.Report) error {
 		Data:     template.JS(data),
 		Emulated: emulatedPasses(r),
 		Hidden:   hiddenConstants(r),
-		CSS:      template.CSS(htmlCSS),
+		CSS:      template.CSS(markup.PageCSS),
 		Script:   template.JS(htmlScript),
 	}
 	v.Findings = r.Findings
 	if len(v.Findings) > htmlFindings {
 		v.Findings, v.FindingsCut = v.Findings[:htmlFindings], len(r.Findings)-htmlFindings
 	}
-	bw := &errWriter{w: w}
+	bw := markup.NewWriter(w, false)
 	if err := htmlPage.Execute(bw, v); err != nil {
 		return err
 	}
-	return bw.err
+	return bw.Err()
 }
 
 // htmlFindings is the most findings the page lists.
@@ -263,7 +264,7 @@ func chartSVG(r *report.Report) string {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg id="chart" viewBox="0 0 %d %d" role="img" aria-label="log2 max|x| per node and pass against the fp16 limits" data-lo="%s" data-top="%s" data-n="%d">`,
-		chartW, chartH, fnum(lo), fnum(top), n)
+		chartW, chartH, markup.Coord(lo), markup.Coord(top), n)
 	// Legend.
 	x := float64(plotLeft)
 	for k, ps := range r.Passes {
@@ -272,30 +273,30 @@ func chartSVG(r *report.Report) string {
 			label = "fp32 (reference)"
 		}
 		fmt.Fprintf(&b, `<line x1="%s" y1="18" x2="%s" y2="18" stroke="%s" stroke-width="3"%s/><text x="%s" y="22" class="lg">%s</text>`,
-			fnum(x), fnum(x+24), seriesColor(k), dash(k), fnum(x+30), template.HTMLEscapeString(label))
+			markup.Coord(x), markup.Coord(x+24), seriesColor(k), dash(k), markup.Coord(x+30), template.HTMLEscapeString(label))
 		x += 46 + 7.2*float64(len(label))
 	}
-	fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4.5" fill="#e03131"/><text x="%s" y="22" class="lg">above 65504 in fp32</text>`, fnum(x+6), fnum(x+16))
+	fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4.5" fill="#e03131"/><text x="%s" y="22" class="lg">above 65504 in fp32</text>`, markup.Coord(x+6), markup.Coord(x+16))
 	x += 170
-	fmt.Fprintf(&b, `<rect x="%s" y="13" width="16" height="10" fill="#fa5252"/><text x="%s" y="22" class="lg">flagged node (NaN/Inf in some pass)</text>`, fnum(x), fnum(x+22))
+	fmt.Fprintf(&b, `<rect x="%s" y="13" width="16" height="10" fill="#fa5252"/><text x="%s" y="22" class="lg">flagged node (NaN/Inf in some pass)</text>`, markup.Coord(x), markup.Coord(x+22))
 	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">log2 max |x| per node with float outputs, topological order — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft)
 
 	// Horizontal grid and y labels every 8 bits.
 	fmt.Fprintf(&b, `<g class="grid">`)
 	for v := math.Ceil(lo/8) * 8; v <= hi; v += 8 {
 		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s"/><text x="%d" y="%s" class="yl">%s</text>`,
-			plotLeft, plotRight, fnum(py(v)), fnum(py(v)), plotLeft-6, fnum(py(v)+4), pow2(int(v)))
+			plotLeft, plotRight, markup.Coord(py(v)), markup.Coord(py(v)), plotLeft-6, markup.Coord(py(v)+4), markup.Pow2(int(v)))
 	}
-	fmt.Fprintf(&b, `</g><rect x="%d" y="%s" width="%s" height="%s" class="badband"/>`, plotLeft, fnum(py(top)), fnum(pw), fnum(py(hi+1)-py(top)))
-	fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl bad">NaN/Inf</text>`, plotLeft-6, fnum(py(yBad)+4))
+	fmt.Fprintf(&b, `</g><rect x="%d" y="%s" width="%s" height="%s" class="badband"/>`, plotLeft, markup.Coord(py(top)), markup.Coord(pw), markup.Coord(py(hi+1)-py(top)))
+	fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl bad">NaN/Inf</text>`, plotLeft-6, markup.Coord(py(yBad)+4))
 	limit := func(v float64, class, label, sub string) {
 		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s" class="%s"/><text x="%d" y="%s" class="rl %s">%s</text>`,
-			plotLeft, plotRight, fnum(py(v)), fnum(py(v)), class, plotRight+6, fnum(py(v)+4), class, label)
+			plotLeft, plotRight, markup.Coord(py(v)), markup.Coord(py(v)), class, plotRight+6, markup.Coord(py(v)+4), class, label)
 		if sub != "" {
-			fmt.Fprintf(&b, `<text x="%d" y="%s" class="rl sub">%s</text>`, plotRight+6, fnum(py(v)+17), sub)
+			fmt.Fprintf(&b, `<text x="%d" y="%s" class="rl sub">%s</text>`, plotRight+6, markup.Coord(py(v)+17), sub)
 		}
 	}
-	fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s" class="bad"/>`, plotLeft, plotRight, fnum(py(yBad)), fnum(py(yBad)))
+	fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s" class="bad"/>`, plotLeft, plotRight, markup.Coord(py(yBad)), markup.Coord(py(yBad)))
 	limit(log2FP16Max, "max", "fp16 max 65504", "above: Inf in fp16")
 	limit(log2FP16Norm, "uf", "2⁻¹⁴ min normal", "below: subnormal in fp16")
 	if lo < log2FP16Sub {
@@ -304,7 +305,7 @@ func chartSVG(r *report.Report) string {
 
 	// The plot.
 	fmt.Fprintf(&b, `<svg id="plot" x="%d" y="%d" width="%s" height="%s" viewBox="%s %s %d %s" preserveAspectRatio="none">`,
-		plotLeft, plotTop, fnum(pw), fnum(ph), fnum(-0.5), fnum(-top), max(n, 1), fnum(top-lo))
+		plotLeft, plotTop, markup.Coord(pw), markup.Coord(ph), markup.Coord(-0.5), markup.Coord(-top), max(n, 1), markup.Coord(top-lo))
 	// Flagged nodes: a red rug along the bottom, one rectangle per run.
 	rug := (top - lo) * 0.03
 	var flaggedPath strings.Builder
@@ -318,7 +319,7 @@ func chartSVG(r *report.Report) string {
 		for j+1 < n && flagged(j+1) {
 			j++
 		}
-		fmt.Fprintf(&flaggedPath, "M%s %sH%sV%sH%sZ", fnum(float64(i)-0.5), fnum(-(lo + rug)), fnum(float64(j)+0.5), fnum(-lo), fnum(float64(i)-0.5))
+		fmt.Fprintf(&flaggedPath, "M%s %sH%sV%sH%sZ", markup.Coord(float64(i)-0.5), markup.Coord(-(lo + rug)), markup.Coord(float64(j)+0.5), markup.Coord(-lo), markup.Coord(float64(i)-0.5))
 		i = j + 1
 	}
 	if flaggedPath.Len() > 0 {
@@ -338,7 +339,7 @@ func chartSVG(r *report.Report) string {
 			case math.IsInf(y, -1):
 				y = lo
 			}
-			fmt.Fprintf(&d, "%s%d %s", pen, i, fnum(-y))
+			fmt.Fprintf(&d, "%s%d %s", pen, i, markup.Coord(-y))
 			pen = " "
 		}
 		width := "2"
@@ -351,7 +352,7 @@ func chartSVG(r *report.Report) string {
 		var d strings.Builder
 		for i, pt := range series[k] {
 			if pt.overflow && !math.IsInf(pt.y, -1) {
-				fmt.Fprintf(&d, "M%d %sh0", i, fnum(-pt.y))
+				fmt.Fprintf(&d, "M%d %sh0", i, markup.Coord(-pt.y))
 			}
 		}
 		if d.Len() > 0 {
@@ -374,20 +375,14 @@ func chartSVG(r *report.Report) string {
 		}
 		xp := plotLeft + (float64(i)+0.5)/float64(max(n, 1))*pw
 		fmt.Fprintf(&b, `<g class="origin" data-i="%d"><line x1="%s" x2="%s" y1="%d" y2="%d"/><text x="%s" y="%s" text-anchor="%s">%s</text></g>`,
-			i, fnum(xp), fnum(xp), plotTop, plotBottom, fnum(xp), fnum(py(hi+1)+16), anchor, template.HTMLEscapeString(label))
+			i, markup.Coord(xp), markup.Coord(xp), plotTop, plotBottom, markup.Coord(xp), markup.Coord(py(hi+1)+16), anchor, template.HTMLEscapeString(label))
 	}
-	fmt.Fprintf(&b, `<g id="xaxis"></g><text x="%s" y="%d" class="xl">node (topological order)</text>`, fnum(plotLeft+pw/2), chartH-8)
+	fmt.Fprintf(&b, `<g id="xaxis"></g><text x="%s" y="%d" class="xl">node (topological order)</text>`, markup.Coord(plotLeft+pw/2), chartH-8)
 	fmt.Fprintf(&b, `<line id="cursor" x1="0" x2="0" y1="%d" y2="%d" visibility="hidden"/><rect id="brush" x="0" y="%d" width="0" height="%s" visibility="hidden"/>`,
-		plotTop, plotBottom, plotTop, fnum(ph))
-	fmt.Fprintf(&b, `<rect id="hit" x="%d" y="%d" width="%s" height="%s"/>`, plotLeft, plotTop, fnum(pw), fnum(ph))
+		plotTop, plotBottom, plotTop, markup.Coord(ph))
+	fmt.Fprintf(&b, `<rect id="hit" x="%d" y="%d" width="%s" height="%s"/>`, plotLeft, plotTop, markup.Coord(pw), markup.Coord(ph))
 	b.WriteString(`</svg>`)
 	return b.String()
-}
-
-// pow2 writes 2 to the power e with superscript digits.
-func pow2(e int) string {
-	sup := strings.NewReplacer("-", "⁻", "0", "⁰", "1", "¹", "2", "²", "3", "³", "4", "⁴", "5", "⁵", "6", "⁶", "7", "⁷", "8", "⁸", "9", "⁹")
-	return "2" + sup.Replace(strconv.Itoa(e))
 }
 
 func seriesColor(k int) string { return seriesColors[k%len(seriesColors)] }
@@ -408,16 +403,6 @@ func passIndex(r *report.Report, pass string) int {
 		}
 	}
 	return -1
-}
-
-// fnum formats a coordinate with at most two decimals.
-func fnum(x float64) string {
-	s := strconv.FormatFloat(x, 'f', 2, 64)
-	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
-	if s == "-0" {
-		return "0"
-	}
-	return s
 }
 
 var htmlFuncs = template.FuncMap{
@@ -547,95 +532,6 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 </body>
 </html>
 `))
-
-const htmlCSS = `
-:root{--ink:#1d2330;--mute:#5c6370;--line:#dde1e7;--bad:#c92a2a;--badbg:#fff0f0;--ok:#2b8a3e;--okbg:#ebfbee;--warn:#b35c00}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--ink);background:#f4f5f7}
-header{padding:14px 28px 6px}
-h1{font-size:20px;margin:0}
-h2{font-size:17px;margin:0 0 10px}
-h3{font-size:15px;margin:14px 0 6px}
-.sub,.small{color:var(--mute);margin:2px 0}
-.small{font-size:13px}
-main{padding:0 28px 28px}
-.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:16px 20px;margin:12px 0}
-.card.fail{border-left:8px solid var(--bad);background:linear-gradient(90deg,var(--badbg),#fff 40%)}
-.card.ok{border-left:8px solid var(--ok);background:linear-gradient(90deg,var(--okbg),#fff 40%)}
-#verdict h2{font-size:24px}
-.fail .badge,.fail #verdict-id{color:var(--bad)}
-.ok .badge,.ok #verdict-id{color:var(--ok)}
-.card.caution{border-left:8px solid var(--warn);background:linear-gradient(90deg,#fff4e6,#fff 40%)}
-.caution .badge,.caution #verdict-id{color:var(--warn)}
-.vtext{font-size:16px;margin:0 0 6px}
-code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-pre{background:#f6f8fa;border:1px solid var(--line);border-radius:4px;padding:6px 8px;margin:4px 0;white-space:pre-wrap}
-dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px;margin:4px 0}
-dl.kv dt{color:var(--mute)}
-dl.kv dd{margin:0}
-.origin-box{border-top:1px solid var(--line);margin-top:8px}
-ul.fixes{list-style:none;padding:0;margin:0}
-ul.fixes li{padding:6px 0;border-top:1px solid var(--line)}
-.fk{font-weight:600}
-.works .fk{color:var(--ok)}
-.fails .fk{color:var(--bad)}
-.ba{color:var(--mute);margin-left:8px}
-.snip{margin:4px 0 0 18px}
-.warn{color:var(--warn)}
-#chartbox{position:relative}
-#chart{width:100%;height:auto;display:block;user-select:none}
-#chart text{font-size:12px;fill:var(--ink)}
-#chart .lg{font-size:13px}
-#chart .note{fill:var(--mute)}
-#chart .yl{text-anchor:end;fill:var(--mute)}
-#chart .yl.bad,#chart .rl.bad,#chart .rl.max{fill:var(--bad);font-weight:600}
-#chart .rl.uf{fill:#1971c2}
-#chart .rl.sub{fill:var(--mute);font-size:11px}
-#chart .xl{text-anchor:middle;fill:var(--mute)}
-#chart .grid line{stroke:#eceef1}
-#chart line.max{stroke:var(--bad);stroke-width:1.5;stroke-dasharray:7 4}
-#chart line.bad{stroke:#ffa8a8;stroke-width:1}
-#chart line.uf{stroke:#1971c2;stroke-width:1;stroke-dasharray:3 3}
-#chart .badband{fill:#fff5f5}
-#plot .series{fill:none;stroke-linejoin:round;vector-effect:non-scaling-stroke}
-#plot .flagged{fill:#fa5252}
-#plot .dots{stroke:#e03131;stroke-width:9;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
-#chart .origin line{stroke:var(--bad);stroke-width:1.5}
-#chart .origin text{fill:var(--bad);font-weight:700;font-size:13px}
-#chart #xaxis text{text-anchor:middle;fill:var(--mute)}
-#chart #xaxis line{stroke:#9aa0a6}
-#cursor{stroke:#495057;stroke-width:1}
-#brush{fill:#4dabf7;opacity:.2}
-#hit{fill:transparent;cursor:crosshair}
-#tip{position:absolute;top:0;left:0;background:#fff;border:1px solid #adb5bd;border-radius:6px;box-shadow:0 2px 10px rgba(0,0,0,.15);padding:8px 10px;font-size:12.5px;pointer-events:none;max-width:520px}
-#tip b{word-break:break-all}
-#tip table{border-collapse:collapse;margin-top:4px}
-#tip td,#tip th{padding:1px 6px;text-align:right}
-#tip td:first-child,#tip th:first-child{text-align:left}
-.controls{display:flex;gap:18px;flex-wrap:wrap;align-items:center;margin-bottom:8px}
-#count{color:var(--mute)}
-.tablebox{max-height:75vh;overflow:auto;border:1px solid var(--line)}
-table{border-collapse:collapse;width:100%}
-th,td{padding:3px 8px;border-bottom:1px solid #eef0f3;text-align:left;white-space:nowrap}
-th{background:#f8f9fa;position:sticky;top:0;cursor:pointer;font-weight:600}
-th.asc::after{content:" ▲"}
-th.desc::after{content:" ▼"}
-.num{text-align:right;font-variant-numeric:tabular-nums}
-#nodes th{white-space:normal;vertical-align:bottom}
-#nodes div.nm{max-width:340px;overflow:hidden;text-overflow:ellipsis}
-#nodes div.aux{max-width:260px;overflow:hidden;text-overflow:ellipsis;color:var(--mute)}
-#nodes tr.fl td{background:#fff0f0}
-#nodes tr.orig td{background:#ffc9c9;font-weight:600}
-#nodes tr.hl td{outline:2px solid #1971c2}
-#nodes td.nf{color:var(--bad);font-weight:700}
-#nodes td.neg{color:var(--bad)}
-table.plain th{cursor:default;position:static}
-tr.sev-error td:first-child{color:var(--bad);font-weight:700}
-tr.sev-warning td:first-child{color:var(--warn);font-weight:600}
-table.plain td:last-child{white-space:normal}
-ul.batches,ul.notes{margin:2px 0;padding-left:18px}
-button{font:inherit;padding:3px 10px}
-`
 
 // htmlScript builds the node table from the embedded JSON and makes the
 // chart interactive. It marks <body> with data-ready="1" when it finished

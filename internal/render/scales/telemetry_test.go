@@ -1,14 +1,15 @@
-package render
+package scales
 
 import (
 	"bytes"
 	"strings"
 	"testing"
 
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
-func TestScalesTelemetryText(t *testing.T) {
+func TestTelemetryText(t *testing.T) {
 	most := 143
 	r := &report.ScalesReport{
 		Run:    report.RunInfo{Path: "run.csv", Format: "csv", Steps: 1000, Samples: 100, SampleEvery: 10},
@@ -18,8 +19,8 @@ func TestScalesTelemetryText(t *testing.T) {
 			Underflow: []report.ModuleUnderflow{{Module: "tiny", Type: "Linear", Gradient: "output", Measure: "underflow", Fraction: 0.6, MedianScale: 0.125, Lines: 20}}},
 	}
 	var b bytes.Buffer
-	p := &errWriter{w: &b}
-	scalesTelemetryText(p, r)
+	p := markup.NewWriter(&b, false)
+	telemetryText(p, r)
 	for _, want := range []string{
 		"log: csv, 100 samples, every 10 steps; the scales prove at least 43 skipped steps and allow at most 143\n",
 		"gradient telemetry: 92 lines (38 measured in full, 58 of skipped steps), 3 modules watched\n",
@@ -32,7 +33,7 @@ func TestScalesTelemetryText(t *testing.T) {
 		}
 	}
 	b.Reset()
-	scalesTelemetryText(p, &report.ScalesReport{Run: report.RunInfo{Path: "run.json", Steps: 10}})
+	telemetryText(p, &report.ScalesReport{Run: report.RunInfo{Path: "run.json", Steps: 10}})
 	if b.Len() != 0 {
 		t.Errorf("a log of every step without telemetry printed %q", b.String())
 	}

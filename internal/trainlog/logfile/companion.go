@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"fp16audit/internal/trainlog"
 )
 
 // The companion's log format (python/README.md, "The log format").
@@ -99,11 +101,11 @@ func (v rawValue) float() (float64, bool, error) {
 // per optimizer step with its telemetry line after it, an end line when
 // the run finished. Unknown kinds and fields are ignored, as the format
 // asks of readers.
-func parseTrainlog(path string, data []byte) (*Log, error) {
+func parseTrainlog(path string, data []byte) (*trainlog.Log, error) {
 	perr := func(line int, format string, args ...any) error {
 		return &ParseError{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
 	}
-	l := &Log{Path: path, Format: "trainlog"}
+	l := &trainlog.Log{Path: path, Format: "trainlog"}
 	var (
 		header       *tlHeader
 		steps        []int
@@ -298,7 +300,7 @@ func parseTrainlog(path string, data []byte) (*Log, error) {
 			l.Epochs[i] = s / l.StepsPerEpoch
 		}
 	}
-	if err := l.validate(); err != nil {
+	if err := validate(l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -311,8 +313,8 @@ func describeStep(p *int) string {
 	return fmt.Sprint(*p)
 }
 
-func telemetryLine(line int, t *tlTelemetry) (TelemetryLine, error) {
-	tl := TelemetryLine{Line: line, Step: *t.Step, Skip: slices.Contains(t.Reasons, "skipped"), Full: t.Measured == "full", Scale: math.NaN()}
+func telemetryLine(line int, t *tlTelemetry) (trainlog.TelemetryLine, error) {
+	tl := trainlog.TelemetryLine{Line: line, Step: *t.Step, Skip: slices.Contains(t.Reasons, "skipped"), Full: t.Measured == "full", Scale: math.NaN()}
 	if v, ok, err := t.ScaleUsed.float(); err != nil {
 		return tl, fmt.Errorf("scale_used: %v", err)
 	} else if ok {
@@ -325,11 +327,11 @@ func telemetryLine(line int, t *tlTelemetry) (TelemetryLine, error) {
 		tl.FirstNonFiniteParams = *t.FirstNonFiniteParams
 	}
 	for i, m := range t.Modules {
-		mg := ModuleGrads{Name: m.Name, Type: m.Type}
+		mg := trainlog.ModuleGrads{Name: m.Name, Type: m.Type}
 		for _, g := range []struct {
 			which string
 			src   *tlSummary
-			dst   **GradSummary
+			dst   **trainlog.GradSummary
 		}{{"output", m.Output, &mg.Output}, {"params", m.Params, &mg.Params}} {
 			if g.src == nil {
 				continue
@@ -338,7 +340,7 @@ func telemetryLine(line int, t *tlTelemetry) (TelemetryLine, error) {
 			if err != nil {
 				return tl, fmt.Errorf("modules[%d].%s.max_abs: %v", i, g.which, err)
 			}
-			*g.dst = &GradSummary{Numel: g.src.Numel, NonFinite: g.src.NonFinite, NonFiniteSrc: g.src.NonFiniteSrc, MaxAbs: max,
+			*g.dst = &trainlog.GradSummary{Numel: g.src.Numel, NonFinite: g.src.NonFinite, NonFiniteSrc: g.src.NonFiniteSrc, MaxAbs: max,
 				Nonzero: g.src.Nonzero, Underflow: g.src.Underflow, Subnormal: g.src.Subnormal}
 		}
 		tl.Modules = append(tl.Modules, mg)

@@ -1,4 +1,8 @@
-package render
+// Package audit renders the report of `fp16audit run` (report.Report, with
+// its training audit) as text for the terminal, GitHub-flavoured Markdown
+// and a self-contained HTML page. Everything it shows is in the report; it
+// imports only report, checks and markup.
+package audit
 
 import (
 	"fmt"
@@ -8,39 +12,41 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"fp16audit/checks"
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
-// ANSI styles used by the text report.
-const (
-	ansiReset  = "\x1b[0m"
-	ansiBold   = "\x1b[1m"
-	ansiDim    = "\x1b[2m"
-	ansiRed    = "\x1b[31m"
-	ansiGreen  = "\x1b[32m"
-	ansiYellow = "\x1b[33m"
-	ansiCyan   = "\x1b[36m"
-)
-
-// textWriter writes the text report, styling only when colour is on.
-type textWriter struct {
-	errWriter
-	color bool
-	width int
+// TextOptions controls the text of an audit report.
+type TextOptions struct {
+	// Pass selects the statistics shown per node; "" means the policy's
+	// emulated pass when there is one, else fp32.
+	Pass string
+	// OnlyFlagged lists only nodes with non-finite values or findings.
+	OnlyFlagged bool
+	// ConstantNodes lists the nodes that compute only from initializers
+	// and constants (report.NodeReport.Constant), which the table
+	// otherwise leaves out unless they are flagged.
+	ConstantNodes bool
+	// Color adds ANSI colours. The command line sets it only when stdout is
+	// a terminal, NO_COLOR is unset and --no-color is not given.
+	Color bool
+	// Width is the number of columns the report should fit (the terminal's
+	// width): prose is wrapped and the node table's name columns shortened
+	// in the middle. 0 means no limit; names are then cut at 60 and 40
+	// characters.
+	Width int
 }
 
-func (t *textWriter) style(code, s string) string {
-	if !t.color || s == "" || code == "" {
-		return s
-	}
-	return code + s + ansiReset
+// textWriter writes the text report: prose wrapped to width (0: no limit).
+type textWriter struct {
+	*markup.Writer
+	width int
 }
 
 // para writes prose: first is printed, then text wrapped to the width with
 // continuation lines indented by indent spaces.
 func (t *textWriter) para(first, text string, indent int) {
-	t.printf("%s%s\n", first, wrap(text, t.width, utf8.RuneCountInString(stripANSI(first)), indent))
+	t.Printf("%s%s\n", first, wrap(text, t.width, utf8.RuneCountInString(stripANSI(first)), indent))
 }
 
 // defaultPass is the pass whose statistics the node listings show by
@@ -55,32 +61,32 @@ func defaultPass(r *report.Report) string {
 	return r.Passes[len(r.Passes)-1]
 }
 
-// auditText writes the human-readable audit report: a concise summary first (verdict,
-// origins, verified fixes), then the model and run, the findings, and one
-// row per node output in topological order (flagged rows only with
+// Text writes the human-readable audit report: a concise summary first
+// (verdict, origins, verified fixes), then the model and run, the findings,
+// and one row per node output in topological order (flagged rows only with
 // OnlyFlagged).
-func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
+func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 	pass := opt.Pass
 	if pass == "" {
 		pass = defaultPass(r)
 	}
-	t := &textWriter{errWriter: errWriter{w: w}, color: opt.Color, width: opt.Width}
-	t.printf("%s\n\n", t.style(ansiBold, fmt.Sprintf("fp16audit %s — %s", r.Tool.Version, r.Model.Path)))
+	t := &textWriter{Writer: markup.NewWriter(w, opt.Color), width: opt.Width}
+	t.Printf("%s\n\n", t.Style(markup.Bold, fmt.Sprintf("fp16audit %s — %s", r.Tool.Version, r.Model.Path)))
 
-	mark, col := "✗", ansiRed
+	mark, col := "✗", markup.Red
 	switch verdictMood(r) {
 	case "ok":
-		mark, col = "✓", ansiGreen
+		mark, col = "✓", markup.Green
 	case "caution":
-		mark, col = "!", ansiYellow
+		mark, col = "!", markup.Yellow
 	}
-	t.para(t.style(ansiBold+col, mark+" verdict: "+r.Verdict)+" — ", r.VerdictText, 2)
+	t.para(t.Style(markup.Bold+col, mark+" verdict: "+r.Verdict)+" — ", r.VerdictText, 2)
 	for _, o := range r.Origins {
 		if originCause(o) == report.CauseInput {
-			t.para("  origin (the batch): ", fmt.Sprintf("input %s%s", t.style(ansiBold, fmt.Sprintf("%q", o.Input)), inputShape(r, o.Input)), 10)
+			t.para("  origin (the batch): ", fmt.Sprintf("input %s%s", t.Style(markup.Bold, fmt.Sprintf("%q", o.Input)), inputShape(r, o.Input)), 10)
 		} else {
 			t.para(fmt.Sprintf("  origin (%s pass): ", o.Pass), fmt.Sprintf("%s (%s, module %s, computes in %s)",
-				t.style(ansiBold, o.Node), o.OpType, moduleOrModel(o.Module), precisionLabel(o.Precision, o.Provenance, false)), 10)
+				t.Style(markup.Bold, o.Node), o.OpType, moduleOrModel(o.Module), precisionLabel(o.Precision, o.Provenance, false)), 10)
 		}
 		t.para("          ", originFacts(r, o), 10)
 		if why := originWhy(o); why != "" {
@@ -91,11 +97,11 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 		}
 	}
 	for _, f := range r.Fixes {
-		fm := t.style(ansiRed, "does not work")
+		fm := t.Style(markup.Red, "does not work")
 		if f.Works {
-			fm = t.style(ansiGreen, "works")
+			fm = t.Style(markup.Green, "works")
 		}
-		t.para(fmt.Sprintf("  fix %s (%s, verified by rerun): ", t.style(ansiBold, f.Kind), fm),
+		t.para(fmt.Sprintf("  fix %s (%s, verified by rerun): ", t.Style(markup.Bold, f.Kind), fm),
 			fmt.Sprintf("%s (NaN/Inf values %d → %d)", f.Summary, f.NonFiniteBefore, f.NonFiniteAfter), 6)
 		for _, n := range f.Normalize {
 			t.para("      ", fmt.Sprintf("input %q: mean %s std %s", n.Input, floats(n.Mean), floats(n.Std)), 8)
@@ -104,9 +110,9 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 			}
 			if n.Torch != "" {
 				// Code is printed as it is: wrapping would break it.
-				t.printf("      PyTorch:\n")
+				t.Printf("      PyTorch:\n")
 				for _, line := range strings.Split(n.Torch, "\n") {
-					t.printf("        %s\n", line)
+					t.Printf("        %s\n", line)
 				}
 			}
 		}
@@ -117,46 +123,36 @@ func auditText(w io.Writer, r *report.Report, opt TextOptions) error {
 	}
 
 	t.training(r.Training)
-	t.printf("\n")
-	t.para(t.style(ansiDim, "model: "), fmt.Sprintf("%d nodes, producer %q %s, IR %d, opsets %s", r.Model.NodeCount,
+	t.Printf("\n")
+	t.para(t.Style(markup.Dim, "model: "), fmt.Sprintf("%d nodes, producer %q %s, IR %d, opsets %s", r.Model.NodeCount,
 		r.Model.Producer, r.Model.ProducerVersion, r.Model.IRVersion, opsetString(r.Model.Opsets)), 7)
-	t.para(t.style(ansiDim, "run: "), fmt.Sprintf("policy %s, passes %s, %d batch(es), ONNX Runtime %s on %s", r.Policy,
+	t.para(t.Style(markup.Dim, "run: "), fmt.Sprintf("policy %s, passes %s, %d batch(es), ONNX Runtime %s on %s", r.Policy,
 		strings.Join(r.Passes, ", "), len(r.Batches), r.Tool.ORTVersion, r.Tool.Device), 5)
 	for _, n := range r.Notes {
-		t.para(t.style(ansiDim, "note: "), n, 6)
+		t.para(t.Style(markup.Dim, "note: "), n, 6)
 	}
 
-	t.printf("\n")
+	t.Printf("\n")
 	if len(r.Findings) == 0 {
-		t.printf("findings: none\n")
+		t.Printf("findings: none\n")
 	} else {
-		t.printf("findings:\n")
+		t.Printf("findings:\n")
 		for _, f := range r.Findings {
-			t.para(fmt.Sprintf("  %s %s  ", t.style(severityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check), f.Message, 18)
+			t.para(fmt.Sprintf("  %s %s  ", t.Style(markup.SeverityStyle(f.Severity), fmt.Sprintf("%-7s", f.Severity)), f.Check), f.Message, 18)
 		}
 	}
 	if h := headroomSummary(r.Summary); h != "" {
 		t.para("", h, 2)
 	}
-	t.printf("\n")
+	t.Printf("\n")
 	t.para("", fmt.Sprintf("per-node statistics (%s pass; headroom against 65504 from fp32):", pass), 0)
 	t.nodeTable(r, pass, opt)
 	if !opt.ConstantNodes && !opt.OnlyFlagged {
 		if note := hiddenNote(hiddenConstants(r)); note != "" {
-			t.para("", t.style(ansiDim, note+"; 'fp16audit render REPORT.json --constant-nodes' lists them"), 0)
+			t.para("", t.Style(markup.Dim, note+"; 'fp16audit render REPORT.json --constant-nodes' lists them"), 0)
 		}
 	}
-	return t.err
-}
-
-func severityStyle(s checks.Severity) string {
-	switch s {
-	case checks.SevError:
-		return ansiRed + ansiBold
-	case checks.SevWarning:
-		return ansiYellow
-	}
-	return ansiCyan
+	return t.Err()
 }
 
 // cell is one table cell: its plain text and the style it is shown in.
@@ -237,14 +233,14 @@ func (t *textWriter) nodeTable(r *report.Report, pass string, opt TextOptions) {
 				continue
 			}
 			pad := widths[i] - runeLen(c.text)
-			b.WriteString(t.style(c.style, c.text))
+			b.WriteString(t.Style(c.style, c.text))
 			b.WriteString(strings.Repeat(" ", pad+gap))
 		}
-		t.printf("%s\n", strings.TrimRight(b.String(), " "))
+		t.Printf("%s\n", strings.TrimRight(b.String(), " "))
 	}
 	hc := make([]cell, len(head))
 	for i, h := range head {
-		hc[i] = cell{h, ansiBold}
+		hc[i] = cell{h, markup.Bold}
 	}
 	line(hc)
 	for _, row := range rows {
@@ -298,9 +294,9 @@ func fitTable(widths []int, hidden []bool, width int) (gap int) {
 func valueCells(index, node, op, prec string, v report.ValueReport, pass string, flagged bool) []cell {
 	nodeStyle := ""
 	if flagged {
-		nodeStyle = ansiRed
+		nodeStyle = markup.Red
 	}
-	row := []cell{{index, ansiDim}, {node, nodeStyle}, {op, ""}, {prec, ""}, {v.Name, ""}, {v.Shape, ansiDim}}
+	row := []cell{{index, markup.Dim}, {node, nodeStyle}, {op, ""}, {prec, ""}, {v.Name, ""}, {v.Shape, markup.Dim}}
 	ref, hasRef := v.Stats[report.PassFP32]
 	s, ok := v.Stats[pass]
 	if !ok {
@@ -316,14 +312,14 @@ func valueCells(index, node, op, prec string, v report.ValueReport, pass string,
 	if ref.HeadroomBits != nil {
 		head = fmt.Sprintf("%.1f", *ref.HeadroomBits)
 		if *ref.HeadroomBits < 0 {
-			headStyle = ansiRed
+			headStyle = markup.Red
 		}
 	}
 	count := func(n int64) cell {
 		if n > 0 {
-			return cell{fmt.Sprint(n), ansiRed + ansiBold}
+			return cell{fmt.Sprint(n), markup.Red + markup.Bold}
 		}
-		return cell{"0", ansiDim}
+		return cell{"0", markup.Dim}
 	}
 	return append(row, cell{formatOpt(ref.MaxAbs), ""}, cell{head, headStyle}, cell{formatOpt(s.MaxAbs), ""},
 		count(s.NaN), count(s.PosInf), count(s.NegInf))

@@ -1,4 +1,4 @@
-package render
+package audit
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"errors"
@@ -10,13 +10,14 @@ import (
 	"strings"
 
 	"fp16audit/internal/tfevents"
+	"fp16audit/internal/trainlog"
 )
 
 // readTensorBoard reads the scalars of a TensorBoard event file, or of
 // every event file in a log directory (in name order, which is creation
 // order), and picks the loss, scale and skipped tags: opt.Columns first
 // (--tag), then tag names recognised by meaning.
-func readTensorBoard(path string, opt ReadOptions) (*Log, error) {
+func readTensorBoard(path string, opt ReadOptions) (*trainlog.Log, error) {
 	files, err := eventFiles(path)
 	if err != nil {
 		return nil, err

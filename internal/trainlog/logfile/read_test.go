@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 
 func TestParseJSONNonFinite(t *testing.T) {
 	data := `{"note": "NaN and Infinity in a string stay", "losses": [1.5, NaN, Infinity, -Infinity, null, "nan", "inf"], "steps_per_epoch": 3}`
-	l, err := ParseJSON("run.json", []byte(data))
+	l, err := parseJSON("run.json", []byte(data), ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestParseJSONNonFinite(t *testing.T) {
 
 func TestParseCSV(t *testing.T) {
 	data := "# written by torch_scales_loop.py\nstep,epoch,loss,scale,lr\n10,0,2.5,65536.0,0.1\n11,0,nan,32768.0,0.1\n12,1,inf,16384,0.1\n"
-	l, err := ParseCSV("run.csv", []byte(data))
+	l, err := parseDelimited("run.csv", []byte(data), ReadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestParseCSV(t *testing.T) {
 }
 
 func TestZeroScaleAfterUnderflow(t *testing.T) {
-	if _, err := ParseJSON("run.json", []byte(`{"scales": [1e-45, 0]}`)); err != nil {
+	if _, err := parseJSON("run.json", []byte(`{"scales": [1e-45, 0]}`), ReadOptions{}); err != nil {
 		t.Errorf("a scale halved to zero in float32: %v", err)
 	}
 }
@@ -92,7 +92,7 @@ func TestParseErrors(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tt.data), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			_, err := ReadFile(path)
+			_, err := Read(path, ReadOptions{})
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -110,16 +110,16 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-func TestReadFileSniffs(t *testing.T) {
+func TestReadSniffs(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "log.txt")
 	if err := os.WriteFile(js, []byte(` {"scales": [65536]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if l, err := ReadFile(js); err != nil || len(l.Scales) != 1 {
+	if l, err := Read(js, ReadOptions{}); err != nil || len(l.Scales) != 1 {
 		t.Errorf("sniffed JSON: %v %v", l, err)
 	}
-	if _, err := ReadFile(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := Read(filepath.Join(dir, "missing.json"), ReadOptions{}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 
 	"fp16audit/internal/batch"
 	"fp16audit/internal/tensor"
+	"fp16audit/internal/trainlog"
 )
 
 // The values of ReadOptions.Series.
@@ -21,7 +22,7 @@ const (
 
 // readNPYList reads a one-dimensional array saved with np.save: a plain
 // list of losses or scales.
-func readNPYList(path string, data []byte, opt ReadOptions) (*Log, error) {
+func readNPYList(path string, data []byte, opt ReadOptions) (*trainlog.Log, error) {
 	t, err := batch.DecodeNPY(bytes.NewReader(data), int64(len(data)))
 	if err != nil {
 		return nil, &ParseError{Path: path, Msg: fmt.Sprintf("%v: want a one-dimensional float array saved with np.save(path, np.array(values, dtype=np.float64))", err)}
@@ -58,7 +59,7 @@ func readNPYList(path string, data []byte, opt ReadOptions) (*Log, error) {
 // is a loss-scale series (GradScaler's scale is a power of two from the
 // default init_scale, and no loss series is), as is a list of positive
 // numbers in a file whose name says "scale"; anything else is losses.
-func listLog(path, format string, vals []float64, where func(int) (int, string), opt ReadOptions) (*Log, error) {
+func listLog(path, format string, vals []float64, where func(int) (int, string), opt ReadOptions) (*trainlog.Log, error) {
 	if len(vals) == 0 {
 		return nil, &ParseError{Path: path, Msg: "empty list: want one value per optimizer step"}
 	}
@@ -80,7 +81,7 @@ func listLog(path, format string, vals []float64, where func(int) (int, string),
 			series, why = SeriesScale, "its name says scale and every value is positive (pass --series loss if they are losses)"
 		}
 	}
-	l := &Log{Path: path, Format: format}
+	l := &trainlog.Log{Path: path, Format: format}
 	switch series {
 	case SeriesLoss:
 		l.Losses = vals
@@ -105,7 +106,7 @@ func listLog(path, format string, vals []float64, where func(int) (int, string),
 	default:
 		return nil, fmt.Errorf("--series %q: want %s, %s or %s", series, SeriesLoss, SeriesScale, SeriesFastaiScales)
 	}
-	if err := l.validate(); err != nil {
+	if err := validate(l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -122,8 +123,8 @@ func listLog(path, format string, vals []float64, where func(int) (int, string),
 // observed growth; a growth cancelled by the next step's backoff leaves the
 // scale unchanged and is found the same way. Skipped steps after the last
 // entry are not in the list.
-func fastaiScales(l *Log, e []float64) {
-	init := DefaultScaler.InitScale
+func fastaiScales(l *trainlog.Log, e []float64) {
+	init := trainlog.DefaultScaler.InitScale
 	if k := math.Log2(init / e[0]); k < 0 || k != math.Trunc(k) {
 		init = e[0]
 		l.Notes = append(l.Notes, fmt.Sprintf("the first scale %s is not PyTorch's default init_scale 65536 halved a whole number of times: init_scale taken as %s", formatScaleShort(e[0]), formatScaleShort(e[0])))
@@ -132,7 +133,7 @@ func fastaiScales(l *Log, e []float64) {
 	for i := 0; i+1 < len(e); i++ {
 		count++
 		switch r := e[i+1] / e[i]; {
-		case r == DefaultScaler.GrowthFactor:
+		case r == trainlog.DefaultScaler.GrowthFactor:
 			if !seen || count < interval {
 				interval = count
 			}
@@ -143,11 +144,11 @@ func fastaiScales(l *Log, e []float64) {
 		}
 	}
 	if !seen {
-		interval = DefaultScaler.GrowthInterval
+		interval = trainlog.DefaultScaler.GrowthInterval
 		l.NotDerived = append(l.NotDerived, "skipped steps where a growth was cancelled by the next step's backoff: the scale never grows in the list, so growth_interval is taken as PyTorch's default 2000 and such pairs, which leave the scale unchanged, are not counted")
 	}
 	out := []float64{}
-	for s := init * DefaultScaler.BackoffFactor; s >= e[0]; s *= DefaultScaler.BackoffFactor {
+	for s := init * trainlog.DefaultScaler.BackoffFactor; s >= e[0]; s *= trainlog.DefaultScaler.BackoffFactor {
 		out = append(out, s)
 	}
 	tracker, odd := 0, -1
@@ -155,7 +156,7 @@ func fastaiScales(l *Log, e []float64) {
 		tracker++
 		after := used
 		if tracker == interval {
-			after, tracker = used*DefaultScaler.GrowthFactor, 0
+			after, tracker = used*trainlog.DefaultScaler.GrowthFactor, 0
 		}
 		out = append(out, after)
 		if i+1 == len(e) {
@@ -168,7 +169,7 @@ func fastaiScales(l *Log, e []float64) {
 			}
 			continue
 		}
-		for s := after * DefaultScaler.BackoffFactor; k > 0; s, k = s*DefaultScaler.BackoffFactor, k-1 {
+		for s := after * trainlog.DefaultScaler.BackoffFactor; k > 0; s, k = s*trainlog.DefaultScaler.BackoffFactor, k-1 {
 			out = append(out, s)
 			tracker = 0
 		}

@@ -1,4 +1,4 @@
-package render
+package scales
 
 import (
 	"encoding/json"
@@ -10,17 +10,18 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
-// scalesHTML writes the training-log diagnosis as one self-contained page,
+// HTML writes the training-log diagnosis as one self-contained page,
 // like the audit report: the verdict card, log2(scale) over the steps with
 // the skipped steps (each one a backoff of the scale), the warm-up, a
 // pinned stretch and the first NaN marked, the loss against the fp32
 // baseline, the reconstruction, the findings and what the log could not
 // tell. It loads nothing from the network; a small inline script shows a
 // bucket's numbers under the mouse.
-func scalesHTML(w io.Writer, r *report.ScalesReport) error {
+func HTML(w io.Writer, r *report.ScalesReport) error {
 	data, err := json.Marshal(struct {
 		Series []report.Bucket `json:"series"`
 	}{r.Series})
@@ -33,7 +34,7 @@ func scalesHTML(w io.Writer, r *report.ScalesReport) error {
 		Badge:  "✓",
 		Rows:   scaleRows(r),
 		Data:   template.JS(data),
-		CSS:    template.CSS(htmlCSS + scalesCSS),
+		CSS:    template.CSS(markup.PageCSS + scalesCSS),
 		Script: template.JS(scalesScript),
 	}
 	switch r.MaxSeverity() {
@@ -60,11 +61,11 @@ func scalesHTML(w io.Writer, r *report.ScalesReport) error {
 			v.LossChart = template.HTML(lossChartSVG(r, ax))
 		}
 	}
-	bw := &errWriter{w: w}
+	bw := markup.NewWriter(w, false)
 	if err := scalesPage.Execute(bw, v); err != nil {
 		return err
 	}
-	return bw.err
+	return bw.Err()
 }
 
 type scalesView struct {
@@ -117,10 +118,10 @@ func (a stepAxis) xTicks(b *strings.Builder, y float64) {
 	}
 	fmt.Fprintf(b, `<g class="xaxis">`)
 	for s := math.Ceil((a.from+0.5)/step) * step; s <= a.to-0.5; s += step {
-		x := fnum(a.x(s))
-		fmt.Fprintf(b, `<line x1="%s" x2="%s" y1="%s" y2="%s"/><text x="%s" y="%s">%d</text>`, x, x, fnum(y), fnum(y+5), x, fnum(y+18), int(s))
+		x := markup.Coord(a.x(s))
+		fmt.Fprintf(b, `<line x1="%s" x2="%s" y1="%s" y2="%s"/><text x="%s" y="%s">%d</text>`, x, x, markup.Coord(y), markup.Coord(y+5), x, markup.Coord(y+18), int(s))
 	}
-	fmt.Fprintf(b, `<text x="%s" y="%s" class="xl">step</text></g>`, fnum(sRight+12), fnum(y+18))
+	fmt.Fprintf(b, `<text x="%s" y="%s" class="xl">step</text></g>`, markup.Coord(sRight+12), markup.Coord(y+18))
 }
 
 // nanStep is the step of the first NaN/Inf loss, read or inferred, and
@@ -142,12 +143,12 @@ func nanStep(r *report.ScalesReport) (step int, label string, ok bool) {
 // the top.
 func span(b *strings.Builder, ax stepAxis, from, to int, top, height float64, class, label string, right bool, line int) string {
 	x0, x1 := ax.x(float64(from)-0.5), ax.x(float64(to)+0.5)
-	fmt.Fprintf(b, `<rect class="%s" x="%s" y="%s" width="%s" height="%s"/>`, class, fnum(x0), fnum(top), fnum(max(x1-x0, 1)), fnum(height))
+	fmt.Fprintf(b, `<rect class="%s" x="%s" y="%s" width="%s" height="%s"/>`, class, markup.Coord(x0), markup.Coord(top), markup.Coord(max(x1-x0, 1)), markup.Coord(height))
 	x, anchor := x0+4, "start"
 	if right {
 		x, anchor = x1-4, "end"
 	}
-	return fmt.Sprintf(`<text class="%s-l" x="%s" y="%s" text-anchor="%s">%s</text>`, class, fnum(x), fnum(top+14+15*float64(line)), anchor, template.HTMLEscapeString(label))
+	return fmt.Sprintf(`<text class="%s-l" x="%s" y="%s" text-anchor="%s">%s</text>`, class, markup.Coord(x), markup.Coord(top+14+15*float64(line)), anchor, template.HTMLEscapeString(label))
 }
 
 // nanLine draws the first NaN across a plot, labelled at labelY.
@@ -163,7 +164,7 @@ func nanLine(b *strings.Builder, r *report.ScalesReport, ax stepAxis, top, botto
 		anchor, dx = "end", -5
 	}
 	fmt.Fprintf(b, `<line class="nan" x1="%s" x2="%s" y1="%s" y2="%s"/><text class="nan-l" x="%s" y="%s" text-anchor="%s">%s</text>`,
-		fnum(x), fnum(x), fnum(top), fnum(bottom), fnum(x+dx), fnum(labelY), anchor, template.HTMLEscapeString(label))
+		markup.Coord(x), markup.Coord(x), markup.Coord(top), markup.Coord(bottom), markup.Coord(x+dx), markup.Coord(labelY), anchor, template.HTMLEscapeString(label))
 }
 
 // legend writes legend entries from x at y; each is an SVG snippet of the
@@ -171,7 +172,7 @@ func nanLine(b *strings.Builder, r *report.ScalesReport, ax stepAxis, top, botto
 func legend(b *strings.Builder, y float64, entries ...[2]string) {
 	x := float64(sLeft)
 	for _, e := range entries {
-		fmt.Fprintf(b, `<g transform="translate(%s %s)">%s</g><text x="%s" y="%s" class="lg">%s</text>`, fnum(x), fnum(y), e[0], fnum(x+30), fnum(y+4), template.HTMLEscapeString(e[1]))
+		fmt.Fprintf(b, `<g transform="translate(%s %s)">%s</g><text x="%s" y="%s" class="lg">%s</text>`, markup.Coord(x), markup.Coord(y), e[0], markup.Coord(x+30), markup.Coord(y+4), template.HTMLEscapeString(e[1]))
 		x += 44 + 6.9*float64(len([]rune(e[1])))
 	}
 }
@@ -197,7 +198,7 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	height := rugTop + sRugH + sAxisGap + sLabelGap + 12
 
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg id="scale-chart" class="schart" viewBox="0 0 %d %s" role="img" aria-label="log2 of the loss scale over the steps, skipped steps marked">`, sChartW, fnum(height))
+	fmt.Fprintf(&b, `<svg id="scale-chart" class="schart" viewBox="0 0 %d %s" role="img" aria-label="log2 of the loss scale over the steps, skipped steps marked">`, sChartW, markup.Coord(height))
 	entries := [][2]string{
 		{`<line x2="24" class="scale"/>`, "log2(scale), lowest in the bucket"},
 		{`<rect y="-5" width="24" height="10" class="band"/>`, "range in the bucket"},
@@ -215,7 +216,7 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	fmt.Fprintf(&b, `<g class="grid">`)
 	for v := math.Ceil(lo/gridStep) * gridStep; v <= hi; v += gridStep {
 		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s"/><text x="%d" y="%s" class="yl">%s</text>`,
-			sLeft, sRight, fnum(y(v)), fnum(y(v)), sLeft-6, fnum(y(v)+4), pow2(int(v)))
+			sLeft, sRight, markup.Coord(y(v)), markup.Coord(y(v)), sLeft-6, markup.Coord(y(v)+4), markup.Pow2(int(v)))
 	}
 	b.WriteString(`</g>`)
 
@@ -240,14 +241,14 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 		}
 		x0, x1 := ax.x(float64(bk.From)-0.5), ax.x(float64(bk.To)+0.5)
 		if *bk.Log2ScaleMax > *bk.Log2ScaleMin {
-			fmt.Fprintf(&band, "M%s %sH%sV%sH%sZ", fnum(x0), fnum(y(*bk.Log2ScaleMax)), fnum(x1), fnum(y(*bk.Log2ScaleMin)), fnum(x0))
+			fmt.Fprintf(&band, "M%s %sH%sV%sH%sZ", markup.Coord(x0), markup.Coord(y(*bk.Log2ScaleMax)), markup.Coord(x1), markup.Coord(y(*bk.Log2ScaleMin)), markup.Coord(x0))
 		}
 		if pen == "M" {
-			fmt.Fprintf(&line, "M%s %s", fnum(x0), fnum(y(*bk.Log2ScaleMin)))
+			fmt.Fprintf(&line, "M%s %s", markup.Coord(x0), markup.Coord(y(*bk.Log2ScaleMin)))
 		} else {
-			fmt.Fprintf(&line, "V%s", fnum(y(*bk.Log2ScaleMin)))
+			fmt.Fprintf(&line, "V%s", markup.Coord(y(*bk.Log2ScaleMin)))
 		}
-		fmt.Fprintf(&line, "H%s", fnum(x1))
+		fmt.Fprintf(&line, "H%s", markup.Coord(x1))
 		pen = "L"
 	}
 	if band.Len() > 0 {
@@ -257,12 +258,12 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 
 	// The rug: one tick per skipped step when the report lists them all,
 	// else a bar per bucket as high as the share of its steps skipped.
-	fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl">skipped</text>`, sLeft-6, fnum(rugTop+sRugH-3))
+	fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl">skipped</text>`, sLeft-6, markup.Coord(rugTop+sRugH-3))
 	var rug strings.Builder
 	if s := r.Scales; s != nil && !s.SkippedAtTruncated {
 		for _, st := range s.SkippedAt {
-			x := fnum(ax.x(float64(st)))
-			fmt.Fprintf(&rug, "M%s %sV%s", x, fnum(rugTop), fnum(rugTop+sRugH))
+			x := markup.Coord(ax.x(float64(st)))
+			fmt.Fprintf(&rug, "M%s %sV%s", x, markup.Coord(rugTop), markup.Coord(rugTop+sRugH))
 		}
 		fmt.Fprintf(&b, `<path class="skip" d="%s"/>`, rug.String())
 	} else {
@@ -272,7 +273,7 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 			}
 			h := sRugH * float64(bk.Skipped) / float64(bk.To-bk.From+1)
 			x0, x1 := ax.x(float64(bk.From)-0.5), ax.x(float64(bk.To)+0.5)
-			fmt.Fprintf(&rug, "M%s %sH%sV%sH%sZ", fnum(x0), fnum(rugTop+sRugH-h), fnum(x1), fnum(rugTop+sRugH), fnum(x0))
+			fmt.Fprintf(&rug, "M%s %sH%sV%sH%sZ", markup.Coord(x0), markup.Coord(rugTop+sRugH-h), markup.Coord(x1), markup.Coord(rugTop+sRugH), markup.Coord(x0))
 		}
 		fmt.Fprintf(&b, `<path class="skipbar" d="%s"/>`, rug.String())
 	}
@@ -280,8 +281,8 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	nanLine(&b, r, ax, sTop, rugTop+sRugH, sTop+29)
 	b.WriteString(labels.String())
 	ax.xTicks(&b, rugTop+sRugH+sAxisGap)
-	fmt.Fprintf(&b, `<line class="cursor" x1="0" x2="0" y1="%d" y2="%s" visibility="hidden"/>`, sTop, fnum(rugTop+sRugH))
-	fmt.Fprintf(&b, `<rect class="hit" x="%d" y="%d" width="%d" height="%s"/>`, sLeft, sTop, sRight-sLeft, fnum(rugTop+sRugH-sTop))
+	fmt.Fprintf(&b, `<line class="cursor" x1="0" x2="0" y1="%d" y2="%s" visibility="hidden"/>`, sTop, markup.Coord(rugTop+sRugH))
+	fmt.Fprintf(&b, `<rect class="hit" x="%d" y="%d" width="%d" height="%s"/>`, sLeft, sTop, sRight-sLeft, markup.Coord(rugTop+sRugH-sTop))
 	b.WriteString(`</svg>`)
 	return b.String()
 }
@@ -303,7 +304,7 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	bottom := plotTop + sPlotH
 	height := bottom + sAxisGap + sLabelGap + 12
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg id="loss-chart" class="schart" viewBox="0 0 %d %s" role="img" aria-label="loss over the steps against the fp32 baseline, NaN/Inf marked">`, sChartW, fnum(height))
+	fmt.Fprintf(&b, `<svg id="loss-chart" class="schart" viewBox="0 0 %d %s" role="img" aria-label="loss over the steps against the fp32 baseline, NaN/Inf marked">`, sChartW, markup.Coord(height))
 	entries := [][2]string{{`<line x2="24" class="loss"/>`, "loss, mean of the finite ones in the bucket"}}
 	if r.Baseline != nil {
 		entries = append(entries, [2]string{`<line x2="24" class="base"/>`, "fp32 baseline"})
@@ -316,7 +317,7 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	}
 	legend(&b, 18, entries...)
 	if math.IsInf(lo, 0) {
-		fmt.Fprintf(&b, `<text x="%d" y="%s" class="note">no bucket holds a finite loss</text>`, sLeft+10, fnum(plotTop+40))
+		fmt.Fprintf(&b, `<text x="%d" y="%s" class="note">no bucket holds a finite loss</text>`, sLeft+10, markup.Coord(plotTop+40))
 		lo, hi = 0, 1
 	}
 	if hi == lo {
@@ -329,7 +330,7 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	fmt.Fprintf(&b, `<g class="grid">`)
 	for _, v := range niceTicks(lo, hi, 5) {
 		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%s" y2="%s"/><text x="%d" y="%s" class="yl">%s</text>`,
-			sLeft, sRight, fnum(y(v)), fnum(y(v)), sLeft-6, fnum(y(v)+4), strconv.FormatFloat(v, 'g', 4, 64))
+			sLeft, sRight, markup.Coord(y(v)), markup.Coord(y(v)), sLeft-6, markup.Coord(y(v)+4), strconv.FormatFloat(v, 'g', 4, 64))
 	}
 	b.WriteString(`</g>`)
 	label := ""
@@ -341,11 +342,11 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	for _, bk := range r.Series {
 		if bk.NonFinite > 0 {
 			x0, x1 := ax.x(float64(bk.From)-0.5), ax.x(float64(bk.To)+0.5)
-			fmt.Fprintf(&nan, "M%s %sH%sV%sH%sZ", fnum(x0), fnum(nanTop+4), fnum(x1), fnum(nanTop+16), fnum(x0))
+			fmt.Fprintf(&nan, "M%s %sH%sV%sH%sZ", markup.Coord(x0), markup.Coord(nanTop+4), markup.Coord(x1), markup.Coord(nanTop+16), markup.Coord(x0))
 		}
 	}
 	if nan.Len() > 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl bad">NaN/Inf</text><path class="nanbar" d="%s"/>`, sLeft-6, fnum(nanTop+14), nan.String())
+		fmt.Fprintf(&b, `<text x="%d" y="%s" class="yl bad">NaN/Inf</text><path class="nanbar" d="%s"/>`, sLeft-6, markup.Coord(nanTop+14), nan.String())
 	}
 	path := func(val func(report.Bucket) *float64) string {
 		var d strings.Builder
@@ -356,7 +357,7 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 				pen = "M" // no finite loss here: a gap, not a line across it
 				continue
 			}
-			fmt.Fprintf(&d, "%s%s %s", pen, fnum(ax.x(float64(bk.From+bk.To)/2)), fnum(y(*v)))
+			fmt.Fprintf(&d, "%s%s %s", pen, markup.Coord(ax.x(float64(bk.From+bk.To)/2)), markup.Coord(y(*v)))
 			pen = "L"
 		}
 		return d.String()
@@ -368,8 +369,8 @@ func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	nanLine(&b, r, ax, nanTop, bottom, bottom-8)
 	b.WriteString(label)
 	ax.xTicks(&b, bottom+sAxisGap)
-	fmt.Fprintf(&b, `<line class="cursor" x1="0" x2="0" y1="%s" y2="%s" visibility="hidden"/>`, fnum(nanTop), fnum(bottom))
-	fmt.Fprintf(&b, `<rect class="hit" x="%d" y="%s" width="%d" height="%s"/>`, sLeft, fnum(nanTop), sRight-sLeft, fnum(bottom-nanTop))
+	fmt.Fprintf(&b, `<line class="cursor" x1="0" x2="0" y1="%s" y2="%s" visibility="hidden"/>`, markup.Coord(nanTop), markup.Coord(bottom))
+	fmt.Fprintf(&b, `<rect class="hit" x="%d" y="%s" width="%d" height="%s"/>`, sLeft, markup.Coord(nanTop), sRight-sLeft, markup.Coord(bottom-nanTop))
 	b.WriteString(`</svg>`)
 	return b.String()
 }

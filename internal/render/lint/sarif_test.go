@@ -1,4 +1,4 @@
-package render
+package lint
 
 import (
 	"bytes"
@@ -15,18 +15,7 @@ import (
 	"fp16audit/checks"
 )
 
-func init() {
-	// Golden files are refreshed with `go test ./... -update`; another test
-	// file of the package may declare the flag already.
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files")
-	}
-}
-
-func updateGolden() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
+var update = flag.Bool("update", false, "rewrite testdata/lint.sarif.golden")
 
 var sarifRules = []*checks.Check{
 	{ID: "FP4003", Title: "explicit half cast in the graph", Severity: checks.SevWarning, Doc: "The graph casts to fp16 itself."},
@@ -59,7 +48,7 @@ func TestSARIFGolden(t *testing.T) {
 	}
 	validateSARIF(t, buf.Bytes())
 	golden := filepath.Join("testdata", "lint.sarif.golden")
-	if updateGolden() {
+	if *update {
 		if err := os.MkdirAll("testdata", 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -69,10 +58,10 @@ func TestSARIFGolden(t *testing.T) {
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {
-		t.Fatalf("%v (run go test ./internal/render -update)", err)
+		t.Fatalf("%v (run go test ./internal/render/lint -update)", err)
 	}
 	if !bytes.Equal(buf.Bytes(), want) {
-		t.Errorf("SARIF output differs from %s (run go test ./internal/render -update and review the diff):\n%s", golden, buf.String())
+		t.Errorf("SARIF output differs from %s (run go test ./internal/render/lint -update and review the diff):\n%s", golden, buf.String())
 	}
 	validateSARIF(t, want)
 }

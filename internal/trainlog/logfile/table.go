@@ -1,4 +1,4 @@
-package trainlog
+package logfile
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"fp16audit/internal/trainlog"
 )
 
 // The meanings a column of a table can have. A table is any log with named
@@ -283,7 +285,7 @@ func readFlag(c cell) (int8, bool) {
 
 // rowsFromTable interprets a table's columns: a per-step log, or fastai's
 // per-epoch history.csv.
-func rowsFromTable(t *table, opt ReadOptions) (*Log, error) {
+func rowsFromTable(t *table, opt ReadOptions) (*trainlog.Log, error) {
 	col, notes, err := t.resolveColumns(opt)
 	if err != nil {
 		return nil, err
@@ -421,9 +423,9 @@ type rows struct {
 	errAt                      func(e entry, col string, format string, args ...any) error
 }
 
-func (r *rows) log() (*Log, error) {
+func (r *rows) log() (*trainlog.Log, error) {
 	es := r.entries
-	l := &Log{Path: r.path, Format: r.format, Notes: r.notes, NotDerived: r.notDerived}
+	l := &trainlog.Log{Path: r.path, Format: r.format, Notes: r.notes, NotDerived: r.notDerived}
 	if !r.hasStep {
 		for i := range es {
 			es[i].step = i
@@ -497,7 +499,7 @@ func (r *rows) log() (*Log, error) {
 			return nil, err
 		}
 	}
-	if err := l.validate(); err != nil {
+	if err := validate(l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -508,7 +510,7 @@ func (r *rows) log() (*Log, error) {
 // less often than the other columns: empty on most rows while finite
 // losses keep coming after the first empty one. Rows without a loss are
 // then left out (a Log holds a loss for every entry or for none).
-func (r *rows) readEmptyLosses(l *Log, es []entry) []entry {
+func (r *rows) readEmptyLosses(l *trainlog.Log, es []entry) []entry {
 	empty, values, firstEmpty, finiteAfter := 0, 0, -1, false
 	for i, e := range es {
 		switch e.lossState {
@@ -559,7 +561,7 @@ func (r *rows) readEmptyLosses(l *Log, es []entry) []entry {
 // indices; fractional ones are epochs completed after the step (Hugging
 // Face's Trainer writes 0.5 half-way through the first epoch and 1.0 at its
 // last step), so the index is the value rounded up, less one.
-func (r *rows) epochs(l *Log, es []entry) error {
+func (r *rows) epochs(l *trainlog.Log, es []entry) error {
 	frac := false
 	for _, e := range es {
 		if isFinite(e.epoch) && e.epoch != math.Trunc(e.epoch) {
@@ -618,8 +620,8 @@ func isHistory(t *table, col map[string]int, opt ReadOptions) bool {
 // historyLog reads fastai's history.csv: train_loss (fastai's smoothed
 // training loss at the end of the epoch) as the loss of every epoch,
 // valid_loss beside it.
-func historyLog(t *table, col map[string]int, notes []string) (*Log, error) {
-	l := &Log{Path: t.path, Format: "fastai-history", PerEpoch: true, Notes: notes}
+func historyLog(t *table, col map[string]int, notes []string) (*trainlog.Log, error) {
+	l := &trainlog.Log{Path: t.path, Format: "fastai-history", PerEpoch: true, Notes: notes}
 	validCol := slices.IndexFunc(t.names, func(x string) bool { return normalize(x) == "valid_loss" })
 	epochCol, lossCol := col[colEpoch], col[colLoss]
 	var epochs []int
@@ -669,7 +671,7 @@ func historyLog(t *table, col map[string]int, notes []string) (*Log, error) {
 	return l, nil
 }
 
-// ParseCSV reads a table of comma- or tab-separated values: a header
+// parseDelimited reads a table of comma- or tab-separated values: a header
 // naming the columns, then one row per optimizer step (or every N steps).
 // Columns are recognised by meaning (step, iteration, global_step; loss,
 // train_loss; scale, loss_scale, grad_scale, amp_scale; skipped, found_inf,
@@ -677,11 +679,7 @@ func historyLog(t *table, col map[string]int, notes []string) (*Log, error) {
 // or empty (NaN). Lines starting with '#' are comments. fastai's
 // history.csv (epoch, train_loss, valid_loss, …) is read as a per-epoch
 // log.
-func ParseCSV(path string, data []byte) (*Log, error) {
-	return parseDelimited(path, data, ReadOptions{})
-}
-
-func parseDelimited(path string, data []byte, opt ReadOptions) (*Log, error) {
+func parseDelimited(path string, data []byte, opt ReadOptions) (*trainlog.Log, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, &ParseError{Path: path, Msg: "empty file: " + formatHint}
 	}

@@ -1,10 +1,11 @@
-package render
+package audit
 
 import (
 	"fmt"
 	"io"
 	"strings"
 
+	"fp16audit/internal/render/markup"
 	"fp16audit/report"
 )
 
@@ -12,20 +13,20 @@ import (
 // over 65 536 characters; the margin leaves room for a CI job's own text.
 const MarkdownLimit = 60000
 
-// auditMarkdown writes r as GitHub-flavoured Markdown for a pull-request comment
+// Markdown writes r as GitHub-flavoured Markdown for a pull-request comment
 // or a CI job summary: the verdict, the origins, the verified fixes, the
 // findings and the flagged nodes. Table rows that would take the document
 // over MarkdownLimit are cut, and a note says how many.
-func auditMarkdown(w io.Writer, r *report.Report) error {
+func Markdown(w io.Writer, r *report.Report) error {
 	var b strings.Builder
 	mark := map[string]string{"ok": "✅", "caution": "⚠️", "fail": "❌"}[verdictMood(r)]
 	fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", mark, r.Verdict)
-	fmt.Fprintf(&b, "**%s**\n\n", mdText(r.VerdictText))
+	fmt.Fprintf(&b, "**%s**\n\n", markup.MDText(r.VerdictText))
 	fmt.Fprintf(&b, "Model %s: %d nodes, producer %s %s, opsets %s. Policy `%s`, passes %s, %d batch(es), ONNX Runtime %s on %s, fp16audit %s.\n",
-		mdCode(r.Model.Path), r.Model.NodeCount, mdText(r.Model.Producer), mdText(r.Model.ProducerVersion), mdText(opsetString(r.Model.Opsets)),
-		r.Policy, mdText(strings.Join(r.Passes, ", ")), len(r.Batches), mdText(r.Tool.ORTVersion), mdText(r.Tool.Device), mdText(r.Tool.Version))
+		markup.MDCode(r.Model.Path), r.Model.NodeCount, markup.MDText(r.Model.Producer), markup.MDText(r.Model.ProducerVersion), markup.MDText(opsetString(r.Model.Opsets)),
+		r.Policy, markup.MDText(strings.Join(r.Passes, ", ")), len(r.Batches), markup.MDText(r.Tool.ORTVersion), markup.MDText(r.Tool.Device), markup.MDText(r.Tool.Version))
 	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "\n> **Note:** %s\n", mdText(n))
+		fmt.Fprintf(&b, "\n> **Note:** %s\n", markup.MDText(n))
 	}
 
 	if len(r.Origins) > 0 {
@@ -33,17 +34,17 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		b.WriteString("| pass | where | op | module | precision | cause | fp32 max \\|x\\| | headroom (fp16 max 65504) | non-finite | reached |\n")
 		b.WriteString("|---|---|---|---|---|---|--:|--:|--:|---|\n")
 		for _, o := range r.Origins {
-			reached := fmt.Sprintf("%d node(s); graph outputs: %s", len(o.Affected), mdCodeList(o.AffectedOutputs))
-			cause := originCauseShort(r, o, mdCode)
+			reached := fmt.Sprintf("%d node(s); graph outputs: %s", len(o.Affected), markup.MDCodeList(o.AffectedOutputs))
+			cause := originCauseShort(r, o, markup.MDCode)
 			if why := originWhy(o); why != "" {
-				cause += "; " + mdText(why)
+				cause += "; " + markup.MDText(why)
 			}
-			where, op, module, prec, mag := mdCode(o.Node), mdText(o.OpType), mdCode(moduleOrModel(o.Module)), mdText(precisionLabel(o.Precision, o.Provenance, true)), originMagnitude(r, o)
+			where, op, module, prec, mag := markup.MDCode(o.Node), markup.MDText(o.OpType), markup.MDCode(moduleOrModel(o.Module)), markup.MDText(precisionLabel(o.Precision, o.Provenance, true)), originMagnitude(r, o)
 			if originCause(o) == report.CauseInput {
-				where, op, module, prec = "input "+mdCode(o.Input), "", "", ""
+				where, op, module, prec = "input "+markup.MDCode(o.Input), "", "", ""
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", mdText(o.Pass), where, op, module,
-				prec, cause, mdText(mag), headroomText(o.HeadroomBits), o.NonFinite, reached)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", markup.MDText(o.Pass), where, op, module,
+				prec, cause, markup.MDText(mag), headroomText(o.HeadroomBits), o.NonFinite, reached)
 		}
 	}
 
@@ -55,14 +56,14 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 			if f.Works {
 				res = "✅ works"
 			}
-			fmt.Fprintf(&b, "| `%s` | %s | %d → %d | %s |\n", f.Kind, res, f.NonFiniteBefore, f.NonFiniteAfter, mdText(f.Summary))
+			fmt.Fprintf(&b, "| `%s` | %s | %d → %d | %s |\n", f.Kind, res, f.NonFiniteBefore, f.NonFiniteAfter, markup.MDText(f.Summary))
 		}
 		for _, f := range r.Fixes {
 			for _, n := range f.Normalize {
 				if n.Fastai == "" && n.Torch == "" {
 					continue
 				}
-				fmt.Fprintf(&b, "\nStandardize input %s (mean %s, std %s):\n", mdCode(n.Input), floats(n.Mean), floats(n.Std))
+				fmt.Fprintf(&b, "\nStandardize input %s (mean %s, std %s):\n", markup.MDCode(n.Input), floats(n.Mean), floats(n.Std))
 				if n.Fastai != "" {
 					fmt.Fprintf(&b, "\n```python\n# fastai\n%s\n```\n", n.Fastai)
 				}
@@ -71,7 +72,7 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 				}
 			}
 			if f.Kind == report.FixKeepFP32 && len(f.Modules) > 0 {
-				fmt.Fprintf(&b, "\nModules to keep in fp32: %s (ONNX nodes for `node_block_list`: %s).\n", mdCodeList(f.Modules), mdCodeList(f.Nodes))
+				fmt.Fprintf(&b, "\nModules to keep in fp32: %s (ONNX nodes for `node_block_list`: %s).\n", markup.MDCodeList(f.Modules), markup.MDCodeList(f.Nodes))
 			}
 		}
 	}
@@ -85,7 +86,7 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		head := "| severity | check | message |\n|---|---|---|\n"
 		var rows []string
 		for _, f := range r.Findings {
-			rows = append(rows, fmt.Sprintf("| %s | %s | %s |\n", f.Severity, f.Check, mdText(f.Message)))
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s |\n", f.Severity, f.Check, markup.MDText(f.Message)))
 		}
 		budget := b.Len() + (MarkdownLimit-b.Len()-2*reserve)/2
 		writeRows(&b, head, rows, budget, "findings")
@@ -120,7 +121,7 @@ func auditMarkdown(w io.Writer, r *report.Report) error {
 		writeRows(&b, head.String(), rows, MarkdownLimit-reserve, "flagged node rows")
 	}
 	if h := headroomSummary(r.Summary); h != "" {
-		fmt.Fprintf(&b, "\n%s.\n", mdText(strings.ToUpper(h[:1])+h[1:]))
+		fmt.Fprintf(&b, "\n%s.\n", markup.MDText(strings.ToUpper(h[:1])+h[1:]))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -146,8 +147,8 @@ func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string)
 	if name == "" {
 		name = fmt.Sprintf("%s#%d", n.OpType, n.Index)
 	}
-	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, mdCode(shorten(name, 80)), mdText(n.OpType), mdCode(moduleOrModel(n.Module)),
-		mdText(precisionLabel(n.Precision, n.Provenance, false)), mdCode(shorten(o.Name, 60)))
+	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, markup.MDCode(shorten(name, 80)), markup.MDText(n.OpType), markup.MDCode(moduleOrModel(n.Module)),
+		markup.MDText(precisionLabel(n.Precision, n.Provenance, false)), markup.MDCode(shorten(o.Name, 60)))
 	if ref, ok := o.Stats[report.PassFP32]; ok {
 		fmt.Fprintf(&b, " %s | %s |", formatOpt(ref.MaxAbs), headroomText(ref.HeadroomBits))
 	} else {
@@ -177,32 +178,4 @@ func emulatedPasses(r *report.Report) []string {
 		}
 	}
 	return ps
-}
-
-var mdEscaper = strings.NewReplacer(`\`, `\\`, "|", `\|`, "<", "&lt;", ">", "&gt;", "*", `\*`, "_", `\_`, "`", "\\`", "[", `\[`, "]", `\]`, "\n", " ")
-
-// mdText escapes s for a Markdown table cell or paragraph.
-func mdText(s string) string { return mdEscaper.Replace(s) }
-
-// mdCode writes s as a code span; inside a table a pipe still needs its
-// backslash.
-func mdCode(s string) string {
-	if s == "" {
-		return ""
-	}
-	if strings.Contains(s, "`") {
-		return mdText(s)
-	}
-	return "`" + strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") + "`"
-}
-
-func mdCodeList(s []string) string {
-	if len(s) == 0 {
-		return "none"
-	}
-	parts := make([]string, len(s))
-	for i, x := range s {
-		parts[i] = mdCode(x)
-	}
-	return strings.Join(parts, ", ")
 }

@@ -1,4 +1,4 @@
-package render
+package lint
 
 import (
 	"encoding/json"
