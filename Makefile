@@ -75,13 +75,15 @@ demo: ort build
 	  code=$$?; echo; echo "fp16audit exited $$code (1: findings at error level, as expected for this model)"; \
 	  test $$code -eq 1
 
-# bench: the statistics and comparison kernels (GB/s), then the full audit
-# and its memory against plain ONNX Runtime inference of the same models in
-# the same run (see docs/performance.md; the transformer takes minutes),
-# then the training audit against the forward audit of the same models.
+# bench: the statistics kernels (GB/s, Go against C and AVX2), lint of a
+# 100 MB model, then the audit against plain ONNX Runtime inference of the
+# same models and batches in the same run: time, peak memory, and a batch
+# over --max-memory (see docs/performance.md), then the training audit
+# against the forward audit of the same models.
 bench: ort
-	$(GO) test -run '^$$' -bench 'Stats|Diff' -benchtime 2s ./internal/observe/
-	$(GO) test -run '^$$' -bench 'ReferencePass|FullAudit|Memory' -benchtime 1x -timeout 60m ./internal/audit/
+	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
+	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
+	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
 
 proto:

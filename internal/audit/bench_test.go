@@ -3,56 +3,88 @@ package audit
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"fp16audit/fixtures"
 	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
-	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
 )
 
 // The benchmarks below time fp16audit against plain ONNX Runtime inference
-// of the same model and batch, and report the ratios as metrics. "plain" is
-// what a user's own inference does: ONNX Runtime's default session (all
-// graph optimizations), only the model's outputs. docs/performance.md holds
-// a table measured with
+// of the same model and batches in the same run, and report the ratios as
+// metrics. "plain" is what a user's own inference does: a session with
+// ONNX Runtime's default options (all graph optimizations), created once,
+// then every batch run through it, only the model's outputs fetched.
+// docs/performance.md holds a table measured with `make bench`.
 //
-//	go test -run '^$' -bench . -benchtime 1x ./audit/
+// The models are real PyTorch exports, fixtures/bench/export.py: a 2-layer
+// transformer encoder (d=64, 4 heads, sequence 256) and a ResNet-18-shaped
+// CNN on 32x32 images, each audited on 8 batches of 64 samples drawn from
+// N(0, 1) with a fixed seed (a healthy audit: no fix reruns).
 
-var (
-	benchOnce     sync.Once
-	benchFixtures []*fixtures.Fixture
-)
-
-// benchModels are BigMLP and BigCNN (small enough for quick comparisons)
-// and the sizes of real models: a 12-layer transformer encoder (d=768,
-// sequence 256, batch 4) and ResNet-18 at 224x224 (batch 4).
-func benchModels() []*fixtures.Fixture {
-	benchOnce.Do(func() {
-		benchFixtures = []*fixtures.Fixture{fixtures.BigMLP(), fixtures.BigCNN(),
-			fixtures.BigTransformer(12, 768, 256, 4), fixtures.BigResNet(224, 4)}
-	})
-	return benchFixtures
+// benchCase is one benchmark model with the shape of its batches.
+type benchCase struct {
+	name    string
+	shape   []int64
+	batches int
 }
 
-func outputNames(m *onnx.ModelProto) []string {
-	var out []string
-	for _, o := range m.Graph.Output {
-		out = append(out, o.Name)
+var benchCases = []benchCase{
+	{name: "transformer", shape: []int64{64, 256, 64}, batches: 8},
+	{name: "resnet", shape: []int64{64, 3, 32, 32}, batches: 8},
+}
+
+// benchInput is a benchmark model on disk with its batches, written as
+// .npy files into a folder of their own (one batch per file).
+type benchInput struct {
+	model   string
+	data    []byte
+	dir     string
+	batches []*tensor.Tensor
+	outputs []string
+}
+
+// prepare writes c's batches under dir and reads c's model.
+func (c benchCase) prepare(b testing.TB, dir string) *benchInput {
+	b.Helper()
+	in := &benchInput{model: filepath.Join("..", "..", "fixtures", "bench", c.name+".onnx"), dir: filepath.Join(dir, "batches")}
+	var err error
+	if in.data, err = os.ReadFile(in.model); err != nil {
+		b.Fatal(err)
 	}
-	return out
+	in.outputs = map[string][]string{"transformer": {"y"}, "resnet": {"logits"}}[c.name]
+	if err := os.MkdirAll(in.dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(7, uint64(c.shape[0])))
+	for k := range c.batches {
+		v := make([]float32, tensor.NumElements(c.shape))
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		t := tensor.FromFloat32s("x", c.shape, v)
+		npy, err := batch.EncodeNPY(t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in.dir, fmt.Sprintf("batch%02d.npy", k)), npy, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		in.batches = append(in.batches, t)
+	}
+	return in
 }
 
-func initRuntime(b *testing.B) {
+func initRuntime(b testing.TB) {
 	lib, err := onnxrt.FindLibrary("")
 	if err != nil {
 		b.Fatal(err)
@@ -62,112 +94,122 @@ func initRuntime(b *testing.B) {
 	}
 }
 
-// writeFixture saves f's model and first batch under dir.
-func writeFixture(b testing.TB, f *fixtures.Fixture, dir string) (model, batchFile string) {
-	model = filepath.Join(dir, f.Name+".onnx")
-	if err := onnx.Save(f.Model, model); err != nil {
-		b.Fatal(err)
-	}
-	npy, err := batch.EncodeNPY(f.Batches[0].Inputs[0])
-	if err != nil {
-		b.Fatal(err)
-	}
-	batchFile = filepath.Join(dir, f.Name+".npy")
-	if err := os.WriteFile(batchFile, npy, 0o644); err != nil {
-		b.Fatal(err)
-	}
-	return model, batchFile
-}
-
-// plainRun times one plain inference: session creation and one run.
-func plainRun(b *testing.B, data []byte, in *tensor.Tensor, outs []string) (create, run time.Duration) {
-	t0 := time.Now()
-	s, err := onnxrt.NewSession(data, []string{in.Name}, outs, onnxrt.SessionOptions{})
+// plainInference is one plain inference over every batch: session creation,
+// then each batch run once. It returns the time of the runs alone.
+func plainInference(b testing.TB, in *benchInput) time.Duration {
+	s, err := onnxrt.NewSession(in.data, []string{"x"}, in.outputs, onnxrt.SessionOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	t1 := time.Now()
-	if _, err := s.Run([]*tensor.Tensor{in}); err != nil {
-		b.Fatal(err)
+	t0 := time.Now()
+	for _, t := range in.batches {
+		if _, err := s.Run([]*tensor.Tensor{t}); err != nil {
+			b.Fatal(err)
+		}
 	}
-	return t1.Sub(t0), time.Since(t1)
+	return time.Since(t0)
 }
 
-// BenchmarkFullAudit: audit.Run end to end (load, fp32, fp16 and bf16
-// passes, statistics, diagnosis; no fix reruns) against three plain
-// inferences, each with its session creation (target ≤ 1.25). ms/plain is
-// the run alone, without session creation.
+// cpuTime is the user and system time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkFullAudit: audit.Run end to end (load the model and the 8
+// batches, the fp32, fp16 and bf16 passes with their statistics, the
+// diagnosis; no fix reruns) against three plain inferences of the same
+// batches, each with its session creation. Target audit/3plain ≤ 2
+// (stretch 1.25). cpu-audit/3plain is the same ratio in CPU time;
+// ms/batch-plain is one batch's steady-state plain run.
 func BenchmarkFullAudit(b *testing.B) {
-	benchAudit(b, benchModels(), precision.DefaultPolicy, 3)
+	benchAudit(b, "", 3)
 }
 
 // BenchmarkReferencePass: the fp32 reference pass alone (audit.Run under
-// --policy fp32: load, instrumented run, statistics of every value) against
-// one plain inference with its session creation (target ≤ 1.3), on the MLP
-// and CNN sized so that plain inference takes ≥ 50 ms on 2 cores.
+// --policy fp32) against one plain inference with its session creation.
 func BenchmarkReferencePass(b *testing.B) {
-	benchAudit(b, benchModels()[:2], "fp32", 1)
+	benchAudit(b, "fp32", 1)
 }
 
-// benchAudit times audit.Run under policy against plain inferences, each
-// with its session creation, on every model.
-func benchAudit(b *testing.B, models []*fixtures.Fixture, policy string, plain int) {
+func benchAudit(b *testing.B, policy string, plain int) {
 	initRuntime(b)
-	for _, f := range models {
-		b.Run(f.Name, func(b *testing.B) {
-			modelPath, batchPath := writeFixture(b, f, b.TempDir())
-			data, err := onnx.Marshal(f.Model)
-			if err != nil {
-				b.Fatal(err)
-			}
-			in := f.Batches[0].Inputs[0]
-			outs := outputNames(f.Model)
-			var tPlain, tRun, tAudit time.Duration
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				t0 := time.Now()
+	for _, c := range benchCases {
+		b.Run(c.name, func(b *testing.B) {
+			in := c.prepare(b, b.TempDir())
+			plainInference(b, in) // warm the page cache and the library
+			var tPlain, tRun, tAudit, cPlain, cAudit time.Duration
+			for b.Loop() {
+				t0, c0 := time.Now(), cpuTime()
 				for range plain {
-					_, run := plainRun(b, data, in, outs)
-					tRun += run
+					tRun += plainInference(b, in)
 				}
-				t1 := time.Now()
-				cfg := Config{ModelPath: modelPath, Inputs: []string{batchPath}, NoFixes: true, Policy: policy}
+				t1, c1 := time.Now(), cpuTime()
+				cfg := Config{ModelPath: in.model, Inputs: []string{in.dir}, NoFixes: true, Policy: policy}
 				if _, err := Run(context.Background(), cfg); err != nil {
 					b.Fatal(err)
 				}
 				tAudit += time.Since(t1)
+				cAudit += cpuTime() - c1
 				tPlain += t1.Sub(t0)
+				cPlain += c1 - c0
 			}
 			unit := fmt.Sprintf("%dplain", plain)
-			b.ReportMetric(float64(tRun.Milliseconds())/float64(plain*b.N), "ms/plain")
-			b.ReportMetric(float64(tPlain.Milliseconds())/float64(b.N), "ms/"+unit)
-			b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms/audit")
+			n := float64(b.N)
+			b.ReportMetric(float64(tRun.Milliseconds())/(n*float64(plain*c.batches)), "ms/batch-plain")
+			b.ReportMetric(float64(tPlain.Milliseconds())/n, "ms/"+unit)
+			b.ReportMetric(float64(tAudit.Milliseconds())/n, "ms/audit")
 			b.ReportMetric(float64(tAudit)/float64(tPlain), "audit/"+unit)
+			b.ReportMetric(float64(cAudit)/float64(cPlain), "cpu-audit/"+unit)
 		})
 	}
 }
 
-// childEnv names the variables that make TestAuditChild audit a model in a
-// child process, so that the parent can read the child's peak RSS.
+// The variables that make TestBenchChild work in a child process, so that
+// the parent can read the child's peak RSS.
 const (
 	childModel  = "FP16AUDIT_CHILD_MODEL"
 	childBatch  = "FP16AUDIT_CHILD_BATCH"
 	childMemory = "FP16AUDIT_CHILD_MAX_MEMORY"
+	childPlain  = "FP16AUDIT_CHILD_PLAIN"
 )
 
-// TestAuditChild is not a test: BenchmarkMemory runs the test binary with
-// it selected to audit one model in a process of its own.
-func TestAuditChild(t *testing.T) {
+// TestBenchChild is not a test: BenchmarkMemory runs the test binary with
+// it selected to audit one model, or run it plainly, in a process of its
+// own.
+func TestBenchChild(t *testing.T) {
 	model := os.Getenv(childModel)
 	if model == "" {
 		t.Skip("runs only as BenchmarkMemory's child process")
 	}
-	maxMem, _ := strconv.ParseInt(os.Getenv(childMemory), 10, 64)
 	start := time.Now()
-	r, err := Run(context.Background(), Config{ModelPath: model, Inputs: []string{os.Getenv(childBatch)}, NoFixes: true, MaxMemory: maxMem})
-	if err != nil {
-		t.Fatal(err)
+	var notes []string
+	if os.Getenv(childPlain) != "" {
+		initRuntime(t)
+		in := &benchInput{model: model, outputs: strings.Split(os.Getenv(childPlain), ",")}
+		var err error
+		if in.data, err = os.ReadFile(model); err != nil {
+			t.Fatal(err)
+		}
+		files, _ := filepath.Glob(filepath.Join(os.Getenv(childBatch), "*.npy"))
+		for _, f := range files {
+			x, err := batch.ReadNPY(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.Name = "x"
+			in.batches = append(in.batches, x)
+		}
+		plainInference(t, in)
+	} else {
+		maxMem, _ := strconv.ParseInt(os.Getenv(childMemory), 10, 64)
+		r, err := Run(context.Background(), Config{ModelPath: model, Inputs: []string{os.Getenv(childBatch)}, NoFixes: true, MaxMemory: maxMem})
+		if err != nil {
+			t.Fatal(err)
+		}
+		notes = r.Notes
 	}
 	fmt.Printf("elapsed_ms %d\n", time.Since(start).Milliseconds())
 	// The parent cannot use its wait4 rusage: Linux counts the parent's
@@ -181,19 +223,23 @@ func TestAuditChild(t *testing.T) {
 			fmt.Printf("hwm_kb %s\n", f[1])
 		}
 	}
-	for _, n := range r.Notes {
+	for _, n := range notes {
 		fmt.Printf("note %s\n", n)
 	}
 }
 
-// childAudit audits model in a child process and returns the time of
-// audit.Run there and the child's peak RSS (VmHWM).
-func childAudit(b *testing.B, model, batchFile string, maxMem int64) (time.Duration, int64, string) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAuditChild$", "-test.v")
-	cmd.Env = append(os.Environ(), childModel+"="+model, childBatch+"="+batchFile, childMemory+"="+strconv.FormatInt(maxMem, 10))
+// child runs TestBenchChild on in: plainly when plain is set, else as an
+// audit with --max-memory maxMem (0: the default budget). It returns the
+// child's time for the job and its peak RSS (VmHWM), and its output.
+func child(b *testing.B, in *benchInput, plain bool, maxMem int64) (time.Duration, int64, string) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchChild$", "-test.v")
+	cmd.Env = append(os.Environ(), childModel+"="+in.model, childBatch+"="+in.dir, childMemory+"="+strconv.FormatInt(maxMem, 10))
+	if plain {
+		cmd.Env = append(cmd.Env, childPlain+"="+strings.Join(in.outputs, ","))
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		b.Fatalf("child audit: %v\n%s", err, out)
+		b.Fatalf("child: %v\n%s", err, out)
 	}
 	var hwm, ms int64
 	for _, line := range strings.Split(string(out), "\n") {
@@ -204,55 +250,70 @@ func childAudit(b *testing.B, model, batchFile string, maxMem int64) (time.Durat
 			ms, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
-	elapsed := time.Duration(ms) * time.Millisecond
 	if hwm == 0 {
-		b.Fatalf("child audit printed no peak RSS:\n%s", out)
+		b.Fatalf("child printed no peak RSS:\n%s", out)
 	}
-	return elapsed, hwm << 10, string(out)
+	return time.Duration(ms) * time.Millisecond, hwm << 10, string(out)
 }
 
-// BenchmarkMemory audits each model in a child process twice: unsegmented
-// (a budget above any need) and with --max-memory at a quarter of the
-// first run's peak RSS, and once more with the default budget. Metrics: peak RSS
-// of both, the budget, the model's weights, and the time ratio (targets:
-// RSS within budget + weights + 10%, time ≤ 1.5× unsegmented).
+func mb(n int64) float64 { return float64(n) / (1 << 20) }
+
+// BenchmarkMemory compares peak resident memory, each job in a child
+// process of its own: the audit of each benchmark model (8 batches of 64,
+// the default budget, which they fit) against plain inference of the same
+// batches (target rss-audit/rss-plain ≤ 2).
 func BenchmarkMemory(b *testing.B) {
-	initRuntime(b)
-	for _, f := range benchModels() {
-		b.Run(f.Name, func(b *testing.B) {
-			modelPath, batchPath := writeFixture(b, f, b.TempDir())
-			var weights int64
-			for _, t := range f.Model.Graph.Initializer {
-				weights += onnx.TensorBytes(t)
+	for _, c := range benchCases {
+		b.Run(c.name, func(b *testing.B) {
+			in := c.prepare(b, b.TempDir())
+			var rssPlain, rssAudit int64
+			for b.Loop() {
+				_, rss, _ := child(b, in, true, 0)
+				rssPlain = max(rssPlain, rss)
+				_, rss, _ = child(b, in, false, 0)
+				rssAudit = max(rssAudit, rss)
 			}
-			var tWhole, tSeg, tDefault time.Duration
-			var rssWhole, rssSeg, rssDefault, budget int64
-			for i := 0; i < b.N; i++ {
-				t, rss, _ := childAudit(b, modelPath, batchPath, 1<<50)
-				tWhole += t
-				rssWhole = max(rssWhole, rss)
-				budget = rss / 4
-				t, rss, out := childAudit(b, modelPath, batchPath, budget)
-				tSeg += t
-				rssSeg = max(rssSeg, rss)
-				if i == 0 {
-					b.Log(out)
-				}
-				t, rss, _ = childAudit(b, modelPath, batchPath, 0)
-				tDefault += t
-				rssDefault = max(rssDefault, rss)
-			}
-			mb := func(n int64) float64 { return float64(n) / (1 << 20) }
-			b.ReportMetric(mb(weights), "MB-weights")
-			b.ReportMetric(mb(rssWhole), "MB-rss")
-			b.ReportMetric(mb(budget), "MB-budget")
-			b.ReportMetric(mb(rssSeg), "MB-rss-seg")
-			b.ReportMetric(float64(rssSeg)/float64(budget+weights), "rss-seg/(budget+weights)")
-			b.ReportMetric(float64(tWhole.Milliseconds())/float64(b.N), "ms-whole")
-			b.ReportMetric(float64(tSeg.Milliseconds())/float64(b.N), "ms-seg")
-			b.ReportMetric(float64(tSeg)/float64(tWhole), "seg/whole")
-			b.ReportMetric(mb(rssDefault), "MB-rss-default")
-			b.ReportMetric(float64(tDefault.Milliseconds())/float64(b.N), "ms-default")
+			b.ReportMetric(mb(rssPlain), "MB-rss-plain")
+			b.ReportMetric(mb(rssAudit), "MB-rss-audit")
+			b.ReportMetric(float64(rssAudit)/float64(rssPlain), "rss-audit/rss-plain")
 		})
 	}
+}
+
+// BenchmarkBudget audits the transformer on one batch of [32,1024,64] in a
+// child process: with a budget above its need, then with --max-memory B at
+// a quarter of that run's peak RSS, so that the batch runs in parts.
+// Targets: rss-bounded/(B+weights) ≤ 1.1 at bounded/unbounded ≤ 1.5 in
+// time.
+func BenchmarkBudget(b *testing.B) {
+	c := benchCase{name: "transformer", shape: []int64{32, 1024, 64}, batches: 1}
+	in := c.prepare(b, b.TempDir())
+	m, err := onnx.Load(in.model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var weights int64
+	for _, t := range m.Proto.Graph.Initializer {
+		weights += onnx.TensorBytes(t)
+	}
+	var tWhole, tBound time.Duration
+	var rssWhole, rssBound, budget int64
+	for b.Loop() {
+		t, rss, _ := child(b, in, false, 1<<50)
+		tWhole += t
+		rssWhole = max(rssWhole, rss)
+		budget = rss / 4
+		t, rss, out := child(b, in, false, budget)
+		tBound += t
+		rssBound = max(rssBound, rss)
+		b.Log(out)
+	}
+	b.ReportMetric(mb(weights), "MB-weights")
+	b.ReportMetric(mb(rssWhole), "MB-rss-unbounded")
+	b.ReportMetric(mb(budget), "MB-budget")
+	b.ReportMetric(mb(rssBound), "MB-rss-bounded")
+	b.ReportMetric(float64(rssBound)/float64(budget+weights), "rss-bounded/(budget+weights)")
+	b.ReportMetric(float64(tWhole.Milliseconds())/float64(b.N), "ms-unbounded")
+	b.ReportMetric(float64(tBound.Milliseconds())/float64(b.N), "ms-bounded")
+	b.ReportMetric(float64(tBound)/float64(tWhole), "bounded/unbounded")
 }

@@ -58,10 +58,10 @@ type Config struct {
 	ORTLib  string
 	Threads int
 	Device  string
-	// MaxMemory bounds the memory the passes plan for, in bytes
-	// (--max-memory): above it, the model runs in segments. 0 plans for
-	// execute.DefaultMemoryCap or execute.DefaultMemoryFraction of the
-	// available memory, whichever is less.
+	// MaxMemory bounds the memory of the process while the passes run, in
+	// bytes (--max-memory): a batch over it runs in parts of fewer
+	// samples. 0 plans for execute.DefaultMemoryFraction of the available
+	// memory.
 	MaxMemory int64
 
 	Progress execute.Progress
@@ -261,8 +261,9 @@ func limitList(s []string, n int) []string {
 }
 
 // runMainPasses runs the fp32 reference, the policy's emulated pass and,
-// when that is fp16, the bf16 pass (the to_bf16() fix), batch by batch and,
-// when the memory budget asks for it, segment by segment.
+// when that is fp16, the bf16 pass (the to_bf16() fix), side by side in
+// one session, batch by batch and, when the memory budget asks for it, in
+// parts of a batch.
 func (a *audit) runMainPasses(ctx context.Context) error {
 	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.up}}
 	if a.main == diagnose.PassBF16 && !castsToBF16(a.up) {

@@ -52,9 +52,8 @@ type Engine struct {
 	// ElemType gives their element types (0 when undeclared).
 	Observe  []string
 	ElemType func(string) int32
-	// MaxMemory bounds the memory one run plans for, in bytes; 0 plans for
-	// DefaultMemoryCap or DefaultMemoryFraction of the available memory,
-	// whichever is less.
+	// MaxMemory bounds the process's memory while the passes run, in
+	// bytes; 0 plans for DefaultMemoryFraction of the available memory.
 	MaxMemory int64
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
@@ -64,6 +63,10 @@ type Engine struct {
 	// forceStep, when set (by tests only), runs every batch in parts of
 	// this many samples whatever the budget.
 	forceStep int64
+	// probe holds the shapes measured during the current Run, once known;
+	// resident is the process's memory when the Run started.
+	probe    *shapeProbe
+	resident int64
 }
 
 // Progress is told about every finished pass of every batch.
@@ -180,11 +183,16 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	if err != nil {
 		return nil, nil, err
 	}
-	mp, err := e.memoryPlan(passes, batches)
+	// What the process holds before the session (the library, the model,
+	// the batches) counts against the budget; the plan made again after a
+	// probe must not count the session's own memory twice.
+	e.probe = nil
+	e.resident, _ = memResident()
+	mp, err := e.memoryPlan(passes, batches, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts, err := e.options(mp)
+	opts, err := e.options()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -193,6 +201,17 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		return nil, nil, &createError{fmt.Errorf("passes %s: %w", passNames(passes), err)}
 	}
 	defer sess.Close()
+	if probe := mp.probeBatch(batches); probe != nil {
+		// The shape inference could not size some values (shapes computed
+		// from the data, as exporters write reshapes): two runs of one and
+		// two samples measure them, and the plan is made again.
+		if e.probe, err = probeShapes(rt, sess, plan, probe.Inputs); err != nil {
+			return nil, nil, err
+		}
+		if mp, err = e.memoryPlan(passes, batches, e.probe); err != nil {
+			return nil, nil, err
+		}
+	}
 	for bi, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
@@ -220,7 +239,7 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 	for _, o := range p.Model.Graph.Output {
 		outs = append(outs, o.Name)
 	}
-	opts, err := e.options(&MemoryPlan{parts: 1})
+	opts, err := e.options()
 	if err != nil {
 		return err
 	}
@@ -252,12 +271,16 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 }
 
 // options are the session options of a combined graph.
-func (e *Engine) options(mp *MemoryPlan) (ortcapi.Options, error) {
+// Every run keeps ONNX Runtime's memory arena: a run in parts reuses the
+// arena its first part grew, where allocating every value afresh would
+// fault its pages in again (measured: twice the time, mostly system time);
+// the plan leaves partMargin for the arena's rounding up.
+func (e *Engine) options() (ortcapi.Options, error) {
 	level, err := ortcapi.ParseLevel(e.Session.Optimization)
 	if err != nil {
 		return ortcapi.Options{}, err
 	}
-	o := ortcapi.Options{Threads: e.Session.Threads, Level: level, LowMemory: mp.parts > 1,
+	o := ortcapi.Options{Threads: e.Session.Threads, Level: level,
 		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
 	if e.Session.ExternalDataDir != "" {
 		o.Config["session.model_external_initializers_file_folder_path"] = e.Session.ExternalDataDir
@@ -305,15 +328,18 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			return err
 		}
 		if m == nil {
-			full, err := batchShapes(rt, sess, plan, b.Inputs, size)
-			if err != nil {
-				return err
+			pr := e.probe
+			if pr == nil {
+				if pr, err = probeShapes(rt, sess, plan, b.Inputs); err != nil {
+					return err
+				}
+				e.probe = pr
 			}
 			// The probe runs overwrote the part's records: run it again.
 			if err := run(rt, sess, part); err != nil {
 				return err
 			}
-			m = statsop.NewMerger(plan, bi, size, full)
+			m = statsop.NewMerger(plan, bi, size, pr.full(size))
 		}
 		if err := m.Add(sess, n); err != nil {
 			return fmt.Errorf("samples %d to %d: %w", lo, lo+n-1, err)
@@ -339,14 +365,22 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 	return nil
 }
 
-// batchShapes returns the shape every observed value has for the whole
-// batch of size samples, learnt from two small runs of its first sample
-// and its first two: the axis that doubles is the value's batch axis (the
-// first one for most values, the second for attention scores laid out
-// [heads·batch, ...] or [seq, batch·heads, ...]), a value whose shape does
-// not change does not depend on the batch. Shapes do not depend on the
-// data, so this costs two runs of one and two samples.
-func batchShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor, size int64) (map[string][]int64, error) {
+// shapeProbe is what two small runs tell about the shape of every observed
+// value: its shape for one sample and its batch axis (-1 when the value
+// does not depend on the number of samples).
+type shapeProbe struct {
+	plan *statsop.Plan
+	one  [][]int64
+	axis []int
+}
+
+// probeShapes runs the first sample of inputs and then its first two: the
+// axis that doubles is a value's batch axis (the first one for most
+// values, the second for attention scores laid out [heads·batch, ...] or
+// [seq, batch·heads, ...]); a value whose shape does not change does not
+// depend on the batch. Shapes do not depend on the data, so this costs two
+// runs of one and two samples.
+func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor) (*shapeProbe, error) {
 	shapesOf := func(n int64) ([][]int64, error) {
 		part, err := sliceBatch(inputs, 0, n)
 		if err != nil {
@@ -373,18 +407,31 @@ func batchShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan,
 	if err != nil {
 		return nil, err
 	}
-	full := map[string][]int64{}
-	for i, o := range plan.Outputs {
-		sh := slices.Clone(one[i])
-		for a := range sh {
+	p := &shapeProbe{plan: plan, one: one, axis: make([]int, len(one))}
+	for i := range one {
+		p.axis[i] = -1
+		for a := range one[i] {
 			if a < len(two[i]) && two[i][a] == 2*one[i][a] && one[i][a] > 0 {
-				sh[a] *= size
+				p.axis[i] = a
 				break
 			}
 		}
-		full[o.Value] = sh
 	}
-	return full, nil
+	return p, nil
+}
+
+// full returns the shape of every observed value for a batch of size
+// samples.
+func (p *shapeProbe) full(size int64) map[string][]int64 {
+	out := map[string][]int64{}
+	for i, o := range p.plan.Outputs {
+		sh := slices.Clone(p.one[i])
+		if a := p.axis[i]; a >= 0 {
+			sh[a] *= size
+		}
+		out[o.Value] = sh
+	}
+	return out
 }
 
 // fold adds one batch's record of a value to a pass's results.

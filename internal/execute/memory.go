@@ -58,6 +58,25 @@ func FormatSize(n int64) string {
 // memAvailable is availableMemory; tests replace it.
 var memAvailable = availableMemory
 
+// memResident is residentMemory; tests replace it.
+var memResident = residentMemory
+
+// residentMemory returns the process's resident memory now (the loaded
+// libraries, the model, the batches), from /proc/self/statm; ok is false
+// where it cannot be read.
+func residentMemory() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0, false
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize()), err == nil
+}
+
 // availableMemory returns the memory this process can still take without
 // swapping or being killed: /proc/meminfo's MemAvailable, lowered to the
 // room left under a cgroup (v2 or v1) memory limit when one is set. The

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
+	"fp16audit/internal/tensor"
 )
 
 func TestParseSize(t *testing.T) {
@@ -99,7 +101,10 @@ func engineFor(t *testing.T, model, batchFile string) (*Engine, []Pass, []batch.
 		t.Fatal(err)
 	}
 	specs := batch.Specs(m.Proto.Graph, m.Index)
-	bs, _, err := batch.Load(specs, batch.Options{Args: []string{filepath.Join("..", "..", "fixtures", batchFile)}})
+	if !filepath.IsAbs(batchFile) {
+		batchFile = filepath.Join("..", "..", "fixtures", batchFile)
+	}
+	bs, _, err := batch.Load(specs, batch.Options{Args: []string{batchFile}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,11 +196,13 @@ func TestSplitEqualsWhole(t *testing.T) {
 // run in parts; one below a single sample is refused.
 func TestBudgetSplits(t *testing.T) {
 	e, passes, bs := engineFor(t, "torch/cases/resnet_raw_pixels/model.onnx", "torch/cases/resnet_raw_pixels/batches")
-	mp, err := e.memoryPlan(passes, bs)
+	mp, err := e.memoryPlan(passes, bs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	per := (mp.peak - mp.weights) / mp.samples
+	defer func(f func() (int64, bool)) { memResident = f }(memResident)
+	memResident = func() (int64, bool) { return 0, false }
+	per := int64(partMargin * float64((mp.peak-mp.weights)/mp.samples))
 	e.MaxMemory = mp.weights + 2*per
 	if _, mp, err = e.Run(context.Background(), passes, bs); err != nil || mp.step != 2 {
 		t.Fatalf("budget for 2 samples: %v, %v", mp, err)
@@ -215,7 +222,7 @@ func TestBudgetSplits(t *testing.T) {
 // in parts; over the budget it is refused with the export to fix it.
 func TestFixedBatchRefused(t *testing.T) {
 	e, passes, bs := engineFor(t, "models/demo_cnn.onnx", "batches/demo_cnn_raw.npy")
-	mp, err := e.memoryPlan(passes, bs)
+	mp, err := e.memoryPlan(passes, bs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,5 +231,54 @@ func TestFixedBatchRefused(t *testing.T) {
 	var be *BudgetError
 	if !errors.As(err, &be) || !strings.Contains(err.Error(), "dynamic_axes") {
 		t.Errorf("fixed batch over budget: %v", err)
+	}
+}
+
+// TestProbeCompletesEstimate: the benchmark transformer (a PyTorch export)
+// computes its attention reshapes from the data, so shape inference cannot
+// size the attention scores and the estimate is partial. Under a budget,
+// two runs of one and two samples measure them: the estimate grows to
+// count them, the batch runs in parts, and the note says the estimate is
+// complete.
+func TestProbeCompletesEstimate(t *testing.T) {
+	x := make([]float32, 8*256*64)
+	for i := range x {
+		x[i] = float32(i%13)/13 - 0.5
+	}
+	npy, err := batch.EncodeNPY(tensor.FromFloat32s("x", []int64{8, 256, 64}, x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "x.npy")
+	if err := os.WriteFile(file, npy, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, passes, bs := engineFor(t, "bench/transformer.onnx", file)
+	partial, err := e.memoryPlan(passes, bs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if partial.unknown == 0 {
+		t.Fatal("the shape inference sized every value: this test needs one it cannot size")
+	}
+	defer func(f func() (int64, bool)) { memResident = f }(memResident)
+	memResident = func() (int64, bool) { return 0, false }
+	// A budget the partial estimate fits twice over.
+	e.MaxMemory = 2 * partial.peak
+	_, mp, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mp.probed || mp.unknown != 0 {
+		t.Errorf("after the probe: probed %v, %d values of unknown size", mp.probed, mp.unknown)
+	}
+	if mp.peak < 2*partial.peak {
+		t.Errorf("measured estimate %s, partial %s: the attention scores should more than double it", FormatSize(mp.peak), FormatSize(partial.peak))
+	}
+	if mp.parts < 2 {
+		t.Errorf("ran in %d part(s) under a budget of %s for an estimate of %s", mp.parts, FormatSize(e.MaxMemory), FormatSize(mp.peak))
+	}
+	if n := mp.Note(); strings.Contains(n, "partial") || !strings.Contains(n, "parts of") {
+		t.Errorf("note %q", n)
 	}
 }

@@ -21,18 +21,29 @@ const DefaultMemoryFraction = 0.5
 // rounded form.
 const emulatedFactor = 1.5
 
+// partMargin is the memory a run in parts holds per sample beyond the
+// estimate, as a factor: ONNX Runtime's arena grows in doubling regions and
+// its kernels keep scratch buffers, which weigh more in small runs
+// (measured on the bench transformer at 2 to 4 samples per part: 1.17 to
+// 1.25 times the estimate).
+const partMargin = 1.3
+
 // MemoryPlan is the memory side of running a set of passes: the estimate
 // of one run, the budget, and how many samples each run takes.
 type MemoryPlan struct {
 	passes   []string
 	weights  int64
 	peak     int64 // the costliest batch run whole, weights included
+	resident int64 // the process's memory before the passes start
 	samples  int64 // its samples
 	unknown  int   // values whose size the estimate lacks
 	budget   int64
 	explicit bool
 	avail    int64
 	availSrc string
+	// probed is whether measured shapes completed the estimate;
+	// splittable whether a batch may run in parts.
+	probed, splittable bool
 	// step is the samples per run (0: every batch whole); parts the most
 	// runs one batch takes.
 	step  int64
@@ -52,7 +63,7 @@ func (m *MemoryPlan) subBatch(size int64) int64 {
 // "" when the batches ran whole and the estimate is complete or far below
 // the budget, which needs no comment.
 func (m *MemoryPlan) Note() string {
-	if m.parts <= 1 && (m.unknown == 0 || m.budget <= 0 || 2*m.peak < m.budget) {
+	if m.parts <= 1 && (m.unknown == 0 || m.budget <= 0 || 2*(m.resident+m.peak) < m.budget) {
 		return ""
 	}
 	s := fmt.Sprintf("memory estimate: %s for one run of the %d pass(es) %s side by side on %d samples (weights %s, shared)",
@@ -65,7 +76,7 @@ func (m *MemoryPlan) Note() string {
 		if !m.explicit {
 			how = fmt.Sprintf("the default: %.0f%% of the %s available", 100*DefaultMemoryFraction, FormatSize(m.avail))
 		}
-		s += fmt.Sprintf("; over the budget of %s (%s), so each batch ran in parts of %d samples", FormatSize(m.budget), how, m.step)
+		s += fmt.Sprintf("; with %s in use before the passes, over the budget of %s (%s), so each batch ran in parts of %d samples", FormatSize(m.resident), FormatSize(m.budget), how, m.step)
 	}
 	return s
 }
@@ -75,7 +86,10 @@ func (m *MemoryPlan) Note() string {
 // the available memory), the samples per run that fit. It refuses (a
 // *BudgetError) when one sample alone does not fit, or when a batch would
 // have to be cut but the model computes across its samples.
-func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch) (*MemoryPlan, error) {
+//
+// With a probe, the shapes it measured replace the inferred ones, so the
+// estimate counts the values shape inference could not size.
+func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapeProbe) (*MemoryPlan, error) {
 	m := &MemoryPlan{}
 	for _, p := range passes {
 		m.passes = append(m.passes, p.Name)
@@ -94,7 +108,11 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch) (*MemoryPlan, 
 		for k, t := range b.Inputs {
 			in[e.Inputs[k]] = t.Shape
 		}
-		sh := shapes.Infer(base, idx, in, nil)
+		var known map[string][]int64
+		if probe != nil {
+			known = probe.full(batchSize(b))
+		}
+		sh := shapes.Infer(base, idx, in, known)
 		live, unknown := liveBytes(base, idx, sh)
 		m.unknown = max(m.unknown, unknown)
 		var inputs int64
@@ -105,6 +123,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch) (*MemoryPlan, 
 			m.peak, m.samples = peak, batchSize(b)
 		}
 	}
+	m.resident = e.resident
 	var ok bool
 	m.avail, m.availSrc, ok = memAvailable()
 	m.budget, m.explicit = e.MaxMemory, e.MaxMemory > 0
@@ -117,28 +136,47 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch) (*MemoryPlan, 
 		m.budget, m.explicit = m.avail, false
 	}
 	m.parts = 1
+	m.probed = probe != nil
+	m.splittable = crossSample(base, e.Inputs) == ""
 	if e.forceStep > 0 && crossSample(base, e.Inputs) == "" {
 		m.step = e.forceStep
 		m.parts = int((m.samples + m.step - 1) / m.step)
 		return m, nil
 	}
-	if m.budget <= 0 || m.peak <= m.budget {
+	if m.budget <= 0 || m.resident+m.peak <= m.budget {
 		return m, nil
-	}
-	perSample := (m.peak - m.weights) / max(m.samples, 1)
-	room := m.budget - m.weights
-	if perSample <= 0 || room < perSample {
-		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s for one sample (%s of weights, %s per sample in %d pass(es)) but the budget is %s (%s); %s",
-			FormatSize(m.weights+perSample), FormatSize(m.weights), FormatSize(perSample), len(passes), FormatSize(m.budget), m.budgetSource(),
-			"pass a larger --max-memory, or audit on a machine with more memory")}
 	}
 	if why := crossSample(base, e.Inputs); why != "" {
 		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s but the budget is %s (%s), and the batch cannot run in parts because %s; audit smaller batches or pass a larger --max-memory",
-			FormatSize(m.peak), FormatSize(m.budget), m.budgetSource(), why)}
+			FormatSize(m.resident+m.peak), FormatSize(m.budget), m.budgetSource(), why)}
+	}
+	perSample := int64(partMargin * float64((m.peak-m.weights)/max(m.samples, 1)))
+	room := m.budget - m.resident - m.weights
+	if perSample <= 0 || room < perSample {
+		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s for one sample (%s of weights, %s per sample in %d pass(es), %s in use before the passes) but the budget is %s (%s); %s",
+			FormatSize(m.resident+m.weights+perSample), FormatSize(m.weights), FormatSize(perSample), len(passes), FormatSize(m.resident), FormatSize(m.budget), m.budgetSource(),
+			"pass a larger --max-memory, or audit on a machine with more memory")}
 	}
 	m.step = room / perSample
 	m.parts = int((m.samples + m.step - 1) / m.step)
 	return m, nil
+}
+
+// probeBatch returns the batch whose two-sample probe would complete a
+// partial estimate, or nil when there is nothing to learn: the estimate
+// is complete or already measured, no budget applies, or no batch could
+// run in parts anyway (one sample each, or a model that computes across
+// samples, which the budget refuses on the estimate alone).
+func (m *MemoryPlan) probeBatch(batches []batch.Batch) *batch.Batch {
+	if m.unknown == 0 || m.probed || m.budget <= 0 || !m.splittable {
+		return nil
+	}
+	for i := range batches {
+		if batchSize(batches[i]) >= 2 {
+			return &batches[i]
+		}
+	}
+	return nil
 }
 
 func (m *MemoryPlan) budgetSource() string {

@@ -11,3 +11,6 @@ const (
 
 // ObserveRecord is the record Observe makes of x.
 func ObserveRecord(x []float32) Record { return observeRecords(0, x)[0] }
+
+// SetRoundSIMD exposes setRoundSIMD to the external tests.
+var SetRoundSIMD = setRoundSIMD

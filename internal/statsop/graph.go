@@ -2,6 +2,7 @@ package statsop
 
 import (
 	"fmt"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -160,6 +161,8 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 			}
 		}
 	}
+
+	g.Node = fuseRounds(g, elemType)
 
 	plan := &Plan{}
 	// A value is cast once, whatever reads it.
@@ -367,4 +370,103 @@ func renameOuter(g *onnx.GraphProto, rename map[string]string) *onnx.GraphProto 
 		c.Output = append(c.Output, vi)
 	}
 	return c
+}
+
+// fuseRounds replaces each rounding the emulation made, Cast(to=FLOAT16 or
+// BFLOAT16) → Cast(to=FLOAT) with nothing else reading the 16-bit value,
+// by one Round node: the same result, bit for bit (NaN payloads aside),
+// in one read and one write instead of two of each and a 16-bit buffer.
+// Only the emulation's own pairs (internal names) from sources not known
+// to be other than FLOAT are fused (a graph input the user feeds in fp16 is
+// rounded through Casts); a model's own casts stay as written.
+func fuseRounds(g *onnx.GraphProto, elemType func(string) int32) []*onnx.NodeProto {
+	nodes := g.Node
+	readers := map[string]int{}
+	for _, vi := range g.Output {
+		readers[vi.Name]++
+	}
+	known := map[string]int32{}
+	for _, vi := range append(append([]*onnx.ValueInfoProto(nil), g.Input...), g.ValueInfo...) {
+		if t := vi.GetType().GetTensorType(); t != nil && t.ElemType != 0 {
+			known[vi.Name] = t.ElemType
+		}
+	}
+	for _, t := range g.Initializer {
+		known[t.Name] = t.DataType
+	}
+	// typeOf is a value's element type where something declares it: the
+	// graph, or the model's value a renamed or internal name derives from
+	// ("<name>::<tag>::fp16audit", repeated); 0 when nothing does.
+	typeOf := func(name string) int32 {
+		for {
+			if t, ok := known[name]; ok {
+				return t
+			}
+			if t := elemType(name); t != 0 {
+				return t
+			}
+			base, ok := strings.CutSuffix(name, internalSuffix)
+			if !ok {
+				return 0
+			}
+			i := strings.LastIndex(base, "::")
+			if i < 0 {
+				return 0
+			}
+			name = base[:i]
+		}
+	}
+	var count func(ns []*onnx.NodeProto)
+	count = func(ns []*onnx.NodeProto) {
+		for _, n := range ns {
+			for _, in := range n.Input {
+				readers[in]++
+			}
+			for _, a := range n.Attribute {
+				if a.G != nil {
+					count(a.G.Node)
+				}
+				for _, sg := range a.Graphs {
+					count(sg.Node)
+				}
+			}
+		}
+	}
+	count(nodes)
+	castTo := func(n *onnx.NodeProto) int64 {
+		if n.OpType != "Cast" || (n.Domain != "" && n.Domain != "ai.onnx") || len(n.Input) != 1 || len(n.Output) != 1 ||
+			!strings.HasSuffix(n.Name, internalSuffix) {
+			return -1
+		}
+		for _, a := range n.Attribute {
+			if a.Name == "to" {
+				return a.I
+			}
+		}
+		return -1
+	}
+	down := map[string]*onnx.NodeProto{} // the 16-bit value → the Cast back
+	for _, n := range nodes {
+		if castTo(n) == int64(elemFloat) && readers[n.Input[0]] == 1 {
+			down[n.Input[0]] = n
+		}
+	}
+	fused := map[*onnx.NodeProto]bool{}
+	out := make([]*onnx.NodeProto, 0, len(nodes))
+	for _, n := range nodes {
+		if fused[n] {
+			continue
+		}
+		if to := castTo(n); (to == int64(elemF16) || to == int64(elemBF16)) && typeOf(n.Input[0]) <= elemFloat {
+			if back, ok := down[n.Output[0]]; ok {
+				r := onnx.Node(OpRound, back.Name, n.Input, back.Output, onnx.AttrInt(AttrTo, to))
+				r.Domain = Domain
+				out = append(out, r)
+				fused[back] = true
+				continue
+			}
+		}
+		out = append(out, n)
+	}
+	return out
 }

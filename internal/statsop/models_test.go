@@ -25,7 +25,7 @@ type benchModel struct {
 func benchModels(t testing.TB) []benchModel {
 	t.Helper()
 	load := func(name string) *onnx.Model {
-		m, err := onnx.Load(filepath.Join("testdata", name+".onnx"))
+		m, err := onnx.Load(filepath.Join("..", "..", "fixtures", "bench", name+".onnx"))
 		if err != nil {
 			t.Fatal(err)
 		}

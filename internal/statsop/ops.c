@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernel.h"
+#include "round.h"
 
 // api is the OrtApi table the kernel calls; fa_ops_init sets it before any
 // session can use the operator.
@@ -478,7 +479,127 @@ static ortc_custom_op observe_op = {
 	.KernelComputeV2 = compute,
 };
 
-const void *fa_ops_init(const void *table) {
+// Round(x) -> y: x rounded to the format of the int attribute "to"
+// (FLOAT16 or BFLOAT16) and back to float32, in chunks that ONNX Runtime's
+// threads share.
+typedef struct {
+	int to;
+} round_kernel;
+
+enum { round_chunk = 1 << 16 };
+
+typedef struct {
+	float *dst;
+	const float *src;
+	int64_t n;
+	int to;
+} round_job;
+
+static void round_work(void *user, size_t it) {
+	const round_job *j = (const round_job *)user;
+	int64_t lo = (int64_t)it * round_chunk, hi = lo + round_chunk < j->n ? lo + round_chunk : j->n;
+	fa_round(j->dst + lo, j->src + lo, hi - lo, j->to);
+}
+
+static OrtStatus *round_compute(void *kernel, OrtKernelContext *ctx) {
+	const OrtValue *v = NULL;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, 0, &v);
+	if (st != NULL) {
+		return st;
+	}
+	if (v == NULL) {
+		return fail("fp16audit Round: missing input");
+	}
+	OrtTensorTypeAndShapeInfo *info = NULL;
+	if ((st = ORTC_FN(api, ortc_GetTensorTypeAndShape)(v, &info)) != NULL) {
+		return st;
+	}
+	size_t rank = 0, count = 0;
+	int64_t dims[64] = {0};
+	st = ORTC_FN(api, ortc_GetDimensionsCount)(info, &rank);
+	if (st == NULL && rank > 64) {
+		st = fail("fp16audit Round: input of rank above 64");
+	}
+	if (st == NULL) {
+		st = ORTC_FN(api, ortc_GetDimensions)(info, dims, rank);
+	}
+	if (st == NULL) {
+		st = ORTC_FN(api, ortc_GetTensorShapeElementCount)(info, &count);
+	}
+	ORTC_RELEASE(api, ortc_ReleaseTensorTypeAndShapeInfo)(info);
+	if (st != NULL) {
+		return st;
+	}
+	OrtValue *out = NULL;
+	if ((st = ORTC_FN(api, ortc_KernelContext_GetOutput)(ctx, 0, dims, rank, &out)) != NULL) {
+		return st;
+	}
+	void *src = NULL, *dst = NULL;
+	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)((OrtValue *)v, &src)) != NULL) {
+		return st;
+	}
+	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)(out, &dst)) != NULL) {
+		return st;
+	}
+	round_job j = {(float *)dst, (const float *)src, (int64_t)count, ((const round_kernel *)kernel)->to};
+	int64_t iters = (j.n + round_chunk - 1) / round_chunk;
+	if (iters > 1) {
+		return ORTC_FN(api, ortc_KernelContext_ParallelFor)(ctx, round_work, (size_t)iters, 0, &j);
+	}
+	if (iters == 1) {
+		round_work(&j, 0);
+	}
+	return NULL;
+}
+
+static const char *round_name(const ortc_custom_op *op) {
+	(void)op;
+	return FA_OP_ROUND;
+}
+
+static OrtStatus *round_create(const ortc_custom_op *op, const void *api_, const OrtKernelInfo *info, void **out) {
+	(void)op;
+	(void)api_;
+	int64_t to = 0;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelInfoGetAttribute_int64)(info, FA_ATTR_TO, &to);
+	if (st != NULL) {
+		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
+		return fail("fp16audit Round: no \"to\" attribute");
+	}
+	if (to != FA_ROUND_FP16 && to != FA_ROUND_BF16) {
+		return fail("fp16audit Round: \"to\" must be FLOAT16 (10) or BFLOAT16 (16)");
+	}
+	round_kernel *k = malloc(sizeof *k);
+	if (k == NULL) {
+		return fail("fp16audit Round: out of memory");
+	}
+	k->to = (int)to;
+	*out = k;
+	return NULL;
+}
+
+static ortc_custom_op round_op = {
+	.version = ortc_custom_op_version,
+	.GetName = round_name,
+	.GetExecutionProviderType = provider,
+	.GetInputType = input_type,
+	.GetInputTypeCount = one_count,
+	.GetOutputType = output_type,
+	.GetOutputTypeCount = one_count,
+	.KernelDestroy = destroy_kernel,
+	.GetInputCharacteristic = required,
+	.GetOutputCharacteristic = required,
+	.GetInputMemoryType = mem_default,
+	.GetVariadicInputMinArity = one,
+	.GetVariadicInputHomogeneity = one,
+	.GetVariadicOutputMinArity = one,
+	.GetVariadicOutputHomogeneity = one,
+	.CreateKernelV2 = round_create,
+	.KernelComputeV2 = round_compute,
+};
+
+void fa_ops_init(const void *table, const void **ops) {
 	api = table;
-	return &observe_op;
+	ops[0] = &observe_op;
+	ops[1] = &round_op;
 }

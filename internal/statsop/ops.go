@@ -5,7 +5,9 @@
 // pass leaves the session. The fp32 reference and the emulated passes run
 // side by side in one graph that shares the weights (Combine), so that one
 // Observe node reads a value of every pass together and compares the
-// emulated ones with fp32 in the same read.
+// emulated ones with fp32 in the same read. A second operator, Round,
+// takes the place of the emulation's rounding Cast pairs in the combined
+// graph: the same values, bit for bit, in one read and one write.
 //
 // The statistics are bit-identical to fp16audit's Go kernels (audit.Stats,
 // audit.Diff) chunked as audit's passes chunk a value (see kernel.h), with
@@ -19,6 +21,7 @@ package statsop
 // #cgo CFLAGS: -O2 -std=c11 -Wall
 // #include <stdlib.h>
 // #include "ops.h"
+// #include "round.h"
 import "C"
 
 import (
@@ -45,6 +48,16 @@ const (
 	AttrChunk = C.FA_ATTR_CHUNK
 	AttrSink  = C.FA_ATTR_SINK
 	AttrSlot  = C.FA_ATTR_SLOT
+)
+
+// OpRound is Round(x) -> y in Domain: the float tensor x rounded to the
+// format of its int attribute AttrTo (FLOAT16 or BFLOAT16) and back to
+// float32 in one pass, bit for bit what Cast(to=AttrTo) → Cast(to=FLOAT)
+// returns in ONNX Runtime. Combine replaces the emulated passes' Cast
+// pairs with it.
+const (
+	OpRound = C.FA_OP_ROUND
+	AttrTo  = C.FA_ATTR_TO
 )
 
 // RecordLen is the number of int64 slots of one record.
@@ -90,8 +103,9 @@ var registered struct {
 // uses it.
 func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
 	registered.once.Do(func() {
-		op := unsafe.Pointer(C.fa_ops_init(rt.API()))
-		registered.d, registered.err = rt.NewCustomOpDomain(Domain, op)
+		var ops [2]unsafe.Pointer
+		C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
+		registered.d, registered.err = rt.NewCustomOpDomain(Domain, ops[:]...)
 	})
 	return registered.d, registered.err
 }
@@ -157,4 +171,26 @@ func setSIMD(on bool) bool {
 		v = 1
 	}
 	return C.fa_set_simd(v) != 0
+}
+
+// Round rounds src to the element type to (FLOAT16 or BFLOAT16) and back
+// into dst, on the calling goroutine, exactly as the Round operator does.
+func Round(dst, src []float32, to int32) {
+	if len(dst) != len(src) {
+		panic("statsop.Round: dst and src differ in length")
+	}
+	if len(src) == 0 {
+		return
+	}
+	C.fa_round((*C.float)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(len(src)), C.int(to))
+}
+
+// setRoundSIMD turns the vector rounding loops on or off and returns
+// whether they were on.
+func setRoundSIMD(on bool) bool {
+	v := C.int(0)
+	if on {
+		v = 1
+	}
+	return C.fa_round_simd(v) != 0
 }

@@ -67,9 +67,17 @@ enum {
 int64_t fa_sink_new(int64_t *rec, int64_t nrec);
 void fa_sink_free(int64_t id);
 
-// fa_ops_init stores the function table the kernel calls and returns the
-// operator as an OrtCustomOp pointer.
-const void *fa_ops_init(const void *api);
+// FA_OP_ROUND is Round(x) -> y: the float tensor x rounded to the format
+// its int attribute "to" names (FLOAT16 = 10 or BFLOAT16 = 16) and back to
+// float32, bit for bit what Cast(to) followed by Cast(to=FLOAT) returns
+// (see round.h), in one pass over the data. Combine puts it in place of
+// the emulated passes' Cast pairs.
+#define FA_OP_ROUND "Round"
+#define FA_ATTR_TO "to"
+
+// fa_ops_init stores the function table the kernels call and writes the
+// two operators, Observe and Round, as OrtCustomOp pointers into ops[0:2].
+void fa_ops_init(const void *api, const void **ops);
 
 // fa_observe writes the records of the m values x[i][0:n[i]] (x[0] the
 // reference) on the calling thread, chunked (chunk elements; see

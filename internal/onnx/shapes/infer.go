@@ -1,6 +1,5 @@
 // Package shapes infers the concrete shape of every value of an ONNX graph
-// for one batch: the sizes the memory plan and the segment cuts are made
-// from.
+// for one batch: the sizes the memory plan is made from.
 package shapes
 
 import (
@@ -10,7 +9,7 @@ import (
 	"fp16audit/internal/tensor"
 )
 
-// Shape inference for the memory estimate and the segment plan. It covers
+// Shape inference for the memory estimate. It covers
 // the ops that carry the bulk of a network's activations (convolutions,
 // matrix products, pooling, elementwise ops, the common shape ops with
 // constant arguments) and leaves a value out when it cannot be sure; the
