@@ -578,28 +578,18 @@ static OrtStatus *round_create(const ortc_custom_op *op, const void *api_, const
 	return NULL;
 }
 
-static ortc_custom_op round_op = {
-	.version = ortc_custom_op_version,
-	.GetName = round_name,
-	.GetExecutionProviderType = provider,
-	.GetInputType = input_type,
-	.GetInputTypeCount = one_count,
-	.GetOutputType = output_type,
-	.GetOutputTypeCount = one_count,
-	.KernelDestroy = destroy_kernel,
-	.GetInputCharacteristic = required,
-	.GetOutputCharacteristic = required,
-	.GetInputMemoryType = mem_default,
-	.GetVariadicInputMinArity = one,
-	.GetVariadicInputHomogeneity = one,
-	.GetVariadicOutputMinArity = one,
-	.GetVariadicOutputHomogeneity = one,
-	.CreateKernelV2 = round_create,
-	.KernelComputeV2 = round_compute,
-};
+// round_op is observe_op with Round's name, kernel and one required input;
+// fa_ops_init fills it in.
+static ortc_custom_op round_op;
 
 void fa_ops_init(const void *table, const void **ops) {
 	api = table;
+	round_op = observe_op;
+	round_op.GetName = round_name;
+	round_op.GetInputCharacteristic = required;
+	round_op.GetVariadicInputMinArity = one;
+	round_op.CreateKernelV2 = round_create;
+	round_op.KernelComputeV2 = round_compute;
 	ops[0] = &observe_op;
 	ops[1] = &round_op;
 }

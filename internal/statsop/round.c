@@ -3,19 +3,7 @@
 // Cast(to=FLOAT) computes in ONNX Runtime, in one read and one write.
 #include "round.h"
 
-#include <string.h>
-
-static inline uint32_t rbits(float f) {
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	return u;
-}
-
-static inline float rfloat(uint32_t u) {
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
+#include "kernel_impl.h"
 
 // round_fp16 is IEEE binary16 rounding, to nearest with ties to even,
 // computed on the binary32 bit pattern: above the largest value that
@@ -43,7 +31,7 @@ static inline uint32_t round_fp16(uint32_t u) {
 	if (rem > half || (rem == half && (q & 1u))) {
 		q++;
 	}
-	return sign | rbits((float)q * 0x1p-24f);
+	return sign | bits_of((float)q * 0x1p-24f);
 }
 
 // round_bf16 is bfloat16 rounding, to nearest with ties to even (the carry
@@ -59,12 +47,12 @@ static inline uint32_t round_bf16(uint32_t u) {
 static void round_portable(float *dst, const float *src, int64_t n, int to) {
 	if (to == FA_ROUND_FP16) {
 		for (int64_t i = 0; i < n; i++) {
-			dst[i] = rfloat(round_fp16(rbits(src[i])));
+			dst[i] = float_of(round_fp16(bits_of(src[i])));
 		}
 		return;
 	}
 	for (int64_t i = 0; i < n; i++) {
-		dst[i] = rfloat(round_bf16(rbits(src[i])));
+		dst[i] = float_of(round_bf16(bits_of(src[i])));
 	}
 }
 

@@ -12,6 +12,12 @@ import (
 	"fp16audit/internal/tensor"
 )
 
+// roundFormats are the two formats Round rounds to.
+var roundFormats = []struct {
+	name string
+	to   onnx.TensorProto_DataType
+}{{"fp16", onnx.TensorProto_FLOAT16}, {"bf16", onnx.TensorProto_BFLOAT16}}
+
 // roundPatterns are float32 bit patterns around every place where
 // rounding to fp16 or bf16 can go either way: for each sign and exponent,
 // the mantissas whose low 13 (fp16) and 16 (bf16) bits sit at, just below
@@ -56,10 +62,7 @@ func TestRoundMatchesCast(t *testing.T) {
 	n := int64(len(x))
 	g := &onnx.GraphProto{Name: "round"}
 	g.Input = append(g.Input, onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, n))
-	for _, c := range []struct {
-		name string
-		to   onnx.TensorProto_DataType
-	}{{"fp16", onnx.TensorProto_FLOAT16}, {"bf16", onnx.TensorProto_BFLOAT16}} {
+	for _, c := range roundFormats {
 		g.Node = append(g.Node,
 			onnx.Node("Cast", "down_"+c.name, []string{"x"}, []string{"h_" + c.name}, onnx.AttrInt("to", int64(c.to))),
 			onnx.Node("Cast", "up_"+c.name, []string{"h_" + c.name}, []string{"cast_" + c.name}, onnx.AttrInt("to", int64(onnx.TensorProto_FLOAT))))
@@ -79,15 +82,12 @@ func TestRoundMatchesCast(t *testing.T) {
 		t.Fatal(err)
 	}
 	opOut := roundInSession(t, rt, x)
-	for k, c := range []struct {
-		name string
-		to   int32
-	}{{"fp16", int32(onnx.TensorProto_FLOAT16)}, {"bf16", int32(onnx.TensorProto_BFLOAT16)}} {
+	for k, c := range roundFormats {
 		want := onnxrt.Float32View(outs[k])
 		for _, simd := range []bool{true, false} {
 			got := make([]float32, len(x))
 			old := statsop.SetRoundSIMD(simd)
-			statsop.Round(got, x, c.to)
+			statsop.Round(got, x, int32(c.to))
 			statsop.SetRoundSIMD(old)
 			compareRounded(t, c.name+map[bool]string{true: " vector", false: " portable"}[simd], x, got, want)
 		}
@@ -123,10 +123,7 @@ func roundInSession(t *testing.T, rt *ortcapi.Runtime, x []float32) [][]float32 
 	n := int64(len(x))
 	g := &onnx.GraphProto{Name: "round-op"}
 	g.Input = append(g.Input, onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, n))
-	for _, c := range []struct {
-		name string
-		to   onnx.TensorProto_DataType
-	}{{"fp16", onnx.TensorProto_FLOAT16}, {"bf16", onnx.TensorProto_BFLOAT16}} {
+	for _, c := range roundFormats {
 		node := onnx.Node(statsop.OpRound, "round_"+c.name, []string{"x"}, []string{"y_" + c.name}, onnx.AttrInt(statsop.AttrTo, int64(c.to)))
 		node.Domain = statsop.Domain
 		g.Node = append(g.Node, node)
