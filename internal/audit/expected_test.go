@@ -1,11 +1,10 @@
 package audit_test
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
-	"os"
+	"fp16audit/internal/golden"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -81,23 +80,7 @@ func TestExpectedFindings(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := expectedText(r)
-			path := filepath.Join(c.dir, c.name+".findings")
-			if *update {
-				if err := os.MkdirAll(c.dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (go test ./internal/audit -run TestExpectedFindings -update writes it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs:\n%s", path, lineDiff(string(want), string(got)))
-			}
+			golden.Check(t, filepath.Join(c.dir, c.name+".findings"), got, *update, "go test ./internal/audit -run TestExpectedFindings -update")
 		})
 	}
 }
@@ -157,36 +140,4 @@ func expectedText(r *report.Report) []byte {
 		b.WriteString(l + "\n")
 	}
 	return []byte(b.String())
-}
-
-// lineDiff lists the lines only one side has.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	count := func(s []string) map[string]int {
-		m := map[string]int{}
-		for _, l := range s {
-			m[l]++
-		}
-		return m
-	}
-	wm, gm := count(w), count(g)
-	var b strings.Builder
-	for _, l := range w {
-		if gm[l] == 0 && l != "" {
-			b.WriteString("- missing: " + l + "\n")
-		} else if gm[l] > 0 {
-			gm[l]--
-		}
-	}
-	for _, l := range g {
-		if wm[l] == 0 && l != "" {
-			b.WriteString("+ extra:   " + l + "\n")
-		} else if wm[l] > 0 {
-			wm[l]--
-		}
-	}
-	if b.Len() == 0 {
-		return "(same lines, different order)"
-	}
-	return b.String()
 }

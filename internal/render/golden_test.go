@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	goldenfile "fp16audit/internal/golden"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -162,7 +162,7 @@ func auditCase(t testing.TB, c goldenCase) (*report.Report, []byte) {
 	for _, p := range []string{abs + "/", repoRoot + "/"} {
 		if i := bytes.Index(js, []byte(p)); i >= 0 {
 			t.Fatalf("%s: the report holds the path %s, which depends on where the test runs: blank it in blankRun\n%s",
-				c.name, p, shortLine(string(js[max(0, i-100):])))
+				c.name, p, goldenfile.Short(string(js[max(0, i-100):])))
 		}
 	}
 	auditCache[c.name] = audited{r, js}
@@ -281,7 +281,7 @@ func TestGolden(t *testing.T) {
 				}
 				if !bytes.Equal(a.Bytes(), b.Bytes()) {
 					t.Errorf("%s: the rendering of the saved JSON differs from the audit's: %s", f.format,
-						goldenDiff("the saved JSON's rendering", b.Bytes(), a.Bytes()))
+						goldenfile.Diff(a.String(), b.String()))
 				}
 				golden(t, filepath.Join("audit", c.name+"."+f.ext+".golden"), a.Bytes())
 			}
@@ -336,15 +336,4 @@ func TestGoldenCasesCoverFixtures(t *testing.T) {
 			t.Errorf("%s is in no golden case", rel)
 		}
 	}
-}
-
-// goldenDiff names the first differing line of two renderings.
-func goldenDiff(path string, got, want []byte) string {
-	gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-	for i := 0; i < len(gl) && i < len(wl); i++ {
-		if gl[i] != wl[i] {
-			return fmt.Sprintf("%s differs at line %d:\ngot:  %q\nwant: %q", path, i+1, shortLine(gl[i]), shortLine(wl[i]))
-		}
-	}
-	return fmt.Sprintf("%s differs: got %d lines, want %d", path, len(gl), len(wl))
 }

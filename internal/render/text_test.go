@@ -3,7 +3,6 @@ package render
 import (
 	"bytes"
 	"flag"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	goldenfile "fp16audit/internal/golden"
 	"fp16audit/internal/render/audit"
 )
 
@@ -19,30 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 // golden compares got with testdata/name, or rewrites it with -update.
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./internal/render -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("%s\n(run go test ./internal/render -update after checking the change)", goldenDiff(path, got, want))
-	}
-}
-
-func shortLine(s string) string {
-	if len(s) > 300 {
-		return s[:300] + "…"
-	}
-	return s
+	goldenfile.Check(t, filepath.Join("testdata", name), got, *update, "go test ./internal/render -update")
 }
 
 func TestOnlyFlagged(t *testing.T) {

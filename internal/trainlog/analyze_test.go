@@ -3,9 +3,9 @@ package trainlog_test
 import (
 	"bytes"
 	"encoding/json"
+	goldenfile "fp16audit/internal/golden"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -167,22 +167,7 @@ func TestGolden(t *testing.T) {
 
 func golden(t *testing.T, path string, got []byte) {
 	t.Helper()
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./trainlog -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs; run go test ./trainlog -update and review the diff\n--- got:\n%s", path, got)
-	}
+	goldenfile.Check(t, path, got, *update, "go test ./internal/trainlog -update")
 }
 
 // TestReconstruction checks the reconstruction on hand-written series.

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -286,20 +285,7 @@ func fixtureFiles(t testing.TB) map[string][]byte {
 // testdata/; -update writes them.
 func TestFixturesUpToDate(t *testing.T) {
 	for name, want := range fixtureFiles(t) {
-		path := filepath.Join("testdata", name)
-		if *update {
-			if err := os.WriteFile(path, want, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run go test ./trainlog -update)", err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s differs from the simulator's output; run go test ./trainlog -update", path)
-		}
+		golden(t, filepath.Join("testdata", name), want)
 	}
 }
 

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"fp16audit/internal/golden"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,23 +47,7 @@ func TestSARIFGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	validateSARIF(t, buf.Bytes())
-	golden := filepath.Join("testdata", "lint.sarif.golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(golden, buf.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test ./internal/render/lint -update)", err)
-	}
-	if !bytes.Equal(buf.Bytes(), want) {
-		t.Errorf("SARIF output differs from %s (run go test ./internal/render/lint -update and review the diff):\n%s", golden, buf.String())
-	}
-	validateSARIF(t, want)
+	golden.Check(t, filepath.Join("testdata", "lint.sarif.golden"), buf.Bytes(), *update, "go test ./internal/render/lint -update")
 }
 
 func TestSARIFContent(t *testing.T) {
