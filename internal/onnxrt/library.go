@@ -6,6 +6,7 @@ package onnxrt
 import (
 	"errors"
 	"fmt"
+	"fp16audit/internal/ortcapi"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -192,7 +193,7 @@ func Init(libPath string) error {
 	// ONNX Runtime's own log lines would interleave with the report on
 	// stderr; every error reaches the caller as a value anyway, and some are
 	// expected (a buffer of the wrong shape that RunWith retries without).
-	err = withPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
+	err = ortcapi.WithPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
 	if err != nil {
 		return fmt.Errorf("load ONNX Runtime library %s: %v (is it an ONNX Runtime 1.x shared library for this platform?)", abs, innermost(err))
 	}
@@ -200,29 +201,6 @@ func Init(libPath string) error {
 	ort.DisableTelemetry()
 	env.path = abs
 	return nil
-}
-
-// withPrivateTempDir runs fn with TMPDIR pointing at a new folder that is
-// removed afterwards. The official builds of ONNX Runtime write a session
-// file (.ses) and an empty mat-debug-PID.log into the temporary folder when
-// the environment is created, and never remove them; fp16audit leaves
-// nothing behind.
-func withPrivateTempDir(fn func() error) error {
-	dir, err := os.MkdirTemp("", "fp16audit-ort-")
-	if err != nil {
-		return fn()
-	}
-	defer os.RemoveAll(dir)
-	old, had := os.LookupEnv("TMPDIR")
-	os.Setenv("TMPDIR", dir)
-	defer func() {
-		if had {
-			os.Setenv("TMPDIR", old)
-		} else {
-			os.Unsetenv("TMPDIR")
-		}
-	}()
-	return fn()
 }
 
 // pathErr drops the operation and path of a *fs.PathError, which the

@@ -88,7 +88,7 @@ func Open(path string) (*Runtime, error) {
 	// The official builds write a session file and an empty log into the
 	// temporary folder when the environment is created and never remove
 	// them; a private folder removed afterwards leaves nothing behind.
-	err = withPrivateTempDir(func() error { return takeStatus(C.ortc_create_env(&rt.env)) })
+	err = WithPrivateTempDir(func() error { return takeStatus(C.ortc_create_env(&rt.env)) })
 	if err != nil {
 		return nil, fmt.Errorf("create ONNX Runtime environment: %w", err)
 	}
@@ -99,7 +99,12 @@ func Open(path string) (*Runtime, error) {
 	return rt, nil
 }
 
-func withPrivateTempDir(fn func() error) error {
+// WithPrivateTempDir runs fn with TMPDIR pointing at a new folder that is
+// removed afterwards. The official builds of ONNX Runtime write a session
+// file (.ses) and an empty mat-debug-PID.log into the temporary folder when
+// the environment is created, and never remove them; fp16audit leaves
+// nothing behind. Both bindings create their environment inside it.
+func WithPrivateTempDir(fn func() error) error {
 	dir, err := os.MkdirTemp("", "fp16audit-ort-")
 	if err != nil {
 		return fn()
