@@ -63,12 +63,6 @@ type SessionOptions struct {
 	// compare bit for bit only at the same level with the same fusions
 	// possible; "none" makes every node compute as written.
 	Optimization string
-	// LowMemory turns off ONNX Runtime's CPU memory arena and memory
-	// pattern planning. An arena keeps the largest amount of memory a
-	// session ever used until the session closes, and every session has
-	// its own; with LowMemory, memory goes back to the C allocator as soon
-	// as a value dies, at a small cost in speed.
-	LowMemory bool
 	// NoSpinning stops ONNX Runtime's intra-op threads from spinning while
 	// they wait for work: spinning keeps every core busy between and
 	// after kernels, which starves whatever else the process computes at
@@ -123,14 +117,6 @@ func NewSession(model []byte, inputNames, outputNames []string, opt SessionOptio
 	defer so.Destroy()
 	if opt.Threads > 0 {
 		if err := so.SetIntraOpNumThreads(opt.Threads); err != nil {
-			return nil, &RuntimeError{StageOptions, innermost(err)}
-		}
-	}
-	if opt.LowMemory {
-		if err := so.SetCpuMemArena(false); err != nil {
-			return nil, &RuntimeError{StageOptions, innermost(err)}
-		}
-		if err := so.SetMemPattern(false); err != nil {
 			return nil, &RuntimeError{StageOptions, innermost(err)}
 		}
 	}

@@ -53,8 +53,6 @@ enum {
 	ortc_CreateSessionFromArray = 8,
 	ortc_Run = 9,
 	ortc_CreateSessionOptions = 10,
-	ortc_DisableMemPattern = 17,
-	ortc_DisableCpuMemArena = 19,
 	ortc_SetSessionGraphOptimizationLevel = 23,
 	ortc_SetIntraOpNumThreads = 24,
 	ortc_CreateCustomOpDomain = 26,
@@ -118,8 +116,6 @@ typedef OrtStatus *(*ortc_CreateSessionFromArrayWithPrepackedWeightsContainer_fn
 typedef OrtStatus *(*ortc_Run_fn)(OrtSession *, const void *run_options, const char *const *in_names, const OrtValue *const *in,
 	size_t n_in, const char *const *out_names, size_t n_out, OrtValue **out);
 typedef OrtStatus *(*ortc_CreateSessionOptions_fn)(OrtSessionOptions **out);
-typedef OrtStatus *(*ortc_DisableMemPattern_fn)(OrtSessionOptions *);
-typedef OrtStatus *(*ortc_DisableCpuMemArena_fn)(OrtSessionOptions *);
 typedef OrtStatus *(*ortc_SetSessionGraphOptimizationLevel_fn)(OrtSessionOptions *, int level);
 typedef OrtStatus *(*ortc_SetIntraOpNumThreads_fn)(OrtSessionOptions *, int threads);
 typedef OrtStatus *(*ortc_AddSessionConfigEntry_fn)(OrtSessionOptions *, const char *key, const char *value);

@@ -52,13 +52,6 @@ OrtStatus *ortc_options_level(OrtSessionOptions *o, int level) {
 	return ORTC_FN(api, ortc_SetSessionGraphOptimizationLevel)(o, level);
 }
 
-OrtStatus *ortc_options_low_memory(OrtSessionOptions *o) {
-	OrtStatus *st = ORTC_FN(api, ortc_DisableCpuMemArena)(o);
-	if (st != NULL) {
-		return st;
-	}
-	return ORTC_FN(api, ortc_DisableMemPattern)(o);
-}
 
 OrtStatus *ortc_options_config(OrtSessionOptions *o, const char *key, const char *value) {
 	return ORTC_FN(api, ortc_AddSessionConfigEntry)(o, key, value);

@@ -29,7 +29,6 @@ OrtStatus *ortc_options_new(OrtSessionOptions **out);
 void ortc_options_release(OrtSessionOptions *o);
 OrtStatus *ortc_options_threads(OrtSessionOptions *o, int n);
 OrtStatus *ortc_options_level(OrtSessionOptions *o, int level);
-OrtStatus *ortc_options_low_memory(OrtSessionOptions *o);
 OrtStatus *ortc_options_config(OrtSessionOptions *o, const char *key, const char *value);
 OrtStatus *ortc_options_domain(OrtSessionOptions *o, OrtCustomOpDomain *d);
 OrtStatus *ortc_options_initializer(OrtSessionOptions *o, const char *name, const OrtValue *v);

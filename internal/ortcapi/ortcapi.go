@@ -214,9 +214,6 @@ type Options struct {
 	// default (one per physical core).
 	Threads int
 	Level   Level
-	// LowMemory turns off the CPU memory arena and memory patterns, so a
-	// value's memory goes back to the C allocator when it dies.
-	LowMemory bool
 	// Config holds session configuration entries (AddSessionConfigEntry),
 	// such as "session.intra_op.allow_spinning": "0".
 	Config map[string]string
@@ -271,11 +268,6 @@ func (rt *Runtime) NewSession(model []byte, inputs, outputs []string, o Options)
 	}
 	if err := takeStatus(C.ortc_options_level(so, C.int(o.Level))); err != nil {
 		return nil, err
-	}
-	if o.LowMemory {
-		if err := takeStatus(C.ortc_options_low_memory(so)); err != nil {
-			return nil, err
-		}
 	}
 	for k, v := range o.Config {
 		if err := takeStatus(C.ortc_options_config(so, cstr(k), cstr(v))); err != nil {
