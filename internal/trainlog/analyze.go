@@ -490,14 +490,7 @@ func (a *analysis) collapseWindow(st *report.ScaleStats, cut int) {
 		}
 	}
 	at := *st.ScaleAtFirstNaN
-	bits := 0.0
-	switch {
-	case at > 0:
-		bits = math.Log2(top / at)
-	case top > 0:
-		// Halved to zero: float32's smallest subnormal is 2^-149.
-		bits = math.Log2(top) + 150
-	}
+	bits := collapseBits(top, at)
 	st.CollapseBits = &bits
 	st.CollapseWindow = cut - from
 	a.collapse = bits >= a.opt.CollapseBits
@@ -539,12 +532,7 @@ func (a *analysis) compare(baseline *Log) {
 		return
 	}
 	c := &report.Comparison{Steps: m, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
-	if math.Abs(*bl) < 1e-12 {
-		c.Gap = *rl - *bl
-		a.note("the baseline's final loss is zero: the gap is absolute, not relative")
-	} else {
-		c.Gap = (*rl - *bl) / math.Abs(*bl)
-	}
+	c.Gap = a.gap(*rl, *bl)
 	a.r.Comparison = c
 }
 
@@ -823,4 +811,26 @@ func pyScale(s float64) string {
 		return fmt.Sprintf("2**%d", exp-1)
 	}
 	return fmt.Sprintf("%g", s)
+}
+
+// gap is the run's final loss relative to the baseline's, or the absolute
+// difference (with a note saying so) when the baseline's is zero.
+func (a *analysis) gap(run, baseline float64) float64 {
+	if math.Abs(baseline) < 1e-12 {
+		a.note("the baseline's final loss is zero: the gap is absolute, not relative")
+		return run - baseline
+	}
+	return (run - baseline) / math.Abs(baseline)
+}
+
+// collapseBits is how many halvings lead from scale top to scale at: a
+// scale halved to zero counts down to float32's smallest subnormal, 2^-149.
+func collapseBits(top, at float64) float64 {
+	switch {
+	case at > 0:
+		return math.Log2(top / at)
+	case top > 0:
+		return math.Log2(top) + 150
+	}
+	return 0
 }

@@ -36,12 +36,7 @@ func (a *analysis) compareByStep(b *Log) {
 		return
 	}
 	c := &report.Comparison{Steps: span, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
-	if math.Abs(*bl) < 1e-12 {
-		c.Gap = *rl - *bl
-		a.note("the baseline's final loss is zero: the gap is absolute, not relative")
-	} else {
-		c.Gap = (*rl - *bl) / math.Abs(*bl)
-	}
+	c.Gap = a.gap(*rl, *bl)
 	a.note("the final losses are compared by %s number: the means of each log's losses in %ss %d–%d, the last %d of the %d %ss both logs span", a.unit(), a.unit(), from, hi, w, span, a.unit())
 	a.r.Comparison = c
 	a.compareValid(b)

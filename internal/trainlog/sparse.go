@@ -265,13 +265,7 @@ func (a *analysis) sampledNaN(st *report.ScaleStats, gaps []gap) {
 		a.notDerived("how far the scale fell before the first NaN: no sample lies in the %d steps before it", w)
 		return
 	}
-	bits := 0.0
-	switch {
-	case at > 0:
-		bits = math.Log2(top / at)
-	case top > 0:
-		bits = math.Log2(top) + 150
-	}
+	bits := collapseBits(top, at)
 	st.CollapseBits = &bits
 	st.CollapseWindow = a.nanStep - from
 	a.collapse = bits >= a.opt.CollapseBits
