@@ -25,7 +25,7 @@ const emulatedFactor = 1.5
 // estimate, as a factor: ONNX Runtime's arena grows in doubling regions and
 // its kernels keep scratch buffers, which weigh more in small runs
 // (measured on the bench transformer at 2 to 4 samples per part: 1.17 to
-// 1.25 times the estimate).
+// 1.26 times the estimate).
 const partMargin = 1.3
 
 // MemoryPlan is the memory side of running a set of passes: the estimate
