@@ -17,7 +17,11 @@ import (
 // train --loss ...`).
 type trainFlags struct {
 	mode, loss, target, output, initScale string
-	underflow                             float64
+	tolerance                             float64
+	// fraction is the flag --grad-mass-tolerance replaced; it is refused
+	// with a message naming the new one.
+	fraction float64
+	fs       *pflag.FlagSet
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
@@ -30,17 +34,23 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.target, "target", "", "the first batch's targets for --loss, .npy or .npz")
 	fs.StringVar(&t.output, "loss-output", "", "the graph output the loss applies to (default: the only output)")
 	fs.StringVar(&t.initScale, "init-scale", "65536", "the GradScaler's initial loss scale, a power of two: 65536, 2^16 or 2**16")
-	fs.Float64Var(&t.underflow, "grad-underflow-fraction", audit.DefaultGradUnderflowFraction, "a gradient flushing more than this fraction of its nonzero elements to zero in fp16 underflows (FP6007, FP6008)")
+	fs.Float64Var(&t.tolerance, "grad-mass-tolerance", audit.DefaultGradMassTolerance, "a loss scale is clean when no parameter gradient loses more than this share of its L2 norm to fp16 (mass lost; FP6007, FP6008)")
+	fs.Float64Var(&t.fraction, "grad-underflow-fraction", 0, "replaced by --grad-mass-tolerance")
+	_ = fs.MarkHidden("grad-underflow-fraction")
+	t.fs = fs
 }
 
 // config turns the flags into the audit's TrainConfig.
 func (t *trainFlags) config() (audit.TrainConfig, error) {
+	if f := t.fs.Lookup("grad-underflow-fraction"); f != nil && f.Changed {
+		return audit.TrainConfig{}, fmt.Errorf("--grad-underflow-fraction is gone: the backward is judged by the share of a parameter gradient's L2 norm fp16 loses, not by the fraction of elements flushed; pass --grad-mass-tolerance %g instead", t.fraction)
+	}
 	scale, err := parseScale(t.initScale)
 	if err != nil {
 		return audit.TrainConfig{}, fmt.Errorf("--init-scale: %w", err)
 	}
 	return audit.TrainConfig{Mode: t.mode, Loss: t.loss, Target: t.target, Output: t.output,
-		InitScale: scale, UnderflowFraction: t.underflow}, nil
+		InitScale: scale, Tolerance: t.tolerance}, nil
 }
 
 // parseScale reads a loss scale written as a number (65536) or a power of

@@ -13,6 +13,8 @@ import (
 	"fp16audit/internal/execute/backward"
 	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/statsop"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
 )
@@ -379,10 +381,11 @@ func TestAutocastRounding(t *testing.T) {
 	}
 }
 
-// TestSummaries: the in-session summaries of each rounded gradient equal
-// the statistics computed from the fetched tensors, and a session that
-// fetches the summaries alone returns the same numbers.
-func TestSummaries(t *testing.T) {
+// TestMassSession: the backward audit's session returns, per rounded
+// gradient, exactly statsop.Mass of the tensor a full session fetches
+// before the rounding, and the parameter gradients that session fetches;
+// with the rounding off, the parameter gradients of the fp32 graph.
+func TestMassSession(t *testing.T) {
 	var e fixtureEntry
 	for _, f := range readManifest(t).Fixtures {
 		if f.Name == "transformer_o17" {
@@ -390,6 +393,10 @@ func TestSummaries(t *testing.T) {
 		}
 	}
 	requireORT(t)
+	lib, err := onnxrt.FindLibrary("")
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
 	if err != nil {
 		t.Fatal(err)
@@ -404,85 +411,62 @@ func TestSummaries(t *testing.T) {
 	for _, mod := range e.Experiment.Modules {
 		r.Values[mod.Value] = elemFloat16
 	}
-	res, err := grad.Build(m.Proto, facts, grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r, Summaries: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, err := backward.NewSession(res, sessionOptions, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer full.Close()
-	var names []string
-	for _, g := range res.Grads {
-		names = append(names, g.Summary.MaxAbs, g.Summary.NonFinite, g.Summary.NonZero)
-		if g.Summary.Flushed != "" {
-			names = append(names, g.Summary.Flushed)
-		}
-	}
-	small, err := backward.NewSession(res, sessionOptions, names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer small.Close()
-	flushedSeen := false
-	for _, exp := range []int{0, 10, 20} {
-		scale := float32(math.Ldexp(1, exp))
-		a, err := full.Run(l.inputs, l.target, scale)
+	build := func(r *grad.Rounding) *grad.Result {
+		res, err := grad.Build(m.Proto, facts, grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, Rounding: r})
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := small.Run(l.inputs, l.target, scale)
+		return res
+	}
+	res, res32 := build(r), build(nil)
+	ms, err := backward.NewMassSession(lib, res, sessionOptions, l.inputs, l.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	for _, c := range []struct {
+		res     *grad.Result
+		exp     int
+		rounded bool
+	}{{res, 10, true}, {res, 0, true}, {res32, 0, false}} {
+		full, err := backward.NewSession(c.res, sessionOptions, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f32 := func(o backward.Outputs, name string) float64 { return float64(floats(t, o[name])[0]) }
-		for _, g := range res.Grads {
-			raw := g.Name
-			if g.Raw != "" {
-				raw = g.Raw
-			}
-			rv, gv := floats(t, a[raw]), floats(t, a[g.Name])
-			mx, nan := 0.0, false
-			nonfinite, nonzero, flushed := false, 0.0, 0.0
-			for i, v := range rv {
-				nan = nan || math.IsNaN(float64(v))
-				mx = math.Max(mx, math.Abs(float64(v)))
-				nonfinite = nonfinite || math.IsInf(float64(gv[i]), 0) || math.IsNaN(float64(gv[i]))
-				if v != 0 {
-					nonzero++
-					if gv[i] == 0 {
-						flushed++
-					}
-				}
-			}
-			s := g.Summary
-			if got := f32(a, s.MaxAbs); got != mx && !(nan && math.IsNaN(got)) && !(nan && math.IsInf(mx, 0)) {
-				t.Errorf("2^%d %s: max %g, tensor says %g", exp, g.Value, got, mx)
-			}
-			if got := a[s.NonFinite].Data[0] != 0; got != nonfinite {
-				t.Errorf("2^%d %s: nonfinite %v, tensor says %v", exp, g.Value, got, nonfinite)
-			}
-			if !nan {
-				if got := f32(a, s.NonZero); got != nonzero {
-					t.Errorf("2^%d %s: nonzero %g, tensor says %g", exp, g.Value, got, nonzero)
-				}
-				if s.Flushed != "" && f32(a, s.Flushed) != flushed {
-					t.Errorf("2^%d %s: flushed %g, tensor says %g", exp, g.Value, f32(a, s.Flushed), flushed)
-				}
-			}
-			flushedSeen = flushedSeen || flushed > 0
-			for _, name := range []string{s.MaxAbs, s.NonZero, s.Flushed} {
-				if name == "" {
+		want, err := full.Run(l.inputs, l.target, float32(math.Ldexp(1, c.exp)))
+		full.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ms.Run(c.exp, c.rounded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.rounded {
+			masses := 0
+			for _, g := range res.Grads {
+				if g.Raw == "" {
 					continue
 				}
-				if x, y := f32(a, name), f32(b, name); x != y && !(math.IsNaN(x) && math.IsNaN(y)) {
-					t.Errorf("2^%d %s: summaries-only session says %s = %g, full session %g", exp, g.Value, name, y, x)
+				masses++
+				w, _ := grad.MassFrom(statsop.Mass(floats(t, want[g.Raw])))
+				if m := got.Grads[g.Value]; m == nil || *m != *w {
+					t.Errorf("2^%d %s: mass differs from statsop.Mass of the fetched tensor", c.exp, g.Value)
 				}
 			}
+			if masses == 0 {
+				t.Fatal("no rounded gradient")
+			}
 		}
-	}
-	if !flushedSeen {
-		t.Error("no gradient flushed at 2^0: the fixture no longer exercises Flushed")
+		params := res.Params()
+		if len(params) == 0 || len(got.Params) != len(params) {
+			t.Fatalf("%d parameter gradients, want %d", len(got.Params), len(params))
+		}
+		for _, p := range params {
+			w := floats(t, want[p.Name])
+			if e, k := relErr(got.Params[p.Value], w, 1e-30); e > 0 {
+				t.Errorf("2^%d rounded %v: %s differs from the full session at %d (rel %g)", c.exp, c.rounded, p.Value, k, e)
+			}
+		}
 	}
 }

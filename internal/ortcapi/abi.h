@@ -94,6 +94,7 @@ enum {
 	ortc_arena_allocator = 1,    // OrtAllocatorType OrtArenaAllocator
 	ortc_mem_default = 0,        // OrtMemType OrtMemTypeDefault
 	ortc_io_required = 0,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_REQUIRED
+	ortc_io_optional = 1,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_OPTIONAL
 	ortc_io_variadic = 2,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_VARIADIC
 };
 
@@ -101,6 +102,7 @@ enum {
 enum {
 	ortc_float = 1,
 	ortc_int64 = 7,
+	ortc_double = 11,
 };
 
 // Function pointer types of the entries called.

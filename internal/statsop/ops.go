@@ -60,6 +60,32 @@ const (
 	AttrTo  = C.FA_ATTR_TO
 )
 
+// OpMass is Mass(x) -> h in Domain: where the mass of the float tensor x
+// lies by binary exponent, as MassLen float64s (see ops.h): element counts
+// by float32 exponent field in h[0:256], their sums of squares from
+// MassSumSq, max |x| over the finite elements at MassMax and the count of
+// NaN and Inf at MassNonFinite. The backward audit reads one per gradient
+// held in 16 bits (internal/grad's Mass interprets it).
+const (
+	OpMass        = C.FA_OP_MASS
+	MassLen       = C.FA_MASS_LEN
+	MassSumSq     = C.FA_MASS_SUMSQ
+	MassMax       = C.FA_MASS_MAX
+	MassNonFinite = C.FA_MASS_NONFINITE
+)
+
+// Mass computes, on the calling goroutine, what the Mass operator returns
+// for x: the same numbers, bit for bit.
+func Mass(x []float32) []float64 {
+	h := make([]float64, MassLen)
+	var p *C.float
+	if len(x) > 0 {
+		p = (*C.float)(unsafe.Pointer(&x[0]))
+	}
+	C.fa_mass(p, C.int64_t(len(x)), (*C.double)(unsafe.Pointer(&h[0])))
+	return h
+}
+
 // RecordLen is the number of int64 slots of one record.
 const RecordLen = C.FA_REC_LEN
 
@@ -98,12 +124,12 @@ var registered struct {
 	err  error
 }
 
-// Register creates the custom operator domain of Observe, once per
+// Register creates the custom operator domain of Observe, Round and Mass, once per
 // process; pass it in ortcapi.Options.Domains of every session whose model
 // uses it.
 func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
 	registered.once.Do(func() {
-		var ops [2]unsafe.Pointer
+		var ops [3]unsafe.Pointer
 		C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
 		registered.d, registered.err = rt.NewCustomOpDomain(Domain, ops[:]...)
 	})
