@@ -13,7 +13,7 @@ const (
 // TrainingSchema names the JSON shape of TrainingReport (its "schema"
 // field). It changes only when a field is removed or changes meaning.
 //
-// v2 (fp16audit 0.4): the backward is judged by mass — a loss scale is
+// v2: the backward is judged by mass — a loss scale is
 // clean when no gradient overflows and no parameter gradient loses more
 // than a tolerance of its L2 norm to fp16 (lost_mass), no longer by the
 // fraction of elements flushed; the report says where a GradScaler
