@@ -14,8 +14,8 @@ import (
 	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
-	"fp16audit/internal/statsop"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/statsop"
 	"fp16audit/internal/tensor"
 )
 
