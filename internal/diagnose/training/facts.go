@@ -41,6 +41,11 @@ type Facts struct {
 
 	once  sync.Once
 	table *table
+	// measured caches each emulated run's parameter losses, over whether
+	// it overflows, broken whether the fp32 backward holds NaN/Inf.
+	measured map[*grad.Run][]float64
+	over     map[*grad.Run]bool
+	broken   *bool
 }
 
 // Backward is what the backward runs produced.
@@ -104,6 +109,8 @@ type param struct {
 	node   int // the first node that reads it (-1: none)
 	pos    int
 	feeds  []int
+	// noise: the fp32 gradient is zero up to rounding (see noiseRatio).
+	noise bool
 }
 
 // table is the gradients of one backward graph, computed once.
@@ -198,6 +205,17 @@ func (f *Facts) buildTable() *table {
 				p.feeds = append(p.feeds, byValue[o]...)
 			}
 		}
+		if b.FP32 != nil {
+			var ss float64
+			for _, v := range b.FP32.Params[p.value] {
+				ss += float64(v) * float64(v)
+			}
+			for _, i := range p.feeds {
+				if m := t.entries[i].mass(b.FP32); m != nil && math.Sqrt(ss) < noiseRatio*m.Norm() {
+					p.noise = true
+				}
+			}
+		}
 		t.params = append(t.params, p)
 	}
 	sort.SliceStable(t.params, func(i, j int) bool { return t.params[i].pos < t.params[j].pos })
@@ -253,7 +271,7 @@ func (b *Backward) fp32Broken() bool {
 		return true
 	}
 	for _, g := range r.Params {
-		if _, ok := grad.LostMass(g, g, 0); !ok {
+		if !allFinite(g) {
 			return true
 		}
 	}
@@ -275,7 +293,13 @@ func (b *Backward) fp32Broken() bool {
 // bits.
 func (f *Facts) ready() bool {
 	b := f.Backward
-	return b != nil && b.FP32 != nil && !b.fp32Broken() && len(f.gradients().entries) > 0
+	if b == nil || b.FP32 == nil {
+		return false
+	}
+	if f.broken == nil {
+		f.broken = ptr(b.fp32Broken())
+	}
+	return !*f.broken && len(f.gradients().entries) > 0
 }
 
 // overflow says whether the backward at exponent x overflows: measured
@@ -294,15 +318,15 @@ func (f *Facts) overflow(x int) (over bool, first int) {
 		}
 	}
 	if r, ok := b.Runs[x]; ok {
-		return runOverflows(r), first
+		return f.runOverflows(r), first
 	}
 	for y, r := range b.Runs {
-		if y < x && runOverflows(r) {
+		if y < x && f.runOverflows(r) {
 			return true, first
 		}
 	}
 	for y, r := range b.Runs {
-		if y > x && !runOverflows(r) {
+		if y > x && !f.runOverflows(r) {
 			return false, first
 		}
 	}
@@ -310,14 +334,33 @@ func (f *Facts) overflow(x int) (over bool, first int) {
 }
 
 // runOverflows: an emulated run overflows when a parameter gradient holds
-// NaN or Inf, which is what makes a GradScaler skip the step.
-func runOverflows(r *grad.Run) bool {
+// NaN or Inf, which is what makes a GradScaler skip the step. Each run is
+// read once.
+func (f *Facts) runOverflows(r *grad.Run) bool {
+	if v, ok := f.over[r]; ok {
+		return v
+	}
+	v := false
 	for _, g := range r.Params {
-		if _, ok := grad.LostMass(g, g, 0); !ok {
-			return true
+		if !allFinite(g) {
+			v = true
+			break
 		}
 	}
-	return false
+	if f.over == nil {
+		f.over = map[*grad.Run]bool{}
+	}
+	f.over[r] = v
+	return v
+}
+
+func allFinite(g []float32) bool {
+	for _, x := range g {
+		if v := float64(x); math.IsNaN(v) || math.IsInf(v, 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // lost returns the share of parameter k's gradient norm lost at exponent
@@ -328,8 +371,19 @@ func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 	t, b := f.gradients(), f.Backward
 	p := t.params[k]
 	if r, ok := b.Runs[x]; ok {
-		l, _ := grad.LostMass(r.Params[p.value], b.FP32.Params[p.value], x)
-		return l, true
+		if f.measured == nil {
+			f.measured = map[*grad.Run][]float64{}
+		}
+		ls, ok := f.measured[r]
+		if !ok {
+			// Each run's losses once: a parameter gradient is long.
+			ls = make([]float64, len(t.params))
+			for i, q := range t.params {
+				ls[i], _ = grad.LostMass(r.Params[q.value], b.FP32.Params[q.value], x)
+			}
+			f.measured[r] = ls
+		}
+		return ls[k], true
 	}
 	kept := 1.0
 	for _, i := range p.feeds {
@@ -350,21 +404,7 @@ const noiseRatio = 1.0 / (1 << 16)
 
 // noise reports whether parameter k's fp32 gradient is zero up to
 // rounding (see noiseRatio).
-func (f *Facts) noise(k int) bool {
-	t, b := f.gradients(), f.Backward
-	p := t.params[k]
-	var ss float64
-	for _, v := range b.FP32.Params[p.value] {
-		ss += float64(v) * float64(v)
-	}
-	norm := math.Sqrt(ss)
-	for _, i := range p.feeds {
-		if m := t.entries[i].mass(b.FP32); m != nil && norm < noiseRatio*m.Norm() {
-			return true
-		}
-	}
-	return false
-}
+func (f *Facts) noise(k int) bool { return f.gradients().params[k].noise }
 
 // worst returns the largest share a judged parameter gradient loses at x
 // and the parameter's index (-1: no parameter).
