@@ -354,15 +354,6 @@ func TestTransformerUnderflowNamed(t *testing.T) {
 	}
 }
 
-func (f trainFixture) valueOf(module string) string {
-	for _, a := range f.Activations {
-		if a.Module == module {
-			return a.Value
-		}
-	}
-	return ""
-}
-
 // TestTrainUsageErrors: what a training audit refuses, with a message
 // that says what to pass.
 func TestTrainUsageErrors(t *testing.T) {
