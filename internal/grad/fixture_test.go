@@ -385,7 +385,18 @@ func TestAutocastRounding(t *testing.T) {
 // gradient, exactly statsop.Mass of the tensor a full session fetches
 // before the rounding, and the parameter gradients that session fetches;
 // with the rounding off, the parameter gradients of the fp32 graph.
+//
+// Both sessions run at the audit's optimization level, "none", where
+// every node computes as written, so equal graphs give equal bits and the
+// test demands them. At ONNX Runtime's level "all" the two graphs fuse
+// differently (the full session fetches every tensor, which blocks
+// fusions such as the attention's MatMul with its scale Mul), and the
+// results differ by the order of float32 sums (measured ~1e-7 of the
+// largest |g|; masses off by an element crossing a bucket edge): no bug
+// of the mass session, and no level the audit runs at.
 func TestMassSession(t *testing.T) {
+	sessionOptions := sessionOptions
+	sessionOptions.Optimization = "none"
 	var e fixtureEntry
 	for _, f := range readManifest(t).Fixtures {
 		if f.Name == "transformer_o17" {
