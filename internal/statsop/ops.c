@@ -618,24 +618,58 @@ typedef struct {
 	double *rows; // [chunks][FA_MASS_LEN]
 } mass_job;
 
+// mass_lanes is the number of histograms mass_rows keeps: neighbouring
+// elements mostly share an exponent, and with one histogram every add
+// would wait for the store of the previous element's add to the same slot
+// (measured 5x slower than with four).
+enum { mass_lanes = 4 };
+
+// mass_rows writes Mass(x[0:n]) into h; n is at most mass_chunk. Element i
+// goes to histogram i % mass_lanes; the histograms are added in lane order
+// at the end, so the sums do not depend on anything but x.
 static void mass_rows(const float *x, int64_t n, double *h) {
-	memset(h, 0, FA_MASS_LEN * sizeof(double));
-	double *sq = h + FA_MASS_SUMSQ;
-	float mx = 0;
-	for (int64_t i = 0; i < n; i++) {
+	uint32_t cnt[mass_lanes][FA_MASS_BUCKETS];
+	double sq[mass_lanes][FA_MASS_BUCKETS];
+	memset(cnt, 0, sizeof cnt);
+	memset(sq, 0, sizeof sq);
+	float mx[mass_lanes] = {0};
+	int64_t i = 0;
+	for (; i + mass_lanes <= n; i += mass_lanes) {
+		for (int l = 0; l < mass_lanes; l++) {
+			uint32_t b;
+			memcpy(&b, &x[i + l], sizeof b);
+			uint32_t e = (b >> 23) & 0xff;
+			b &= 0x7fffffffu;
+			float a;
+			memcpy(&a, &b, sizeof a);
+			cnt[l][e]++;
+			// Bucket 0xff holds NaN and Inf: counted, never summed.
+			sq[l][e] += e == 0xff ? 0.0 : (double)a * (double)a;
+			mx[l] = e != 0xff && a > mx[l] ? a : mx[l];
+		}
+	}
+	for (int l = 0; i < n; i++, l++) {
 		uint32_t b;
 		memcpy(&b, &x[i], sizeof b);
 		uint32_t e = (b >> 23) & 0xff;
-		if (e == 0xff) {
-			h[FA_MASS_NONFINITE] += 1;
-			continue;
-		}
-		float a = x[i] < 0 ? -x[i] : x[i];
-		mx = a > mx ? a : mx;
-		h[e] += 1;
-		sq[e] += (double)a * (double)a;
+		b &= 0x7fffffffu;
+		float a;
+		memcpy(&a, &b, sizeof a);
+		cnt[l][e]++;
+		sq[l][e] += e == 0xff ? 0.0 : (double)a * (double)a;
+		mx[l] = e != 0xff && a > mx[l] ? a : mx[l];
 	}
-	h[FA_MASS_MAX] = mx;
+	memset(h, 0, FA_MASS_LEN * sizeof(double));
+	float m = 0;
+	for (int l = 0; l < mass_lanes; l++) {
+		for (int e = 0; e < 0xff; e++) {
+			h[e] += (double)cnt[l][e];
+			h[FA_MASS_SUMSQ + e] += sq[l][e];
+		}
+		h[FA_MASS_NONFINITE] += (double)cnt[l][0xff];
+		m = mx[l] > m ? mx[l] : m;
+	}
+	h[FA_MASS_MAX] = m;
 }
 
 static void mass_work(void *user, size_t it) {
