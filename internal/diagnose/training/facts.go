@@ -369,7 +369,6 @@ func allFinite(g []float32) bool {
 // rounding, compounded as independent losses).
 func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 	t, b := f.gradients(), f.Backward
-	p := t.params[k]
 	if r, ok := b.Runs[x]; ok {
 		if f.measured == nil {
 			f.measured = map[*grad.Run][]float64{}
@@ -385,14 +384,47 @@ func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 		}
 		return ls[k], true
 	}
+	est := f.estimate(k, x)
+	// Calibrate by the nearest measured run that does not overflow: how
+	// far the parameter's measured loss exceeds the estimate there.
+	near, ok := 0, false
+	for y, r := range b.Runs {
+		if f.runOverflows(r) {
+			continue
+		}
+		if !ok || abs(y-x) < abs(near-x) || (abs(y-x) == abs(near-x) && y > near) {
+			near, ok = y, true
+		}
+	}
+	if ok {
+		m, _ := f.lost(k, near)
+		if e := f.estimate(k, near); e > 0 && m > e {
+			est *= m / e
+		}
+	}
+	return min(1, est), false
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// estimate is the share of parameter k's gradient norm lost at exponent x
+// by the fp32 mass by exponent of the gradients it is computed from, each
+// one's own rounding compounded as independent losses.
+func (f *Facts) estimate(k, x int) float64 {
+	t, b := f.gradients(), f.Backward
 	kept := 1.0
-	for _, i := range p.feeds {
+	for _, i := range t.params[k].feeds {
 		e := t.entries[i]
 		if m := e.mass(b.FP32); m != nil {
 			kept *= 1 - m.Lost(x, e.format)
 		}
 	}
-	return 1 - kept, false
+	return 1 - kept
 }
 
 // noiseRatio: a parameter gradient whose fp32 norm is below this share of
@@ -464,21 +496,51 @@ func (f *Facts) scales() scales {
 // maxRuns bounds the emulated runs NextRuns asks for.
 const maxRuns = 8
 
+// overflowMargin: an emulated run's gradients differ from the fp32 ones by
+// the rounding upstream of them, a small share of their size. A scale at
+// which a gradient comes within this share of overflowing is confirmed by
+// a run; one farther below overflow is clean as far as the fp32 maxima
+// say.
+const overflowMargin = 1.0 / 8
+
+// nearOverflow reports whether a 16-bit gradient scaled to 2^x comes
+// within overflowMargin of overflowing.
+func (f *Facts) nearOverflow(x int) bool {
+	for _, e := range f.gradients().entries {
+		if m := e.mass(f.Backward.FP32); m != nil && math.Ldexp(m.Max, x)*(1+overflowMargin) >= e.format.Overflow {
+			return true
+		}
+	}
+	return false
+}
+
 // NextRuns returns the exponents at which an emulated backward should run
-// next to confirm what the fp32 backward's mass by exponent says: the
-// settled scale, the largest clean one and the smallest of the clean
-// window, where not yet run. The audit runs them, adds them to Runs and
-// asks again until nothing is left: a run that overflows, or loses more
-// than the estimate, moves the edges, and the next call asks for the new
-// ones.
+// next to confirm what the fp32 backward's mass by exponent says, where
+// not yet run: the settled scale, which decides the verdict; the largest
+// clean one where a gradient there comes near overflow (farther from it,
+// it keeps what the settled scale keeps, and more); and, when the settled
+// scale is not clean, the smallest of the clean window, the scale to start
+// from (its estimate is near the tolerance by construction). Under a clean
+// settled scale the window's start is only reported, as estimated. The
+// audit runs them, adds them to Runs and asks again until nothing is
+// left: a run that overflows, or loses more than the estimate, moves the
+// edges (and recalibrates the estimates near it), and the next call asks
+// for the new ones.
 func (f *Facts) NextRuns() []int {
 	b := f.Backward
 	if !f.ready() || len(b.Runs) >= maxRuns {
 		return nil
 	}
 	s := f.scales()
+	want := []*int{s.settled}
+	if s.maxClean != nil && f.nearOverflow(*s.maxClean) {
+		want = append(want, s.maxClean)
+	}
+	if s.settled != nil && !f.clean(*s.settled) {
+		want = append(want, s.cleanFrom)
+	}
 	var out []int
-	for _, x := range []*int{s.settled, s.maxClean, s.cleanFrom} {
+	for _, x := range want {
 		if x == nil {
 			continue
 		}
