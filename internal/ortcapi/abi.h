@@ -53,6 +53,7 @@ enum {
 	ortc_CreateSessionFromArray = 8,
 	ortc_Run = 9,
 	ortc_CreateSessionOptions = 10,
+	ortc_DisableMemPattern = 17,
 	ortc_SetSessionGraphOptimizationLevel = 23,
 	ortc_SetIntraOpNumThreads = 24,
 	ortc_CreateCustomOpDomain = 26,
@@ -120,6 +121,7 @@ typedef OrtStatus *(*ortc_Run_fn)(OrtSession *, const void *run_options, const c
 typedef OrtStatus *(*ortc_CreateSessionOptions_fn)(OrtSessionOptions **out);
 typedef OrtStatus *(*ortc_SetSessionGraphOptimizationLevel_fn)(OrtSessionOptions *, int level);
 typedef OrtStatus *(*ortc_SetIntraOpNumThreads_fn)(OrtSessionOptions *, int threads);
+typedef OrtStatus *(*ortc_DisableMemPattern_fn)(OrtSessionOptions *);
 typedef OrtStatus *(*ortc_AddSessionConfigEntry_fn)(OrtSessionOptions *, const char *key, const char *value);
 typedef OrtStatus *(*ortc_AddInitializer_fn)(OrtSessionOptions *, const char *name, const OrtValue *);
 typedef OrtStatus *(*ortc_CreateCustomOpDomain_fn)(const char *domain, OrtCustomOpDomain **out);
