@@ -330,3 +330,44 @@ func TestMassLost(t *testing.T) {
 		t.Errorf("LostMass %g %v, want √½", l, ok)
 	}
 }
+
+// TestEstimateCalibrated: where the measured run at the settled scale
+// loses three times what the gradients' own rounding explains, the
+// estimates at the other scales are three times theirs.
+func TestEstimateCalibrated(t *testing.T) {
+	w := newWorld(t, 16, nil)
+	f := w.facts()
+	raw := f.estimate(0, -6)
+	r := w.emulate(f, 16)
+	p := f.gradients().params[0]
+	kept := 1 - 3*f.estimate(0, 16)
+	for i, x := range w.b.FP32.Params[p.value] {
+		r.Params[p.value][i] = float32(math.Ldexp(float64(x)*kept, 16))
+	}
+	w.b.Runs[16] = r
+	if got, measured := f.lost(0, -6); measured || math.Abs(got-3*raw) > 1e-3*raw {
+		t.Errorf("estimate at 2^-6 %g (measured %v), want 3 × %g", got, measured, raw)
+	}
+	if got, _ := f.lost(0, 16); math.Abs(got-3*f.estimate(0, 16)) > 1e-6 {
+		t.Errorf("measured at 2^16 %g, want the run's %g", got, 3*f.estimate(0, 16))
+	}
+}
+
+// TestHealthyRunsOnce: a clean settled scale far from overflow is
+// confirmed by one run; the window's start is then the estimate's with
+// estimateMargin, above where the estimate alone would put it.
+func TestHealthyRunsOnce(t *testing.T) {
+	w := newWorld(t, 16, nil)
+	f := w.facts()
+	if next := f.NextRuns(); !slices.Equal(next, []int{16}) {
+		t.Fatalf("runs %v, want [16]", next)
+	}
+	w.b.Runs[16] = w.emulate(f, 16)
+	if next := f.NextRuns(); len(next) != 0 {
+		t.Fatalf("after the settled run, runs %v, want none", next)
+	}
+	s := f.scales()
+	if s.cleanFrom == nil || !f.mayBeClean(*s.cleanFrom-1) || f.mayBeClean(*s.cleanFrom-3) {
+		t.Errorf("window from %v: want the estimate alone to call the scale below clean, and not three below", s.cleanFrom)
+	}
+}
