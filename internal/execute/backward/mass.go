@@ -31,11 +31,13 @@ type MassSession struct {
 	res    *grad.Result
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
-	// outs are the output buffers, in the session's output order: the
-	// loss, the masses (grads, then sites), the parameter gradients.
+	// The outputs, in the session's output order: the loss and the
+	// masses (grads, then sites) into buffers allocated once, and the
+	// parameter gradients (of plens elements each) into new ones per run,
+	// which the run's result keeps.
 	loss   []float32
 	masses [][]float64
-	params [][]float32
+	plens  []int64
 	keys   []massKey
 	pnames []string
 }
@@ -191,7 +193,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 		}
 		g.Output = append(g.Output, onnx.TensorValueInfo(p.Name, onnx.TensorProto_FLOAT, dims...))
 		outputs = append(outputs, p.Name)
-		ms.params = append(ms.params, make([]float32, n))
+		ms.plens = append(ms.plens, n)
 		ms.pnames = append(ms.pnames, p.Value)
 	}
 	m.Graph = g
@@ -269,8 +271,10 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 		}
 	}
 	params := ms.res.Params()
-	for k, p := range ms.params {
-		if err := add(ortcapi.NewTensorOf(ms.rt, params[k].Shape, p)); err != nil {
+	grads := make([][]float32, len(ms.plens))
+	for k, n := range ms.plens {
+		grads[k] = make([]float32, n)
+		if err := add(ortcapi.NewTensorOf(ms.rt, params[k].Shape, grads[k])); err != nil {
 			return nil, err
 		}
 	}
@@ -290,8 +294,8 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 			r.Grads[ms.keys[k].key] = m
 		}
 	}
-	for k, p := range ms.params {
-		r.Params[ms.pnames[k]] = append([]float32(nil), p...)
+	for k, g := range grads {
+		r.Params[ms.pnames[k]] = g
 	}
 	return r, nil
 }
