@@ -158,7 +158,9 @@ type BackwardReport struct {
 	LostMass       *float64 `json:"lost_mass"`
 	WorstParameter string   `json:"worst_parameter,omitempty"`
 	// CleanFromExp is the smallest exponent from which every scale up to
-	// MaxCleanExp loses at most Tolerance (null: not even MaxCleanExp).
+	// MaxCleanExp loses at most Tolerance (null: not even MaxCleanExp):
+	// measured where Scales marks the exponent measured, else by the
+	// estimate, counted clean only when four times it is within Tolerance.
 	CleanFromExp *int `json:"clean_from_exp"`
 	// Window is the range of clean exponents, CleanFromExp to
 	// MaxCleanExp; null when there is none.
