@@ -274,90 +274,6 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	return res, nil
 }
 
-// RunWith is Run with outputs the caller provides: where into[i] is a
-// Float32 tensor of the shape output i will have, ONNX Runtime writes that
-// output straight into into[i].Data (no allocation, no copy) and the result
-// holds into[i] itself; where into[i] is nil, the output is allocated as by
-// Run. into[i].Data must stay valid and unread until RunWith returns. When
-// ONNX Runtime refuses a provided buffer (a wrong shape), RunWith runs again
-// as Run does, so the result never aliases a refused buffer.
-func (s *Session) RunWith(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
-	if len(into) != len(s.outputNames) {
-		return nil, fmt.Errorf("run: want %d output buffers (nil for none), got %d", len(s.outputNames), len(into))
-	}
-	seeded := false
-	for _, t := range into {
-		if t != nil {
-			seeded = true
-			break
-		}
-	}
-	if !seeded {
-		return s.Run(inputs)
-	}
-	res, err := s.runSeeded(inputs, into)
-	if err == nil {
-		return res, nil
-	}
-	var re *RuntimeError
-	if errors.As(err, &re) && re.Stage == StageRun {
-		return s.Run(inputs)
-	}
-	return nil, err
-}
-
-func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	in, err := s.inputValues(inputs)
-	if err != nil {
-		return nil, err
-	}
-	defer destroyAll(in)
-	out := make([]ort.Value, len(s.outputNames))
-	defer destroyAll(out)
-	params := bindParams(s.inputTypes, inputs)
-	for i, vt := range s.outputTypes {
-		var v ort.Value
-		var err error
-		if t := into[i]; t != nil {
-			buf := Float32View(t)
-			if len(buf) == 0 || &buf[0] != (*float32)(unsafe.Pointer(&t.Data[0])) {
-				return nil, fmt.Errorf("output %q: a provided buffer must be non-empty aligned float32 data of shape %s", s.outputNames[i], tensor.ShapeString(t.Shape))
-			}
-			v, err = ort.NewTensor(ort.NewShape(t.Shape...), buf)
-		} else {
-			v, err = s.preallocate(i, vt, params)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
-		}
-		out[i] = v
-	}
-	err = s.s.Run(in, out)
-	goruntime.KeepAlive(inputs)
-	goruntime.KeepAlive(into)
-	if err != nil {
-		return nil, &RuntimeError{StageRun, innermost(err)}
-	}
-	res := make([]*tensor.Tensor, len(out))
-	for i, v := range out {
-		if into[i] != nil {
-			res[i] = into[i]
-			continue
-		}
-		t, err := fromValue(v)
-		if err != nil {
-			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
-		}
-		t.Name = s.outputNames[i]
-		res[i] = t
-	}
-	return res, nil
-}
-
-// destroyAll releases the ONNX Runtime side of every value. A failed output
-// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 // inputValues wraps inputs (in inputNames order) as ONNX Runtime values
 // over their own memory; the caller destroys them. It must be called with
 // s.mu held.
@@ -380,6 +296,8 @@ func (s *Session) inputValues(inputs []*tensor.Tensor) ([]ort.Value, error) {
 	return in, nil
 }
 
+// destroyAll releases the ONNX Runtime side of every value. A failed output
+// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 func destroyAll(vs []ort.Value) {
 	for _, v := range vs {
 		if v != nil && !reflect.ValueOf(v).IsNil() {

@@ -9,8 +9,42 @@ const (
 	SlotDims = slotDims
 )
 
+// mustRecords is observeRecords for the tests, which have the memory.
+func mustRecords(chunk int, xs ...[]float32) []Record {
+	recs, err := observeRecords(chunk, xs...)
+	if err != nil {
+		panic(err)
+	}
+	return recs
+}
+
 // ObserveRecord is the record Observe makes of x.
-func ObserveRecord(x []float32) Record { return observeRecords(0, x)[0] }
+func ObserveRecord(x []float32) Record { return mustRecords(0, x)[0] }
+
+// Observe computes the statistics of y (the flat values of one tensor of
+// batch number batch) exactly as the Observe operator does with chunks of
+// chunk elements (0: DefaultChunk).
+func Observe(y []float32, batch, chunk int) Stats {
+	return mustRecords(chunk, y)[0].Stats(batch)
+}
+
+// ObserveDiff computes the statistics of y and its comparison with ref
+// exactly as the Observe operator does for an emulated value y and its
+// reference ref.
+func ObserveDiff(y, ref []float32, batch, chunk int) (Stats, Diff) {
+	recs := mustRecords(chunk, ref, y)
+	d, _ := recs[1].Diff()
+	return recs[1].Stats(batch), d
+}
+
+// Round rounds src to the element type to (FLOAT16 or BFLOAT16) and back
+// into dst exactly as the Round operator does.
+func Round(dst, src []float32, to int32) {
+	if len(dst) != len(src) {
+		panic("statsop.Round: dst and src differ in length")
+	}
+	round(dst, src, to)
+}
 
 // SetRoundSIMD exposes setRoundSIMD to the external tests.
 var SetRoundSIMD = setRoundSIMD
