@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -239,7 +238,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		bar = newProgressBar(stderr, terminalWidth(stderr))
 		cfg.Progress = bar.update
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)
 	bar.done()
@@ -326,6 +325,8 @@ func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) er
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	addPending(f.Name())
+	defer dropPending(f.Name())
 	defer os.Remove(f.Name())
 	err = render(f)
 	if cerr := f.Close(); err == nil {

@@ -192,7 +192,7 @@ func Init(libPath string) error {
 	ort.SetSharedLibraryPath(abs)
 	// ONNX Runtime's own log lines would interleave with the report on
 	// stderr; every error reaches the caller as a value anyway.
-	err = ortcapi.WithPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
+	err = ortcapi.WithoutTempFiles(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
 	if err != nil {
 		return fmt.Errorf("load ONNX Runtime library %s: %v (is it an ONNX Runtime 1.x shared library for this platform?)", abs, innermost(err))
 	}

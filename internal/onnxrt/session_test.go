@@ -513,4 +513,3 @@ func TestUntypedFloat16Output(t *testing.T) {
 	}
 	t.Log(err)
 }
-

@@ -18,6 +18,12 @@ const void *ortc_api_table(void);
 // elements.
 extern int64_t ortc_empty;
 
+// ortc_calloc is calloc, except that it fails (NULL) when a test asked for
+// it with ortc_fail_allocs: a positive n makes the n-th allocation from now
+// fail, 0 none.
+void *ortc_calloc(size_t n, size_t size);
+void ortc_fail_allocs(int n);
+
 // ortc_error_code and ortc_error_message read a non-NULL status;
 // ortc_release_status frees it.
 int ortc_error_code(OrtStatus *st);
@@ -39,8 +45,15 @@ void ortc_prepacked_release(OrtPrepackedWeightsContainer *c);
 OrtStatus *ortc_session_new(OrtEnv *env, const void *data, size_t len, const OrtSessionOptions *o,
 	OrtPrepackedWeightsContainer *prepacked, OrtSession **out);
 void ortc_session_release(OrtSession *s);
-OrtStatus *ortc_run(OrtSession *s, const char *const *in_names, const OrtValue *const *in, size_t n_in,
-	const char *const *out_names, size_t n_out, OrtValue **out);
+OrtStatus *ortc_run_options_new(OrtRunOptions **out);
+void ortc_run_options_release(OrtRunOptions *o);
+
+// ortc_run_options_terminate makes the runs with o in flight stop at their
+// next node and every later run with o fail at once; ONNX Runtime allows it
+// from any thread.
+OrtStatus *ortc_run_options_terminate(OrtRunOptions *o);
+OrtStatus *ortc_run(OrtSession *s, const OrtRunOptions *o, const char *const *in_names, const OrtValue *const *in,
+	size_t n_in, const char *const *out_names, size_t n_out, OrtValue **out);
 OrtStatus *ortc_memory_info_cpu(OrtMemoryInfo **out);
 OrtStatus *ortc_tensor_new(const OrtMemoryInfo *mi, void *data, size_t len, const int64_t *shape, size_t rank,
 	int elem_type, OrtValue **out);

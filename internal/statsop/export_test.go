@@ -1,5 +1,12 @@
 package statsop
 
+import (
+	"errors"
+	"unsafe"
+
+	"fp16audit/internal/ortcapi"
+)
+
 // SetSIMD exposes setSIMD to the external tests.
 var SetSIMD = setSIMD
 
@@ -48,3 +55,35 @@ func Round(dst, src []float32, to int32) {
 
 // SetRoundSIMD exposes setRoundSIMD to the external tests.
 var SetRoundSIMD = setRoundSIMD
+
+// FailAllocs makes the n-th allocation of the operators' C code from now
+// fail (0: none).
+var FailAllocs = failAllocs
+
+// ObserveRecords is observeRecords, with its error.
+var ObserveRecords = observeRecords
+
+// FailRegisterOnce makes the next Register fail as creating the domain
+// would, forgetting the domain registered so far; the call after it
+// registers again (handing back the domain the process already had, so
+// that ONNX Runtime sees one domain of the name). It returns the error
+// the failing call must return.
+func FailRegisterOnce() error {
+	registered.mu.Lock()
+	had := registered.d
+	registered.d = nil
+	registered.mu.Unlock()
+	real := newDomain
+	failure := errors.New("creating the domain failed")
+	newDomain = func(rt *ortcapi.Runtime, name string, ops ...unsafe.Pointer) (*ortcapi.CustomOpDomain, error) {
+		newDomain = func(rt *ortcapi.Runtime, name string, ops ...unsafe.Pointer) (*ortcapi.CustomOpDomain, error) {
+			newDomain = real
+			if had != nil {
+				return had, nil
+			}
+			return real(rt, name, ops...)
+		}
+		return nil, failure
+	}
+	return failure
+}

@@ -93,21 +93,30 @@ const (
 )
 
 var registered struct {
-	once sync.Once
-	d    *ortcapi.CustomOpDomain
-	err  error
+	mu sync.Mutex
+	d  *ortcapi.CustomOpDomain
 }
 
-// Register creates the custom operator domain of Observe, once per
-// process; pass it in ortcapi.Options.Domains of every session whose model
-// uses it.
+// newDomain creates the domain; the tests replace it to make it fail.
+var newDomain = (*ortcapi.Runtime).NewCustomOpDomain
+
+// Register creates the custom operator domain of Observe and Round, once
+// per process; pass it in ortcapi.Options.Domains of every session whose
+// model uses it. A failure is not kept: the next call tries again.
 func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
-	registered.once.Do(func() {
-		var ops [2]unsafe.Pointer
-		C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
-		registered.d, registered.err = rt.NewCustomOpDomain(Domain, ops[:]...)
-	})
-	return registered.d, registered.err
+	registered.mu.Lock()
+	defer registered.mu.Unlock()
+	if registered.d != nil {
+		return registered.d, nil
+	}
+	var ops [2]unsafe.Pointer
+	C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
+	d, err := newDomain(rt, Domain, ops[:]...)
+	if err != nil {
+		return nil, err
+	}
+	registered.d = d
+	return d, nil
 }
 
 // DefaultChunk is the chunk length audit's passes cut values into today
@@ -152,6 +161,10 @@ func observeRecords(chunk int, xs ...[]float32) ([]Record, error) {
 	}
 	return out, nil
 }
+
+// failAllocs makes the n-th allocation of the operators' C code from now
+// fail (0: none), so that the tests reach the out-of-memory paths.
+func failAllocs(n int) { C.fa_fail_allocs(C.int(n)) }
 
 // setSIMD turns the AVX2 kernels on or off (tests compare both with Go)
 // and returns whether they were on.
