@@ -353,15 +353,15 @@ func cmdVersion(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fmt.Fprintf(stdout, "fp16audit %s\n", report.Version)
-	lib, err := onnxrt.FindLibrary(ortLib)
+	lib, err := onnxrt.Locate(ortLib)
 	if err == nil {
-		err = onnxrt.Init(lib)
+		err = onnxrt.Init(lib.Path)
 	}
 	if err != nil {
 		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", onnxrt.Version(), lib)
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s, from %s)\n", onnxrt.Version(), lib.Path, lib.From)
 	return exitOK
 }
 

@@ -30,6 +30,24 @@ const void *ortc_load(const char *path, const char **version, char *err, size_t 
 	return api;
 }
 
+int ortc_probe(const char *path, uint32_t api_version, int check, const char **version, char *err, size_t errlen) {
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		snprintf(err, errlen, "%s", dlerror());
+		return -1;
+	}
+	const ortc_api_base *(*get_base)(void) = (const ortc_api_base *(*)(void))dlsym(lib, "OrtGetApiBase");
+	if (get_base == NULL) {
+		snprintf(err, errlen, "no symbol OrtGetApiBase: not an ONNX Runtime library");
+		return -1;
+	}
+	const ortc_api_base *base = get_base();
+	*version = base->GetVersionString();
+	// The library stays loaded: it is the one the process goes on to use,
+	// or the process stops with the refusal.
+	return !check || base->GetApi(api_version) != NULL;
+}
+
 const void *ortc_api_table(void) { return api; }
 
 int64_t ortc_empty;

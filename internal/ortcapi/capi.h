@@ -11,6 +11,13 @@
 // message in err. version receives the library's version string.
 const void *ortc_load(const char *path, const char **version, char *err, size_t errlen);
 
+// ortc_probe opens the library at path and reads its version string into
+// version. When check is set it also asks for the function table of
+// api_version and returns 1 when the library provides it, 0 when not;
+// without check it returns 1. It returns -1, with a message in err, for a
+// file that is no ONNX Runtime library.
+int ortc_probe(const char *path, uint32_t api_version, int check, const char **version, char *err, size_t errlen);
+
 // ortc_api_table returns the table ortc_load fetched.
 const void *ortc_api_table(void);
 

@@ -120,6 +120,43 @@ func WithoutTempFiles(fn func() error) error {
 	return err
 }
 
+// TooOldError is an ONNX Runtime library older than the C API version a
+// binding needs.
+type TooOldError struct {
+	Path    string
+	Version string // the library's version string
+	API     int    // the OrtApi version needed: ONNX Runtime 1.API or newer
+}
+
+// Error names the library, its version and the version needed.
+func (e *TooOldError) Error() string {
+	return fmt.Sprintf("ONNX Runtime %s (%s) is too old: fp16audit needs ONNX Runtime 1.%d or newer (C API version %d)", e.Version, e.Path, e.API, e.API)
+}
+
+// Probe loads the library at path, without creating an environment, and
+// returns its version string; a library that does not provide OrtApi
+// version api (ONNX Runtime 1.api or newer) is a *TooOldError.
+func Probe(path string, api int) (string, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	var version *C.char
+	// A 1.x library whose minor version is below api cannot provide it;
+	// asking it would print ONNX Runtime's complaint to stderr.
+	if C.ortc_probe(cpath, C.uint32_t(api), 0, &version, &msg[0], C.size_t(len(msg))) < 0 {
+		return "", fmt.Errorf("load ONNX Runtime library %s: %s", path, C.GoString(&msg[0]))
+	}
+	v := C.GoString(version)
+	var major, minor int
+	if n, _ := fmt.Sscanf(v, "%d.%d", &major, &minor); n == 2 && major == 1 && minor < api {
+		return v, &TooOldError{Path: path, Version: v, API: api}
+	}
+	if C.ortc_probe(cpath, C.uint32_t(api), 1, &version, &msg[0], C.size_t(len(msg))) == 0 {
+		return v, &TooOldError{Path: path, Version: v, API: api}
+	}
+	return v, nil
+}
+
 // Version returns the library's version string, such as "1.30.0".
 func (rt *Runtime) Version() string { return rt.version }
 
