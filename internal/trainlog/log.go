@@ -104,6 +104,11 @@ type GradSummary struct {
 	Nonzero      *int
 	Underflow    *int
 	Subnormal    *int
+	// SumSq is the squared L2 norm of the scaled gradient over the
+	// elements fp16 holds finite, LostSumSq that of what fp16 loses of
+	// them (fp16(x) − x): lost_mass is √(LostSumSq/SumSq). A log written
+	// before the companion recorded them has neither.
+	SumSq, LostSumSq *float64
 }
 
 // Len is the number of entries in the log: its steps, or its samples when
