@@ -2,8 +2,10 @@ package trainlog_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -239,5 +241,63 @@ func TestTelemetryJudgesUnderflowByMass(t *testing.T) {
 	opt.LostMassTolerance = 0.0005
 	if u := analyze(t, run, base, opt).Telemetry.Underflow; len(u) != 2 || u[1].Module != "tiny" || u[1].Measure != trainlog.MeasureLostMass || math.Abs(*u[1].LostMass-0.001) > 1e-12 {
 		t.Errorf("with tolerance 0.05%%: %+v", u)
+	}
+}
+
+// TestCompanionMassAgainstTorch reads the log the companion wrote for a
+// real run (testdata/companion/make_logs.py, underflow_mass) at a scale
+// pinned at 2^4: quiet's weight gradient loses mass to fp16, head's output
+// gradient only flushes the tails of a confident softmax. The mass lost
+// must be what torch's own fp16 cast of autograd's gradients gives
+// (underflow_mass.truth.json), and the measure must name quiet alone,
+// where the share of elements flushed names head and not quiet.
+func TestCompanionMassAgainstTorch(t *testing.T) {
+	dir := filepath.Join("testdata", "companion")
+	var truth struct {
+		LostMass map[string]float64 `json:"lost_mass"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "underflow_mass.truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &truth); err != nil {
+		t.Fatal(err)
+	}
+	l, err := logfile.Read(filepath.Join(dir, "underflow_mass.jsonl"), logfile.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
+	u := r.Telemetry.Underflow
+	want := truth.LostMass["quiet/params"]
+	if len(u) != 1 || u[0].Module != "quiet" || u[0].Gradient != "params" || u[0].Measure != trainlog.MeasureLostMass ||
+		math.Abs(*u[0].LostMass-want) > 1e-6*want || u[0].MedianScale != 16 {
+		t.Fatalf("underflow %+v, want quiet's parameter gradient losing %g (torch)", u, want)
+	}
+	// head is under the tolerance by the same measure, in the log as in
+	// torch: its flushed elements carry nothing.
+	opt := trainlog.DefaultOptions
+	opt.LostMassTolerance = 1e-15
+	all := analyze(t, l, nil, opt).Telemetry.Underflow
+	i := slices.IndexFunc(all, func(m report.ModuleUnderflow) bool { return m.Module == "head" && m.Gradient == "output" })
+	if i < 0 || math.Abs(*all[i].LostMass-truth.LostMass["head/output"]) > 1e-6*truth.LostMass["head/output"] || all[i].Fraction < 0.8 {
+		t.Errorf("head's output gradient %+v, want %g of its mass lost (torch) on 80%% of its elements flushed", all, truth.LostMass["head/output"])
+	}
+
+	// The same log without the sums, as the companion wrote it before:
+	// judged by elements flushed, head is named and quiet is not.
+	for _, tl := range l.Telemetry {
+		for _, m := range tl.Modules {
+			for _, g := range []*trainlog.GradSummary{m.Output, m.Params} {
+				if g != nil {
+					g.SumSq, g.LostSumSq = nil, nil
+				}
+			}
+		}
+	}
+	old := analyze(t, l, nil, trainlog.DefaultOptions).Telemetry.Underflow
+	if len(old) == 0 || old[0].Module != "head" || old[0].Measure != trainlog.MeasureUnderflow ||
+		slices.ContainsFunc(old, func(m report.ModuleUnderflow) bool { return m.Module == "quiet" && m.Gradient == "params" }) {
+		t.Errorf("by elements flushed: %+v", old)
 	}
 }
