@@ -28,6 +28,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkWastedWarmup, Requires: "scales", Run: runWastedWarmup},
 		{Check: checkSkipRate, Requires: "scales", Run: runSkipRate},
 		{Check: checkPinnedLow, Requires: "scales", Run: runPinnedLow},
+		{Check: checkMassLost, Requires: "telemetry with the mass lost", Run: runMassLost},
 	}
 }
 
@@ -139,6 +140,34 @@ func runPinnedLow(f *Facts) ([]checks.Finding, error) {
 		st.LongestNoGrowth, float64(st.LongestNoGrowth)/float64(f.cfg.GrowthInterval), f.cfg.GrowthInterval,
 		st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs, report.FormatScale(st.PinnedScale), report.FormatScale(f.opt.LowScale)))
 	f.nameUnderflow(&fd)
+	return []checks.Finding{fd}, nil
+}
+
+func runMassLost(f *Facts) ([]checks.Finding, error) {
+	var parts []string
+	var top *report.ModuleUnderflow
+	us := f.underflowModules()
+	for i := range us {
+		u := &us[i]
+		if u.Measure != MeasureLostMass {
+			continue
+		}
+		if top == nil {
+			top = u
+		}
+		if len(parts) == 3 {
+			parts = append(parts, "and more")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s%s's %s loses %.1f%% of its mass (L2 norm) to fp16 at a median scale %s over %d lines",
+			u.Module, typeText(u.Type), gradientWord(u.Gradient), 100**u.LostMass, report.FormatScale(u.MedianScale), u.Lines))
+	}
+	if top == nil {
+		return nil, nil
+	}
+	fd := checkMassLost.Finding(fmt.Sprintf("the telemetry shows %s (tolerance %.1f%%): that part of the gradient does not train the module; a larger loss scale, to_bf16() or the module in fp32 keeps it",
+		strings.Join(parts, "; "), 100*f.opt.LostMassTolerance))
+	fd.Module = top.Module
 	return []checks.Finding{fd}, nil
 }
 

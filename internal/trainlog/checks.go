@@ -105,4 +105,19 @@ plateau. learn.to_bf16() removes the problem; otherwise find the
 gradients that overflow. With per-module gradient telemetry in the log,
 the finding names the modules that lose gradient mass to fp16, as FP5005
 does.`})
+
+	checkMassLost = checks.Register(&checks.Check{ID: "FP5011", Title: "gradients lose mass to fp16", Severity: checks.SevWarning, Doc: `The Python companion's telemetry shows a module's gradient losing more
+than --lost-mass-tolerance (1%) of its L2 norm to fp16 at the loss scales
+the run used: ‖fp16(g·S)/S − g‖ / ‖g‖ for gradient g at scale S, pooled
+over the fully measured lines, flushing to zero and the rounding of fp16's
+subnormals together. It is the measure the training audit (fp16audit run
+--loss) judges a backward pass by, so both say the same of a gradient.
+That part of the gradient does not train the module. A larger loss scale
+keeps it: when the scale is held low by gradients that overflow elsewhere
+(FP5009, FP5010), find and clip those; otherwise train with
+learn.to_bf16() (Ampere or newer), whose range holds small gradients
+without scaling, or keep the module in fp32. The share of elements that
+flush is no loss by itself (the tails of a confident softmax flush by the
+thousand and cost nothing): logs that record only that share, written
+before the companion recorded the mass, are not judged here.`})
 )

@@ -3,6 +3,7 @@ package trainlog
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -267,6 +268,12 @@ func (f *Facts) underflowModules() []report.ModuleUnderflow {
 		return ts.Underflow
 	}
 	return nil
+}
+
+// massLost reports whether the telemetry shows a gradient losing mass to
+// fp16 beyond the tolerance.
+func (f *Facts) massLost() bool {
+	return slices.ContainsFunc(f.underflowModules(), func(u report.ModuleUnderflow) bool { return u.Measure == MeasureLostMass })
 }
 
 // overflowText says where the overflows began.

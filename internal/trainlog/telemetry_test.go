@@ -270,6 +270,20 @@ func TestCompanionMassAgainstTorch(t *testing.T) {
 	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	u := r.Telemetry.Underflow
 	want := truth.LostMass["quiet/params"]
+	if len(r.Findings) != 1 || r.Findings[0].Check != "FP5011" || r.Findings[0].Module != "quiet" ||
+		!strings.Contains(r.Findings[0].Message, fmt.Sprintf("quiet (Linear)'s parameter gradient loses %.1f%% of its mass (L2 norm) to fp16 at a median scale 2^4 (16) over 8 lines (tolerance 1.0%%)", 100*want)) {
+		t.Errorf("findings %+v", r.Findings)
+	}
+	if r.Verdict != report.ScalesHealthy || !strings.Contains(r.VerdictText, "but see the warnings") {
+		t.Errorf("verdict %s (%s)", r.Verdict, r.VerdictText)
+	}
+	off := trainlog.DefaultOptions
+	if off.Checks, err = checks.ParseSelection("-FP5011"); err != nil {
+		t.Fatal(err)
+	}
+	if r := analyze(t, l, nil, off); len(r.Findings) != 0 || strings.Contains(r.VerdictText, "warnings") {
+		t.Errorf("with FP5011 off: %+v, %s", r.Findings, r.VerdictText)
+	}
 	if len(u) != 1 || u[0].Module != "quiet" || u[0].Gradient != "params" || u[0].Measure != trainlog.MeasureLostMass ||
 		math.Abs(*u[0].LostMass-want) > 1e-6*want || u[0].MedianScale != 16 {
 		t.Fatalf("underflow %+v, want quiet's parameter gradient losing %g (torch)", u, want)
@@ -295,7 +309,11 @@ func TestCompanionMassAgainstTorch(t *testing.T) {
 			}
 		}
 	}
-	old := analyze(t, l, nil, trainlog.DefaultOptions).Telemetry.Underflow
+	oldr := analyze(t, l, nil, trainlog.DefaultOptions)
+	if len(oldr.Findings) != 0 {
+		t.Errorf("elements flushed are no finding: %+v", oldr.Findings)
+	}
+	old := oldr.Telemetry.Underflow
 	if len(old) == 0 || old[0].Module != "head" || old[0].Measure != trainlog.MeasureUnderflow ||
 		slices.ContainsFunc(old, func(m report.ModuleUnderflow) bool { return m.Module == "quiet" && m.Gradient == "params" }) {
 		t.Errorf("by elements flushed: %+v", old)

@@ -107,7 +107,7 @@ func (f *Facts) healthyText() string {
 		}
 	}
 	sel := f.opt.Checks
-	if f.highSkip && sel.Enabled(checkSkipRate.ID) || f.pinnedLow && sel.Enabled(checkPinnedLow.ID) {
+	if f.highSkip && sel.Enabled(checkSkipRate.ID) || f.pinnedLow && sel.Enabled(checkPinnedLow.ID) || f.massLost() && sel.Enabled(checkMassLost.ID) {
 		if f.r.Comparison == nil {
 			parts = append(parts, "but see the warnings: pass --baseline to tell whether they cost accuracy")
 		} else {
