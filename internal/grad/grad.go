@@ -17,7 +17,7 @@
 // opsets 13 and newer (the reductions' axes are read as an attribute or an
 // input as the opset says):
 //
-//	arithmetic:  Add Sub Mul Div Pow Sum Neg Abs Exp Log Sqrt Reciprocal
+//	arithmetic:  Add Sub Mul Div Pow Sum Max Min Neg Abs Exp Log Sqrt Reciprocal
 //	activations: Relu LeakyRelu Elu Sigmoid Tanh Erf Gelu Softplus Softsign
 //	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
 //	linear:      Gemm MatMul Conv
@@ -25,7 +25,7 @@
 //	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin
 //	pooling:     MaxPool AveragePool GlobalAveragePool GlobalMaxPool
 //	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice
-//	             Gather GatherElements Expand Tile Pad Where
+//	             Gather GatherElements Expand Tile Pad Where Trilu
 //	pass-through: Identity Dropout Cast CastLike
 //
 // Comparisons, index and shape queries, random generators and rounding ops
