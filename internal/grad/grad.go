@@ -92,6 +92,10 @@ const DefaultIgnoreIndex = vjp.DefaultIgnoreIndex
 // output: a caller can say how to choose one.
 var ErrTargetShape = vjp.ErrTargetShape
 
+// ErrLossOutput marks a loss output that is not given when the model has
+// several, or not among the model's outputs; the error lists them.
+var ErrLossOutput = errors.New("loss output")
+
 // Losses lists the losses Build accepts, in the order a help text shows
 // them.
 func Losses() []Loss { return vjp.Losses() }
@@ -313,12 +317,12 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 	out := opt.Output
 	if out == "" {
 		if len(m.Graph.Output) != 1 {
-			return nil, fmt.Errorf("grad: the model has %d outputs (%s); name the one the loss applies to", len(m.Graph.Output), outputList(m, facts))
+			return nil, fmt.Errorf("grad: %w not named: the model has %d outputs (%s); name the one the loss applies to", ErrLossOutput, len(m.Graph.Output), outputList(m, facts))
 		}
 		out = m.Graph.Output[0].Name
 	}
 	if !slices.ContainsFunc(m.Graph.Output, func(vi *onnx.ValueInfoProto) bool { return vi.Name == out }) {
-		return nil, fmt.Errorf("grad: %q is not a graph output; the model's outputs are %s", out, outputList(m, facts))
+		return nil, fmt.Errorf("grad: %w %q is not a graph output; the model's outputs are %s", ErrLossOutput, out, outputList(m, facts))
 	}
 	if t := ix.ElemType(out); t != 0 && t != elemFloat {
 		return nil, fmt.Errorf("grad: output %q is %s; the loss needs a FLOAT output (upcast the model first)", out, onnx.DataTypeName(t))
