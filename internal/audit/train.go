@@ -371,14 +371,10 @@ func targetOf(path string, t *tensor.Tensor, loss grad.Loss) (*tensor.Tensor, er
 }
 
 // classIndices converts a cross-entropy target to int64 class indices; a
-// float target must hold whole numbers. An int64 target keeps its name's
-// tensor but is renamed "target", so that a graph input used as the
-// target is not confused with the input itself.
+// float target must hold whole numbers.
 func classIndices(path string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	if t.DType == tensor.Int64 {
-		c := *t
-		c.Name = "target"
-		return &c, nil
+		return t, nil
 	}
 	v, err := t.Float32s()
 	if err != nil {
