@@ -139,8 +139,10 @@ const (
 	// ReasonExplicitCast: the model's own Cast/CastLike to half made it, or
 	// made an input that it inherits its precision from.
 	ReasonExplicitCast = "explicit-cast"
-	// ReasonHalfModel: the model stores half weights or inputs (exported
-	// after .half()).
+	// ReasonHalfModel: the model's file holds the value's source in half
+	// beside fp32 weights. A checkpoint stored in half (exported after
+	// model.half() or model.bfloat16()) is audited as its weights under the
+	// policy instead: fp32 under autocast, half-policy under half.
 	ReasonHalfModel = "fp16-model"
 )
 

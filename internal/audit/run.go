@@ -202,11 +202,15 @@ func (a *audit) plan(device string) error {
 	if err != nil {
 		return err
 	}
+	a.static = lint.NewFacts(a.model, a.policy)
 	a.halfCast = map[int]bool{}
 	for _, i := range halfCasts {
-		a.halfCast[i] = true
+		// A cast to the type the model is stored in follows the policy
+		// (precision.Storage): it is not the model's own half cast.
+		if n := g.Node[i]; a.static.Storage == 0 || onnx.FindAttr(n, "to").GetI() != int64(a.static.Storage) {
+			a.halfCast[i] = true
+		}
 	}
-	a.static = lint.NewFacts(a.model, a.policy)
 	var names []string
 	for _, ni := range a.static.Order {
 		// Constants are known without running, and their scalar outputs
@@ -223,9 +227,8 @@ func (a *audit) plan(device string) error {
 	if a.policy.Lower != precision.FP32 {
 		a.main = a.policy.Lower.String()
 	}
-	if half := halfSources(a.model); len(half) > 0 {
-		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the model stores %s in half precision: it was exported after model.half() or to_fp16(); the fp32 reference promotes them, but an audit of training needs the fp32 model — export it before converting (learn.model.float(), or export before learn.to_fp16())",
-			strings.Join(limitList(half, 5), ", ")))
+	if note := storageNote(a.model, a.static.Storage, a.policy); note != "" {
+		a.report.Notes = append(a.report.Notes, note)
 	}
 	if unknown := a.static.Assign.Unknown; len(unknown) > 0 {
 		var labels []string
@@ -328,6 +331,28 @@ func castsToBF16(m *onnx.ModelProto) bool { return defaultOpset(m) >= 13 }
 func IsUsage(err error) bool {
 	var u *UsageError
 	return errors.As(err, &u)
+}
+
+// storageNote says how a model with half weights or inputs is audited: a
+// model stored in half (precision.Storage) as its checkpoint loaded in
+// fp32 under autocast, converted by model.half() under half; half tensors
+// in an fp32 model stay half under every policy.
+func storageNote(m *onnx.Model, storage int32, p *precision.Policy) string {
+	half := halfSources(m)
+	if len(half) == 0 {
+		return ""
+	}
+	list := strings.Join(limitList(half, 5), ", ")
+	if storage == 0 {
+		return fmt.Sprintf("the model stores %s in half precision beside fp32 weights: they stay half under every policy, as user code made them", list)
+	}
+	name := precision.PrecisionOf(storage).String()
+	how := fmt.Sprintf("policy %s runs the checkpoint loaded in fp32 (model.float(), which autocast and GradScaler need)", p.Name)
+	if p.Params == precision.FP16 {
+		how = "policy half runs the checkpoint converted with model.half(): it answers whether this checkpoint runs in fp16"
+	}
+	return fmt.Sprintf("the model is stored in %s (%s; exported after model.%s()): %s, and its casts to %s follow that dtype; an audit of training wants the fp32 export",
+		name, list, map[string]string{"fp16": "half", "bf16": "bfloat16"}[name], how, name)
 }
 
 // halfSources lists the graph inputs and initializers the model stores in
