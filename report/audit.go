@@ -47,6 +47,10 @@ type Report struct {
 	// Training is the training audit (mode, BatchNorm, the backward
 	// pass); see TrainingReport. Added within v1.1: older reports lack it.
 	Training *TrainingReport `json:"training,omitempty"`
+
+	// Blocks rolls the nodes up by module block, in the order the blocks
+	// first appear in Nodes (see Block). Added within v1.1.
+	Blocks []Block `json:"blocks,omitempty"`
 }
 
 // Pass names: the keys of ValueReport.Stats and the entries of
@@ -291,6 +295,10 @@ type NodeReport struct {
 	// unless they are flagged.
 	Constant bool          `json:"constant,omitempty"`
 	Outputs  []ValueReport `json:"outputs"`
+
+	// Block is the module of the Block the node belongs to (Report.Blocks;
+	// "" for the model's own forward). Added within v1.1.
+	Block string `json:"block,omitempty"`
 }
 
 // ValueReport is one float value (a node output or a graph input) with its
