@@ -22,9 +22,8 @@ import (
 	"time"
 
 	"fp16audit/internal/batch"
-	"fp16audit/internal/render"
 	"fp16audit/internal/tensor"
-	"fp16audit/internal/tfevents"
+	"fp16audit/internal/testutil/eventfile"
 	"fp16audit/internal/trainlog"
 	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
@@ -183,12 +182,12 @@ func companion(sc scenario, ss []sample) []byte {
 
 // tensorboard writes samples as a TensorBoard event file with the given
 // tags, in one of the scalar encodings.
-func tensorboard(t *testing.T, dir string, ss []sample, lossTag, scaleTag string, enc tfevents.ScalarEncoding) string {
+func tensorboard(t *testing.T, dir string, ss []sample, lossTag, scaleTag string, enc eventfile.ScalarEncoding) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w, err := tfevents.Create(dir, time.Unix(1700000000, 0), "host")
+	w, err := eventfile.Create(dir, time.Unix(1700000000, 0), "host")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,11 +305,11 @@ var forms = []form{
 	}},
 	{"tfevents-simple-value", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		d := filepath.Join(dir, sc.name)
-		tensorboard(t, d, ss, "train/loss", "amp/loss_scale", tfevents.SimpleValue)
+		tensorboard(t, d, ss, "train/loss", "amp/loss_scale", eventfile.SimpleValue)
 		return d, logfile.ReadOptions{}
 	}},
 	{"tfevents-tensor-tagged", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
-		return tensorboard(t, dir, ss, "Loss/objective", "scaler", tfevents.TensorContent), logfile.ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
+		return tensorboard(t, dir, ss, "Loss/objective", "scaler", eventfile.TensorContent), logfile.ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
 	}},
 	{"csv-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		names := map[string]string{"step": "step", "epoch": "epoch", "loss": "loss"}
@@ -358,7 +357,7 @@ func TestFormatsGetTheirClass(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+				r := analyze(t, run, base, trainlog.DefaultOptions)
 				if r.Verdict != e.verdict {
 					t.Fatalf("verdict %s (%s), want %s\nnot derived: %q\nnotes: %q", r.Verdict, r.VerdictText, e.verdict, r.NotDerived, r.Notes)
 				}
@@ -413,7 +412,7 @@ func TestSampledScalesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(run, nil, trainlog.DefaultOptions)
+	r := analyze(t, run, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || r.Scales.InferredNaNStep == nil || *r.Scales.InferredNaNStep != sim.firstNaN {
 		t.Fatalf("verdict %s, inferred NaN %v; want %s at %d", r.Verdict, r.Scales.InferredNaNStep, report.ScalesGradientOverflowNaN, sim.firstNaN)
 	}
@@ -427,7 +426,7 @@ func TestSparseBounds(t *testing.T) {
 		// proven (a growth and a backoff may cancel); -> 512: a growth;
 		// -> 16: five halvings in five steps, all skipped.
 		Scales: []float64{256, 256, 512, 512, 16}}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	s := r.Scales
 	// Lower bounds: 2 + 0 + 0 + 0 + 5. Upper: a gap of 5 steps with net n
 	// allows (5+n+3)/5 growths (1, 1, 1, 1, 0), so growths − n backoffs:
@@ -489,7 +488,7 @@ func TestHistoryCSV(t *testing.T) {
 		if !run.PerEpoch || run.Format != "fastai-history" || run.ValidLosses == nil {
 			t.Fatalf("%s: read as %+v", tt.run, run)
 		}
-		r := trainlog.Analyze(run, tt.baseline, trainlog.DefaultOptions)
+		r := analyze(t, run, tt.baseline, trainlog.DefaultOptions)
 		if r.Verdict != tt.verdict {
 			t.Errorf("%s: verdict %s (%s), want %s", tt.run, r.Verdict, r.VerdictText, tt.verdict)
 		}
@@ -503,7 +502,7 @@ func TestHistoryCSV(t *testing.T) {
 		}
 	}
 	// A per-step baseline cannot be compared with a per-epoch run.
-	r := trainlog.Analyze(read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), trainlog.DefaultOptions)
+	r := analyze(t, read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), trainlog.DefaultOptions)
 	if r.Comparison != nil || !slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "same form") }) {
 		t.Errorf("mixed per-epoch and per-step logs compared: %+v %q", r.Comparison, r.NotDerived)
 	}
@@ -554,7 +553,7 @@ func TestPlainLists(t *testing.T) {
 		if (l.Scales != nil) != tt.wantScales || (l.Losses != nil) == tt.wantScales {
 			t.Errorf("%s/%s: read scales %v, losses %v", tt.scenario, tt.name, l.Scales != nil, l.Losses != nil)
 		}
-		if r := trainlog.Analyze(l, nil, trainlog.DefaultOptions); r.Verdict != tt.verdict {
+		if r := analyze(t, l, nil, trainlog.DefaultOptions); r.Verdict != tt.verdict {
 			t.Errorf("%s/%s: verdict %s (%s), want %s", tt.scenario, tt.name, r.Verdict, r.VerdictText, tt.verdict)
 		}
 	}
@@ -600,7 +599,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	if !slices.Equal(l.Scales, sim.scales[:last+1]) {
 		t.Fatalf("rebuilt %d scales, want the simulator's %d; first difference at %d", len(l.Scales), last+1, firstDiff(l.Scales, sim.scales[:last+1]))
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.GrowthInterval != 20 {
 		t.Errorf("growth interval %d, want 20", r.GradScaler.GrowthInterval)
 	}
@@ -617,7 +616,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r = trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r = analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesHealthy || r.Scales.Skipped > hsim.skipped || r.Scales.WarmupSkipped != 2 ||
 		!slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "cancelled") }) {
 		t.Errorf("healthy fastai list: %s, skipped %d (simulator %d), warm-up %d, not derived %q", r.Verdict, r.Scales.Skipped, hsim.skipped, r.Scales.WarmupSkipped, r.NotDerived)
@@ -647,7 +646,7 @@ func TestTensorBoardTags(t *testing.T) {
 	dir := t.TempDir()
 	sc := scenarioByName(t, "healthy")
 	ss := samples(sc, sc.run(), 1, 0)
-	path := tensorboard(t, dir, ss, "objective", "amp_state", tfevents.TensorFloatVal)
+	path := tensorboard(t, dir, ss, "objective", "amp_state", eventfile.TensorFloatVal)
 	_, err := logfile.Read(path, logfile.ReadOptions{})
 	var pe *logfile.ParseError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `"amp_state", "objective", "train/lr"`) || !strings.Contains(err.Error(), "--tag loss=TAG,scale=TAG") {
@@ -662,15 +661,15 @@ func TestTensorBoardTags(t *testing.T) {
 	if err := os.MkdirAll(rdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w1, _ := tfevents.Create(rdir, time.Unix(1700000000, 0), "a")
-	w2, _ := tfevents.Create(rdir, time.Unix(1700000100, 0), "a")
+	w1, _ := eventfile.Create(rdir, time.Unix(1700000000, 0), "a")
+	w2, _ := eventfile.Create(rdir, time.Unix(1700000100, 0), "a")
 	for _, s := range ss[:700] {
-		if err := w1.AddScalar("loss", int64(s.step), 0, 9, tfevents.SimpleValue); err != nil {
+		if err := w1.AddScalar("loss", int64(s.step), 0, 9, eventfile.SimpleValue); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, s := range ss[500:] {
-		if err := w2.AddScalar("loss", int64(s.step), 0, float32(s.loss), tfevents.SimpleValue); err != nil {
+		if err := w2.AddScalar("loss", int64(s.step), 0, float32(s.loss), eventfile.SimpleValue); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -694,7 +693,7 @@ func TestTensorBoardTags(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(empty, "run1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	tensorboard(t, filepath.Join(empty, "run1"), ss[:5], "loss", "scale", tfevents.SimpleValue)
+	tensorboard(t, filepath.Join(empty, "run1"), ss[:5], "loss", "scale", eventfile.SimpleValue)
 	if _, err := logfile.Read(empty, logfile.ReadOptions{}); err == nil || !strings.Contains(err.Error(), "run1") || !strings.Contains(err.Error(), "pass one of them") {
 		t.Errorf("a log directory of runs: %v", err)
 	}
@@ -759,7 +758,7 @@ func TestCompanionLog(t *testing.T) {
 		!slices.ContainsFunc(l.Notes, func(s string) bool { return strings.Contains(s, "no end line") }) {
 		t.Errorf("read %+v", l)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if !slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "marks 1 steps skipped whose scale did not back off") }) {
 		t.Errorf("notes %q", r.Notes)
 	}
@@ -781,7 +780,7 @@ func TestSkippedColumnOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Run.HasScales || r.Scales == nil || r.Scales.Skipped != sim.skipped ||
 		!slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "rebuilt with GradScaler's rule") }) {
 		t.Errorf("has scales %v, skipped %v (simulator %d), notes %q", r.Run.HasScales, r.Scales, sim.skipped, r.Notes)
@@ -807,7 +806,7 @@ func TestScaleLoggedLessOften(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || firstNaN(r) != sim.firstNaN || !r.Scales.SkippedLowerBound || r.Scales.Skipped > sim.skipped ||
 		!strings.Contains(r.VerdictText, fmt.Sprintf("at step %d", sim.firstNaN)) {
 		t.Errorf("verdict %s (%s), first NaN %d, skipped %d (lower bound %v); simulator: NaN %d, %d skipped",
@@ -831,14 +830,14 @@ func TestTinySampledLogs(t *testing.T) {
 			Modules: []trainlog.ModuleGrads{{Name: "a", Output: &trainlog.GradSummary{NonFinite: 1}}, {Name: "b", Params: &trainlog.GradSummary{Nonzero: new(int)}}}}}},
 	}
 	for _, l := range logs {
-		r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
-		if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
+		r := analyze(t, l, nil, trainlog.DefaultOptions)
+		if !slices.Contains(scalesVerdicts, r.Verdict) {
 			t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 		}
 		if _, err := json.Marshal(r); err != nil {
 			t.Errorf("%s: %v", l.Path, err)
 		}
-		if err := render.Render(io.Discard, r, "text", render.Options{}); err != nil {
+		if err := renderAs(io.Discard, r, "text"); err != nil {
 			t.Errorf("%s: %v", l.Path, err)
 		}
 	}

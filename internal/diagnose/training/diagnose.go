@@ -1,6 +1,7 @@
 package training
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -70,11 +71,11 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 }
 
 // Run runs the training analyzers that sel enables, verifies the bf16 fix
-// through run when the verdict calls for it, and returns the training
+// through run when the verdict calls for it (ctx ending stops that run), and returns the training
 // report and its findings. The report is nil when it has nothing to say:
 // an eval-mode audit without a loss of a model with no BatchNormalization
 // or Dropout node and no note.
-func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []checks.Finding, error) {
+func Run(ctx context.Context, f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []checks.Finding, error) {
 	findings, err := checks.RunAnalyzers(Analyzers(), f, sel, f.Policy.Name)
 	if err != nil {
 		return nil, nil, err
@@ -88,7 +89,7 @@ func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []
 	}
 	tr.Notes = f.modeNotes()
 	if f.Backward != nil {
-		br, err := f.backwardReport(findings, run)
+		br, err := f.backwardReport(ctx, findings, run)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -124,7 +125,7 @@ func (f *Facts) modeNotes() []string {
 // backwardReport assembles the backward audit from the facts and the
 // findings: the verdict follows the findings, so a check switched off
 // cannot decide it.
-func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.BackwardReport, error) {
+func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, run Runner) (*report.BackwardReport, error) {
 	b := f.Backward
 	t := f.gradients()
 	br := &report.BackwardReport{
@@ -134,6 +135,10 @@ func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.B
 		Underflowing: []string{}, Scales: []report.ScaleReport{}, Modules: []report.ModuleGradientReport{},
 		Parameters: []report.ParameterReport{}, Gradients: []report.GradientReport{}, FP32NonFinite: []string{},
 		Unsupported: []report.UnsupportedOp{}, Fixes: []report.Fix{}, Runs: b.Count, ElapsedSecs: b.Elapsed,
+	}
+	if ce := b.Res.CrossEntropy; ce != nil {
+		br.CrossEntropy = &report.CrossEntropyReport{ClassAxis: ce.ClassAxis, Classes: ce.Classes, IgnoreIndex: ce.IgnoreIndex,
+			LMShift: ce.Shift, Scored: b.Scored, Targets: b.Targets}
 	}
 	for _, u := range b.Res.Unsupported {
 		br.Unsupported = append(br.Unsupported, report.UnsupportedOp{Node: u.Name, OpType: u.OpType, Reason: u.Reason})
@@ -241,7 +246,7 @@ func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.B
 	}
 	f.verdict(br, findings)
 	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale) && run != nil {
-		fix, err := f.bf16Fix(run, br)
+		fix, err := f.bf16Fix(ctx, run, br)
 		if err != nil {
 			return nil, err
 		}
@@ -382,8 +387,8 @@ func derefF(p *float64) float64 {
 // rounding at scale 1 (fastai trains bf16 without a GradScaler) must keep
 // every parameter gradient finite and lose at most the tolerance of its
 // norm, the measure the verdict used.
-func (f *Facts) bf16Fix(run Runner, br *report.BackwardReport) (report.Fix, error) {
-	r, err := run.BF16()
+func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardReport) (report.Fix, error) {
+	r, err := run.BF16(ctx)
 	if err != nil {
 		return report.Fix{}, fmt.Errorf("bf16 backward: %w", err)
 	}

@@ -10,6 +10,7 @@
 package training
 
 import (
+	"context"
 	"math"
 	"slices"
 	"sort"
@@ -56,6 +57,9 @@ type Backward struct {
 	Target string
 	// Batch is the index of the batch the backward ran on.
 	Batch int
+	// Scored counts the targets the loss averages over (grad's
+	// Result.ScoredTargets), of Targets in all.
+	Scored, Targets int64
 	// Res is the backward graph with autocast's rounding.
 	Res *grad.Result
 	// FP32 is its run with the rounding off at scale 1: the reference,
@@ -77,9 +81,9 @@ type Backward struct {
 
 // Runner verifies a fix by running the backward again: BF16 runs it with
 // the rounding of the bf16 policy (learn.to_bf16(), which trains without
-// loss scaling) at scale 1.
+// loss scaling) at scale 1; ctx ending stops the run.
 type Runner interface {
-	BF16() (*grad.Run, error)
+	BF16(ctx context.Context) (*grad.Run, error)
 }
 
 // entry is one gradient the policy holds in reduced precision: the

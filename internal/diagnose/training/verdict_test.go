@@ -1,6 +1,7 @@
 package training
 
 import (
+	"context"
 	"math"
 	"slices"
 	"strings"
@@ -157,7 +158,7 @@ func (w *world) audit(t *testing.T, sel checks.Selection) (*report.TrainingRepor
 	}
 	// A fresh Facts: the table is computed once per Facts.
 	f = w.facts()
-	tr, fs, err := Run(f, nil, sel)
+	tr, fs, err := Run(context.Background(), f, nil, sel)
 	if err != nil {
 		t.Fatal(err)
 	}

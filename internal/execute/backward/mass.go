@@ -1,6 +1,7 @@
 package backward
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"unsafe"
@@ -250,7 +251,7 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 		in = append(in, v)
 	}
 	for _, s := range [][]float32{scale, on} {
-		v, err := ortcapi.NewTensorOf(ms.rt, []int64{}, s)
+		v, err := tensorOf(ms.rt, []int64{}, s)
 		if err != nil {
 			return nil, err
 		}
@@ -262,11 +263,11 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 		}
 		return err
 	}
-	if err := add(ortcapi.NewTensorOf(ms.rt, []int64{}, ms.loss)); err != nil {
+	if err := add(tensorOf(ms.rt, []int64{}, ms.loss)); err != nil {
 		return nil, err
 	}
 	for _, h := range ms.masses {
-		if err := add(ortcapi.NewTensorOf(ms.rt, []int64{int64(len(h))}, h)); err != nil {
+		if err := add(tensorOf(ms.rt, []int64{int64(len(h))}, h)); err != nil {
 			return nil, err
 		}
 	}
@@ -274,7 +275,7 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	grads := make([][]float32, len(ms.plens))
 	for k, n := range ms.plens {
 		grads[k] = make([]float32, n)
-		if err := add(ortcapi.NewTensorOf(ms.rt, params[k].Shape, grads[k])); err != nil {
+		if err := add(tensorOf(ms.rt, params[k].Shape, grads[k])); err != nil {
 			return nil, err
 		}
 	}
@@ -299,3 +300,19 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	}
 	return r, nil
 }
+
+// tensorOf wraps a Go slice as a float32 or float64 tensor of shape,
+// without copying (pinned until the value is released).
+func tensorOf[T float32 | float64](rt *ortcapi.Runtime, shape []int64, data []T) (*ortcapi.Value, error) {
+	var zero T
+	t := ortcapi.Float32
+	if _, ok := any(zero).(float64); ok {
+		t = ortcapi.Float64
+	}
+	return rt.NewTensor(t, shape, unsafe.Pointer(unsafe.SliceData(data)), len(data)*int(unsafe.Sizeof(zero)))
+}
+
+// StopOn stops the session's runs when ctx ends (ortcapi.Session.StopOn):
+// the run in flight ends at its next node, with ctx's cause. The function
+// returned detaches ctx.
+func (ms *MassSession) StopOn(ctx context.Context) (detach func() bool) { return ms.s.StopOn(ctx) }
