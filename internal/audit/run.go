@@ -260,10 +260,12 @@ func limitList(s []string, n int) []string {
 	return append(append([]string(nil), s[:n]...), fmt.Sprintf("and %d more", len(s)-n))
 }
 
-// runMainPasses runs the fp32 reference, the policy's emulated pass and,
-// when that is fp16, the bf16 pass (the to_bf16() fix), side by side in
-// one session, batch by batch and, when the memory budget asks for it, in
-// parts of a batch.
+// runMainPasses runs the fp32 reference, the policy's emulated pass, when
+// that is fp16 the bf16 pass (the to_bf16() fix), and when the model casts
+// to half itself the as-written pass (no mixed precision, the model's own
+// casts kept: does the overflow happen with to_fp16() off too?), side by
+// side in one session, batch by batch and, when the memory budget asks for
+// it, in parts of a batch.
 func (a *audit) runMainPasses(ctx context.Context) error {
 	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.up}}
 	if a.main == diagnose.PassBF16 && !castsToBF16(a.up) {
@@ -277,6 +279,10 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 			bp, _ := precision.PolicyByName("autocast-bf16")
 			ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
 			passes = append(passes, execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, ba), Ref: diagnose.PassFP32})
+		}
+		if len(a.halfCast) > 0 {
+			passes = append(passes, execute.Pass{Name: diagnose.PassAsWritten, Ref: diagnose.PassFP32,
+				Model: rewrite.Emulate(a.up, a.model.Proto.Graph, diagnose.AsWrittenAssignment(a.static))})
 		}
 	}
 	results, plan, err := a.engine.Run(ctx, passes, a.batches)
@@ -294,9 +300,16 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 	return nil
 }
 
-// Rerun runs one extra emulated pass (a fix being verified) and returns
-// its results.
+// Rerun runs one extra emulated pass (a fix being verified), or the fp32
+// reference on some samples, and returns its results.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
+	if r.Reference {
+		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.up}}, r.Batches)
+		if err != nil {
+			return nil, err
+		}
+		return res[0], nil
+	}
 	up := a.up
 	if len(r.Clamp) > 0 {
 		var err error
