@@ -21,6 +21,14 @@ const maxLocateRuns = 32
 // in its batch. A model that refuses a smaller batch (a fixed batch
 // dimension) leaves the samples unnamed, with a note.
 func (f *Facts) locateSamples(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin) (note string, err error) {
+	if len(origins) == 0 || origins[0].Index < 0 {
+		return "", nil
+	}
+	for _, in := range f.Inputs {
+		if d := in.Spec.Dims; len(d) > 0 && d[0] > 1 {
+			return fmt.Sprintf("the samples that hold the NaN/Inf of %s are not named: input %q has a fixed batch dimension of %d, so parts of a batch cannot run (export with dynamic_axes to name them)", origins[0].Node, in.Spec.Name, d[0]), nil
+		}
+	}
 	runs := 0
 	for k := range origins {
 		o := &origins[k]
@@ -69,7 +77,7 @@ func (f *Facts) locateSamples(ctx context.Context, run Runner, batches []batch.B
 					return "", ctx.Err()
 				}
 				o.Samples = nil
-				return fmt.Sprintf("the samples that hold the NaN/Inf of %s were not located: a rerun on part of a batch failed (%v)", o.Node, err), nil
+				return fmt.Sprintf("the samples that hold the NaN/Inf of %s are not named: the model did not run on part of batch %d", o.Node, bi), nil
 			}
 		}
 	}
