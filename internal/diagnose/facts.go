@@ -128,13 +128,10 @@ func (f *Facts) prepare() {
 		f.assign[PassAsWritten] = AsWrittenAssignment(f.Static)
 	}
 	f.origins, f.deliberate, f.fills = map[string][]report.Origin{}, map[string]map[string]bool{}, map[string][]fill{}
-	// The fp32 pass first: constantExtreme reads it.
-	for _, p := range append([]string{PassFP32}, f.passNames()...) {
-		res, ok := f.Passes[p]
-		if !ok || f.origins[p] != nil {
-			continue
+	for _, p := range f.passNames() {
+		if asg := f.assign[p]; asg != nil {
+			f.origins[p], f.deliberate[p], f.fills[p] = f.passOrigins(p, f.Passes[p], asg)
 		}
-		f.origins[p], f.deliberate[p], f.fills[p] = f.passOrigins(p, res, f.assign[p])
 	}
 	f.masked = map[int]bool{}
 	idx := f.Static.Model.Index
