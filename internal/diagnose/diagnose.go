@@ -268,6 +268,10 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		}
 		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): switching to_fp16() off will not help; remove the cast or move it after the op that overflows",
 			casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+		if f.Passes[PassAsWritten] == nil {
+			d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast (without the %s pass it is not known whether it overflows with mixed precision off too): remove the cast or move it after the op that overflows",
+				casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+		}
 	case std != nil && std.Works:
 		d.Verdict = report.VerdictUnnormalized
 		d.VerdictText = fmt.Sprintf("the input %s is not normalized; with it standardized the %s pass is clean", strings.Join(quoted(std.Inputs), ", "), f.Main)
@@ -280,7 +284,7 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		o := overflows[0]
 		d.Verdict = report.VerdictOverflow
 		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, f.inputsWording(), o.FP32MaxAbs)
-		if o.ExplicitCast {
+		if o.ExplicitCast && f.Passes[PassAsWritten] != nil {
 			d.VerdictText += "; the model's own cast upstream does not overflow without mixed precision: autocast's lower precision does it"
 		}
 	default:

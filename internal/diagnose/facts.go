@@ -63,7 +63,8 @@ type Facts struct {
 	// Passes holds the results of the fp32 reference (PassFP32), the
 	// policy's emulated pass (Main), under autocast-fp16 the bf16 pass,
 	// and, when the model casts to half itself, the pass without mixed
-	// precision that keeps those casts (PassAsWritten), when they ran.
+	// precision that keeps those casts (PassAsWritten), when they ran
+	// (the what-if passes run on demand).
 	Passes map[string]*observe.PassResult
 	// Main names the policy's emulated pass; "" under the fp32 policy.
 	Main string
@@ -304,10 +305,14 @@ func (f *Facts) classify(o report.Origin) originClass {
 // at the same node or at one of the casts the origin's precision comes
 // from. Only then is the model's cast to blame; an overflow that only
 // autocast's lower precision causes stays an overflowing op, whatever
-// casts lie upstream.
+// casts lie upstream. Without the as-written pass (--passes none) the
+// provenance alone decides.
 func (f *Facts) overflowsAsWritten(o report.Origin) bool {
 	if o.Index < 0 {
 		return false
+	}
+	if f.Passes[PassAsWritten] == nil {
+		return true
 	}
 	at := map[int]bool{o.Index: true}
 	for _, c := range f.Static.Assign.Casts[o.Value] {

@@ -388,10 +388,15 @@ func TestExplicitCast(t *testing.T) {
 			text: "/sq/Cast", fixes: []string{"remove-cast=works"}}},
 		{"only autocast overflows", nil, nil, outcome{verdict: report.VerdictOverflow, origin: "/sq/Mul", errors: []string{"FP2001"},
 			text: "the model's own cast upstream does not overflow without mixed precision", fixes: []string{"keep-fp32=works"}}},
+		{"as-written not run: the provenance decides", nil, nil, outcome{verdict: report.VerdictHalfCast, origin: "/sq/Mul", errors: []string{"FP4001"},
+			text: "without the as-written pass it is not known", fixes: []string{"remove-cast=works"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := world{g: castNet(), policy: "autocast-fp16", x: tc.x, casts: []int{0},
 				passes: map[string]map[string]*observe.Stats{PassFP32: big, PassFP16: over, PassAsWritten: tc.asWritten}}
+			if strings.HasPrefix(tc.name, "as-written not run") {
+				delete(w.passes, PassAsWritten)
+			}
 			d, rn := diagnose(t, w, clean, Options{})
 			check(t, d, tc.want)
 			if tc.want.verdict == report.VerdictHalfCast {
