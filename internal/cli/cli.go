@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -246,7 +245,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		bar = newProgressBar(stderr, terminalWidth(stderr))
 		cfg.Progress = bar.update
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)
 	bar.done()
@@ -333,6 +332,8 @@ func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) er
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	addPending(f.Name())
+	defer dropPending(f.Name())
 	defer os.Remove(f.Name())
 	err = render(f)
 	if cerr := f.Close(); err == nil {
@@ -359,15 +360,15 @@ func cmdVersion(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fmt.Fprintf(stdout, "fp16audit %s\n", report.Version)
-	lib, err := onnxrt.FindLibrary(ortLib)
+	lib, err := onnxrt.Locate(ortLib)
 	if err == nil {
-		err = onnxrt.Init(lib)
+		err = onnxrt.Init(lib.Path)
 	}
 	if err != nil {
 		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", onnxrt.Version(), lib)
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s, from %s)\n", onnxrt.Version(), lib.Path, lib.From)
 	return exitOK
 }
 

@@ -521,18 +521,9 @@ var htmlFuncs = template.FuncMap{
 	"blocks":   blocksHTML,   // blocks.go
 }
 
-var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>fp16audit: {{.R.Verdict}} — {{.R.Model.Path}}</title>
-<style>{{.CSS}}</style>
-</head>
-<body>
-<header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>
-<main>
-<section id="verdict" class="card {{.Mood}}">
+var htmlPage = markup.Page("page", htmlFuncs, `fp16audit: {{.R.Verdict}} — {{.R.Model.Path}}`,
+	`<header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>`,
+	`<section id="verdict" class="card {{.Mood}}">
 {{if eq (len .Headline) 1}}<h2><span class="badge">{{(index .Headline 0).Mark}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
 {{else}}{{range .Headline}}<h2 class="{{.Mood}}"><span class="badge">{{.Mark}}</span> {{.Label}}: <span{{if eq .Label "forward"}} id="verdict-id"{{end}}>{{.Verdict}}</span></h2>
@@ -614,12 +605,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 </dl>
 {{if .R.Notes}}<ul class="notes">{{range .R.Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
 </section>
-</main>
-<script type="application/json" id="fp16audit-data">{{.Data}}</script>
-<script>{{.Script}}</script>
-</body>
-</html>
-`))
+`)
 
 // htmlScript builds the node table from the embedded JSON and makes the
 // chart interactive. It marks <body> with data-ready="1" when it finished
