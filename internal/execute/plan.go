@@ -110,7 +110,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		}
 		var known map[string][]int64
 		if probe != nil {
-			known = probe.full(batchSize(b))
+			known = probe.full(b.Size())
 		}
 		sh := shapes.Infer(base, idx, in, known)
 		live, unknown := liveBytes(base, idx, sh)
@@ -120,7 +120,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 			inputs += int64(len(t.Data))
 		}
 		if peak := m.weights + inputs + int64(factor*float64(live)); peak > m.peak {
-			m.peak, m.samples = peak, batchSize(b)
+			m.peak, m.samples = peak, b.Size()
 		}
 	}
 	m.resident = e.resident
@@ -172,7 +172,7 @@ func (m *MemoryPlan) probeBatch(batches []batch.Batch) *batch.Batch {
 		return nil
 	}
 	for i := range batches {
-		if batchSize(batches[i]) >= 2 {
+		if batches[i].Size() >= 2 {
 			return &batches[i]
 		}
 	}

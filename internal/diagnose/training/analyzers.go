@@ -20,17 +20,29 @@ type Analyzer = checks.Analyzer[*Facts]
 // listed: the forward mode, then the backward from the loss backwards.
 func Analyzers() []*Analyzer {
 	return []*Analyzer{
-		{Check: checkBNStats, Requires: "eval mode, fp32 pass", Run: runBNStats},
-		{Check: checkFoldedBN, Requires: "train mode", Run: runFoldedBN},
-		{Check: checkFP32Backward, Requires: "backward", Run: runFP32Backward},
-		{Check: checkSeedOverflow, Requires: "backward", Run: runSettle(true)},
-		{Check: checkBackwardOverflow, Requires: "backward", Run: runSettle(false)},
-		{Check: checkOverflowEveryScale, Requires: "backward", Run: runOverflowEveryScale},
-		{Check: checkUnderflowEveryScale, Requires: "backward", Run: runUnderflowEveryScale},
-		{Check: checkUnderflowAtInit, Requires: "backward", Run: runUnderflowAtInit},
-		{Check: checkNoGradRule, Requires: "backward", Run: runNoGradRule},
+		{Check: checkBNStats, Requires: []*Requirement{needEval}, Run: runBNStats},
+		{Check: checkFoldedBN, Requires: []*Requirement{needTrain}, Run: runFoldedBN},
+		{Check: checkFP32Backward, Requires: []*Requirement{needFP32Backward}, Run: runFP32Backward},
+		{Check: checkSeedOverflow, Requires: []*Requirement{needMass}, Run: runSettle(true)},
+		{Check: checkBackwardOverflow, Requires: []*Requirement{needMass}, Run: runSettle(false)},
+		{Check: checkOverflowEveryScale, Requires: []*Requirement{needMass}, Run: runOverflowEveryScale},
+		{Check: checkUnderflowEveryScale, Requires: []*Requirement{needMass}, Run: runUnderflowEveryScale},
+		{Check: checkUnderflowAtInit, Requires: []*Requirement{needMass}, Run: runUnderflowAtInit},
+		{Check: checkNoGradRule, Requires: []*Requirement{needBackward}, Run: runNoGradRule},
 	}
 }
+
+// Requirement is a fact a training check needs, which the driver tests.
+type Requirement = checks.Requirement[*Facts]
+
+// The training checks' requirements.
+var (
+	needEval         = &Requirement{Name: "eval mode", Met: func(f *Facts) bool { return f.Mode == rewrite.ModeEval }}
+	needTrain        = &Requirement{Name: "train mode", Met: func(f *Facts) bool { return f.Mode == rewrite.ModeTrain }}
+	needBackward     = &Requirement{Name: "backward", Met: func(f *Facts) bool { return f.Backward != nil }}
+	needFP32Backward = &Requirement{Name: "fp32 backward", Met: func(f *Facts) bool { return f.Backward != nil && f.Backward.FP32 != nil }}
+	needMass         = &Requirement{Name: "backward finite in fp32 with gradients held in 16 bits", Met: (*Facts).ready}
+)
 
 func (f *Facts) finding(c *checks.Check, node int, value, msg string) checks.Finding {
 	fd := c.Finding(msg)
@@ -67,9 +79,6 @@ func (f *Facts) untrainedBN() []report.BatchNormReport {
 }
 
 func runBNStats(f *Facts) ([]checks.Finding, error) {
-	if f.Mode != rewrite.ModeEval {
-		return nil, nil
-	}
 	bns := f.untrainedBN()
 	if len(bns) == 0 {
 		return nil, nil
@@ -117,7 +126,7 @@ func (f *Facts) foldedConvs() []int {
 
 func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 	convs := f.foldedConvs()
-	if f.Mode != rewrite.ModeTrain || len(convs) == 0 {
+	if len(convs) == 0 {
 		return nil, nil
 	}
 	var names []string
@@ -131,7 +140,7 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 
 func runFP32Backward(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
-	if b == nil || b.FP32 == nil || !b.fp32Broken() {
+	if !b.fp32Broken() {
 		return nil, nil
 	}
 	if isNaNOrInf(b.FP32.Loss) {
@@ -191,9 +200,6 @@ func (e *entry) describe() string {
 // settles.
 func runSettle(seed bool) func(*Facts) ([]checks.Finding, error) {
 	return func(f *Facts) ([]checks.Finding, error) {
-		if !f.ready() {
-			return nil, nil
-		}
 		b, t := f.Backward, f.gradients()
 		s := f.scales()
 		over, k := f.overflow(b.InitExp)
@@ -227,7 +233,7 @@ func runSettle(seed bool) func(*Facts) ([]checks.Finding, error) {
 }
 
 func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	if !f.ready() || f.scales().maxClean != nil {
+	if f.scales().maxClean != nil {
 		return nil, nil
 	}
 	b, t := f.Backward, f.gradients()
@@ -282,9 +288,6 @@ func (f *Facts) lossText(idx []int, lost []float64) (text string, modules []stri
 }
 
 func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	if !f.ready() {
-		return nil, nil
-	}
 	b, t := f.Backward, f.gradients()
 	s := f.scales()
 	if s.settled == nil || s.cleanFrom != nil {
@@ -302,9 +305,6 @@ func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
 }
 
 func runUnderflowAtInit(f *Facts) ([]checks.Finding, error) {
-	if !f.ready() {
-		return nil, nil
-	}
 	b, t := f.Backward, f.gradients()
 	s := f.scales()
 	if s.settled == nil || s.cleanFrom == nil || *s.cleanFrom <= *s.settled {
@@ -323,7 +323,7 @@ func runUnderflowAtInit(f *Facts) ([]checks.Finding, error) {
 
 func runNoGradRule(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
-	if b == nil || len(b.Res.Unsupported) == 0 {
+	if len(b.Res.Unsupported) == 0 {
 		return nil, nil
 	}
 	var parts []string
