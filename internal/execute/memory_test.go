@@ -96,7 +96,10 @@ func engineFor(t *testing.T, model, batchFile string) (*Engine, []Pass, []batch.
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := onnx.Load(filepath.Join("..", "..", "fixtures", model))
+	if !filepath.IsAbs(model) {
+		model = filepath.Join("..", "..", "fixtures", model)
+	}
+	m, err := onnx.Load(model)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,12 +237,36 @@ func TestFixedBatchRefused(t *testing.T) {
 	}
 }
 
-// TestProbeCompletesEstimate: the benchmark transformer (a PyTorch export)
-// computes its attention reshapes from the data, so shape inference cannot
-// size the attention scores and the estimate is partial. Under a budget,
-// two runs of one and two samples measure them: the estimate grows to
-// count them, the batch runs in parts, and the note says the estimate is
-// complete.
+// padAttention writes a model whose attention-like values the shape
+// inference cannot size: x [N, 256, 64] → Pad (an op it does not know) →
+// scores p·pᵀ [N, 256, 256] → Softmax → ·p; it returns the model's path.
+func padAttention(t *testing.T, dir string) string {
+	g := &onnx.GraphProto{
+		Name: "pad_attention",
+		Node: []*onnx.NodeProto{
+			onnx.Node("Pad", "/Pad", []string{"x", "pads"}, []string{"p"}),
+			onnx.Node("Transpose", "/Transpose", []string{"p"}, []string{"pt"}, onnx.AttrInts("perm", 0, 2, 1)),
+			onnx.Node("MatMul", "/MatMul", []string{"p", "pt"}, []string{"s"}),
+			onnx.Node("Softmax", "/Softmax", []string{"s"}, []string{"sm"}, onnx.AttrInt("axis", -1)),
+			onnx.Node("MatMul", "/MatMul_1", []string{"sm", "p"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.Int64Tensor("pads", []int64{6}, make([]int64, 6))},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, "batch", 256, 64)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, "batch", 256, 64)},
+	}
+	path := filepath.Join(dir, "pad_attention.onnx")
+	if err := onnx.Save(onnx.NewModel(g, 17), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestProbeCompletesEstimate: a model whose attention scores the shape
+// inference cannot size (they follow an op it does not know, as values
+// computed from the data would) makes the estimate partial. Under a
+// budget, two runs of one and two samples measure them: the estimate grows
+// to count them, the batch runs in parts, and the note says the estimate
+// is complete.
 func TestProbeCompletesEstimate(t *testing.T) {
 	x := make([]float32, 8*256*64)
 	for i := range x {
@@ -249,11 +276,12 @@ func TestProbeCompletesEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "x.npy")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "x.npy")
 	if err := os.WriteFile(file, npy, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e, passes, bs := engineFor(t, "bench/transformer.onnx", file)
+	e, passes, bs := engineFor(t, padAttention(t, dir), file)
 	partial, err := e.memoryPlan(passes, bs, nil)
 	if err != nil {
 		t.Fatal(err)
