@@ -280,8 +280,14 @@ func (e *Engine) options() (ortcapi.Options, error) {
 	if err != nil {
 		return ortcapi.Options{}, err
 	}
+	// Prepacking is off: a MatMul of the fp32 pass would keep a repacked
+	// copy of its weight while the emulated passes round the original, so
+	// the process would hold the weights twice. Unpacked, every pass reads
+	// the one copy ONNX Runtime maps from the model's external data (MLAS
+	// packs per call, as it does for the emulated passes' rounded weights
+	// anyway).
 	o := ortcapi.Options{Threads: e.Session.Threads, Level: level,
-		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+		Config: map[string]string{"session.intra_op.allow_spinning": "0", "session.disable_prepacking": "1"}}
 	if e.Session.ExternalDataDir != "" {
 		o.Config["session.model_external_initializers_file_folder_path"] = e.Session.ExternalDataDir
 	}
