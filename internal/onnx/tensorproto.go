@@ -364,4 +364,3 @@ func ScanExternal(t *TensorProto, baseDir string, fn func([]byte)) error {
 	}
 	return nil
 }
-
