@@ -54,7 +54,7 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	// while it creates a session; two sessions created at once race there
 	// ("the domain is already exist"), so creations take turns.
 	creating.Lock()
-	ss.s, err = rt.NewSession(data, inputs, []string{plan.Token}, opts)
+	ss.s, err = rt.NewSession(data, inputs, plan.outputs(), opts)
 	creating.Unlock()
 	if err != nil {
 		ss.Close()
@@ -84,17 +84,34 @@ func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	return out
 }
 
+// outputs are the names a session of p returns: its token, or the values
+// a block hands on.
+func (p *Plan) outputs() []string {
+	if len(p.Hand) > 0 {
+		return p.Hand
+	}
+	return []string{p.Token}
+}
+
 // Run runs the plan on inputs (in the session's input order). Record then
 // holds the records until the next Run.
 func (s *Session) Run(inputs []*ortcapi.Value) error {
-	outs := make([]*ortcapi.Value, 1)
+	outs, err := s.RunHand(inputs)
+	for _, v := range outs {
+		v.Release()
+	}
+	return err
+}
+
+// RunHand runs the plan like Run and returns what its graph returns, in
+// the order of the plan's Hand (the token, for a whole plan), for the
+// caller to release.
+func (s *Session) RunHand(inputs []*ortcapi.Value) ([]*ortcapi.Value, error) {
+	outs := make([]*ortcapi.Value, len(s.plan.outputs()))
 	if err := s.s.Run(inputs, outs); err != nil {
-		return err
+		return nil, err
 	}
-	if outs[0] != nil {
-		outs[0].Release()
-	}
-	return nil
+	return outs, nil
 }
 
 // Record returns record row of output i from the last Run (the pass
