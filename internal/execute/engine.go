@@ -61,8 +61,10 @@ type Engine struct {
 
 	notes []string
 	// forceStep, when set (by tests only), runs every batch in parts of
-	// this many samples whatever the budget.
-	forceStep int64
+	// this many samples whatever the budget; forceBlocks cuts the model
+	// into this many blocks of about equal numbers of nodes.
+	forceStep   int64
+	forceBlocks int
 	// probe holds the shapes measured during the current Run, once known;
 	// resident is the process's memory when the Run started.
 	probe    *shapeProbe
@@ -191,6 +193,12 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	mp, err := e.memoryPlan(passes, batches, nil)
 	if err != nil {
 		return nil, nil, err
+	}
+	if mp.blocks != nil {
+		if err := e.runBlocks(ctx, rt, plan, mp, batches, results); err != nil {
+			return nil, nil, err
+		}
+		return results, mp, nil
 	}
 	opts, err := e.options()
 	if err != nil {
@@ -351,6 +359,16 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			return fmt.Errorf("samples %d to %d: %w", lo, lo+n-1, err)
 		}
 	}
+	if err := mergeInto(plan, m, results); err != nil {
+		return err
+	}
+	e.note("batches larger than %d samples ran in parts of %d samples to stay within the memory budget (%s); their maxima and counts merge exactly, their sums round per part", step, step, FormatSize(mp.budget))
+	return nil
+}
+
+// mergeInto folds a batch's merged records of plan's values into the
+// results.
+func mergeInto(plan *statsop.Plan, m *statsop.Merger, results []*observe.PassResult) error {
 	for i, o := range plan.Outputs {
 		for row, p := range o.Passes {
 			l, err := m.Result(i, row)
@@ -367,7 +385,6 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			}
 		}
 	}
-	e.note("batches larger than %d samples ran in parts of %d samples to stay within the memory budget (%s); their maxima and counts merge exactly, their sums round per part", step, step, FormatSize(mp.budget))
 	return nil
 }
 
@@ -375,9 +392,25 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 // value: its shape for one sample and its batch axis (-1 when the value
 // does not depend on the number of samples).
 type shapeProbe struct {
-	plan *statsop.Plan
-	one  [][]int64
-	axis []int
+	one  map[string][]int64
+	axis map[string]int
+}
+
+func newShapeProbe() *shapeProbe {
+	return &shapeProbe{one: map[string][]int64{}, axis: map[string]int{}}
+}
+
+// add records value's shapes for one and for two samples: the axis that
+// doubles is its batch axis.
+func (p *shapeProbe) add(value string, one, two []int64) {
+	p.one[value] = one
+	p.axis[value] = -1
+	for a := range one {
+		if a < len(two) && two[a] == 2*one[a] && one[a] > 0 {
+			p.axis[value] = a
+			break
+		}
+	}
 }
 
 // probeShapes runs the first sample of inputs and then its first two: the
@@ -388,6 +421,7 @@ type shapeProbe struct {
 // runs of one and two samples.
 func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor) (*shapeProbe, error) {
 	shapesOf := func(n int64) ([][]int64, error) {
+		// Shapes do not depend on the data: the first samples serve.
 		part, err := sliceBatch(inputs, 0, n)
 		if err != nil {
 			return nil, err
@@ -413,15 +447,9 @@ func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan,
 	if err != nil {
 		return nil, err
 	}
-	p := &shapeProbe{plan: plan, one: one, axis: make([]int, len(one))}
-	for i := range one {
-		p.axis[i] = -1
-		for a := range one[i] {
-			if a < len(two[i]) && two[i][a] == 2*one[i][a] && one[i][a] > 0 {
-				p.axis[i] = a
-				break
-			}
-		}
+	p := newShapeProbe()
+	for i, o := range plan.Outputs {
+		p.add(o.Value, one[i], two[i])
 	}
 	return p, nil
 }
@@ -430,12 +458,12 @@ func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan,
 // samples.
 func (p *shapeProbe) full(size int64) map[string][]int64 {
 	out := map[string][]int64{}
-	for i, o := range p.plan.Outputs {
-		sh := slices.Clone(p.one[i])
-		if a := p.axis[i]; a >= 0 {
+	for v, one := range p.one {
+		sh := slices.Clone(one)
+		if a := p.axis[v]; a >= 0 {
 			sh[a] *= size
 		}
-		out[o.Value] = sh
+		out[v] = sh
 	}
 	return out
 }
