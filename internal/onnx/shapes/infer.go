@@ -388,6 +388,8 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			out[a] = sliceLen(x[a], starts[i], ends[i], steps[i])
 		}
 		return [][]int64{out}
+	case "Split":
+		return si.split(n, x)
 	case "ConstantOfShape":
 		if shape, ok := si.constInts(n, 0); ok {
 			return [][]int64{shape}
@@ -878,4 +880,38 @@ func tensorAttr(n *onnx.NodeProto, name string) *onnx.TensorProto {
 		}
 	}
 	return nil
+}
+
+// split infers Split: sizes from the split input (opset 13) or attribute,
+// else equal parts (the last smaller, as num_outputs asks since opset 18).
+func (si *shapeInference) split(n *onnx.NodeProto, x []int64) [][]int64 {
+	if x == nil {
+		return nil
+	}
+	a := axis(onnx.IntAttr(n, "axis", 0), len(x))
+	k := len(n.GetOutput())
+	if a < 0 || a >= len(x) || k == 0 {
+		return nil
+	}
+	sizes, ok := onnx.IntsAttr(n, "split")
+	if !ok && len(n.GetInput()) > 1 && n.GetInput()[1] != "" {
+		if sizes, ok = si.constInts(n, 1); !ok {
+			return nil
+		}
+	}
+	if !ok {
+		part := (x[a] + int64(k) - 1) / int64(k)
+		for i := range k {
+			sizes = append(sizes, max(0, min(part, x[a]-int64(i)*part)))
+		}
+	}
+	if len(sizes) != k {
+		return nil
+	}
+	out := make([][]int64, k)
+	for i, d := range sizes {
+		out[i] = slices.Clone(x)
+		out[i][a] = d
+	}
+	return out
 }
