@@ -52,8 +52,9 @@ type profile struct {
 	unknown int
 }
 
-// newProfile measures g's values of shapes sh along idx's order.
-func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64) *profile {
+// newProfile measures g's values of shapes sh along idx's order; weight
+// gives the memory a session holds for an initializer.
+func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weight func(*onnx.TensorProto) int64) *profile {
 	order := idx.Order()
 	n := len(order)
 	p := &profile{order: order, live: make([]int64, n), cross: make([]int64, n+1), count: make([]int, n+1),
@@ -92,7 +93,7 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64) *pro
 		for _, in := range reads(g, idx, ni) {
 			if t := idx.Initializer(in); t != nil {
 				if _, ok := p.bytes[in]; !ok {
-					p.bytes[in] = onnx.TensorBytes(t)
+					p.bytes[in] = weight(t)
 				}
 				inits = append(inits, in)
 			}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"unsafe"
 
@@ -55,6 +56,11 @@ type Engine struct {
 	// MaxMemory bounds the process's memory while the passes run, in
 	// bytes; 0 plans for DefaultMemoryFraction of the available memory.
 	MaxMemory int64
+	// ModelFile is the model's file, in Session.ExternalDataDir. When set,
+	// the large weights the model stores inline are handed to ONNX
+	// Runtime over the loaded model's memory (statsop.HandsOver), so that
+	// the process holds them once.
+	ModelFile string
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
 	Progress Progress
@@ -185,6 +191,9 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	if err != nil {
 		return nil, nil, err
 	}
+	if e.handsOver() {
+		plan.Declared = filepath.Base(e.ModelFile)
+	}
 	// What the process holds before the session (the library, the model,
 	// the batches) counts against the budget; the plan made again after a
 	// probe must not count the session's own memory twice.
@@ -276,6 +285,18 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 		}
 	}
 	return nil
+}
+
+// handsOver reports whether sessions hand the model's inline weights to
+// ONNX Runtime over the loaded model's memory: the model's file must be in
+// the external-data folder the sessions are told.
+func (e *Engine) handsOver() bool {
+	if e.ModelFile == "" || e.Session.ExternalDataDir == "" {
+		return false
+	}
+	a, err1 := filepath.Abs(filepath.Dir(e.ModelFile))
+	b, err2 := filepath.Abs(e.Session.ExternalDataDir)
+	return err1 == nil && err2 == nil && a == b
 }
 
 // options are the session options of a combined graph.

@@ -131,7 +131,7 @@ func engineFor(t *testing.T, model, batchFile string) (*Engine, []Pass, []batch.
 		}
 	}
 	e := &Engine{Library: lib, Inputs: batch.Names(specs), Order: order, Nodes: len(m.Proto.Graph.Node),
-		Observe: names, ElemType: upIdx.ElemType, MaxMemory: 1 << 40,
+		Observe: names, ElemType: upIdx.ElemType, MaxMemory: 1 << 40, ModelFile: m.Path,
 		Session: onnxrt.SessionOptions{ExternalDataDir: m.Dir, Optimization: "none", Threads: 1}}
 	passes := []Pass{{Name: "fp32", Model: up}, {Name: "fp16", Model: rewrite.Emulate(up, m.Proto.Graph, a), Ref: "fp32"}}
 	return e, passes, bs
@@ -427,5 +427,35 @@ func TestBudgetBelowWeights(t *testing.T) {
 	var be *BudgetError
 	if !errors.As(err, &be) || !strings.Contains(err.Error(), "alone needs an estimated") || !strings.Contains(err.Error(), FormatSize(e.MaxMemory)) {
 		t.Errorf("budget below one node: %v", err)
+	}
+}
+
+// TestHandOverEqualsCopy: weights the model stores inline, handed to ONNX
+// Runtime over the loaded model's memory, give the statistics ONNX
+// Runtime's own copy gives, and the estimate counts them with what the
+// process already holds.
+func TestHandOverEqualsCopy(t *testing.T) {
+	e, passes, bs := engineFor(t, "torch/cases/resnet_raw_pixels/model.onnx", "torch/cases/resnet_raw_pixels/batches")
+	handed, mp, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mp.handed == 0 {
+		t.Fatal("no weight was handed over")
+	}
+	e.ModelFile = ""
+	copied, mc, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.handed != 0 || mc.weights != mp.weights+mp.handed {
+		t.Errorf("weights %d and %d handed over, without: %d and %d", mp.weights, mp.handed, mc.weights, mc.handed)
+	}
+	for p := range passes {
+		for v, w := range copied[p].Stats {
+			if g := handed[p].Stats[v]; *g != *w {
+				t.Errorf("%s %s: handed over %+v, copied %+v", passes[p].Name, v, *g, *w)
+			}
+		}
 	}
 }

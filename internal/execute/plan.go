@@ -8,6 +8,7 @@ import (
 	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/shapes"
+	"fp16audit/internal/statsop"
 )
 
 // DefaultMemoryFraction is the share of available memory an audit plans
@@ -30,8 +31,11 @@ const partMargin = 1.3
 // MemoryPlan is the memory side of running a set of passes: the estimate
 // of one run, the budget, and how many samples each run takes.
 type MemoryPlan struct {
-	passes   []string
+	passes []string
+	// weights are the weights ONNX Runtime holds; handed those the
+	// sessions take over the loaded model's memory (in resident).
 	weights  int64
+	handed   int64
 	peak     int64 // the costliest batch run whole, weights included
 	resident int64 // the process's memory before the passes start
 	samples  int64 // its samples
@@ -87,6 +91,9 @@ func (m *MemoryPlan) Note() string {
 	}
 	s := fmt.Sprintf("memory estimate: %s for one run of the %d pass(es) %s side by side on %d samples (weights %s, shared)",
 		FormatSize(m.peak), len(m.passes), strings.Join(m.passes, ", "), m.samples, FormatSize(m.weights))
+	if m.handed > 0 {
+		s += fmt.Sprintf(", besides the %s of weights the loaded model holds and ONNX Runtime reads in place", FormatSize(m.handed))
+	}
 	if m.unknown > 0 {
 		s += fmt.Sprintf("; partial: %d value(s) of unknown size are not counted", m.unknown)
 	}
@@ -126,8 +133,20 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 	if err != nil {
 		return nil, err
 	}
+	// The weights ONNX Runtime holds: those a session hands over over the
+	// loaded model's memory are counted in what the process holds already.
+	weight := func(t *onnx.TensorProto) int64 {
+		if e.handsOver() && statsop.HandsOver(t) {
+			return 0
+		}
+		return onnx.TensorBytes(t)
+	}
 	for _, t := range base.Initializer {
-		m.weights += onnx.TensorBytes(t)
+		if b := weight(t); b > 0 {
+			m.weights += b
+		} else {
+			m.handed += onnx.TensorBytes(t)
+		}
 	}
 	m.nodeName = idx.NodeLabel
 	if m.roundedBy, err = roundedWeights(passes[1:], e.Nodes); err != nil {
@@ -149,7 +168,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		}
 		sh := shapes.Infer(base, idx, in, known)
 		m.inferred = append(m.inferred, sh)
-		prof := newProfile(base, idx, sh)
+		prof := newProfile(base, idx, sh, weight)
 		m.unknown = max(m.unknown, prof.unknown)
 		var inputs int64
 		for _, t := range b.Inputs {

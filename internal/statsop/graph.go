@@ -52,6 +52,12 @@ type Plan struct {
 	// returns for later blocks, the last token among them. A whole plan's
 	// one output is Token.
 	Hand []string
+	// Declared, when set, names a file in the session's external-data
+	// folder (the model's own file) that the weights HandsOver takes are
+	// declared to lie in: a session then hands them to ONNX Runtime over
+	// the loaded model's memory instead of letting it copy them. "" hands
+	// nothing over.
+	Declared string
 }
 
 const (
