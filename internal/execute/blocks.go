@@ -75,12 +75,14 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 	// cut nor stay live, and their weights count where they are read.
 	constant := idx.ConstantNodes(nil)
 	fromInits := map[string][]string{}
-	readers := map[string]int{}
-	lastRead := map[string]int{}
+	readers := make(map[string]int, len(g.Node))
+	lastRead := make(map[string]int, len(g.Node))
+	readsAt := make([][]string, len(order))
 	for j, ni := range order {
-		for _, in := range reads(g, idx, ni) {
-			readers[in]++
-			lastRead[in] = j
+		readsAt[j] = reads(g, idx, ni)
+		for _, v := range readsAt[j] {
+			readers[v]++
+			lastRead[v] = j
 		}
 	}
 	for _, vi := range g.Output {
@@ -90,7 +92,7 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 	for j, ni := range order {
 		node := g.Node[ni]
 		var inits []string
-		for _, in := range reads(g, idx, ni) {
+		for _, in := range readsAt[j] {
 			if t := idx.Initializer(in); t != nil {
 				if _, ok := p.bytes[in]; !ok {
 					p.bytes[in] = weight(t)
@@ -134,7 +136,7 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 			}
 		}
 		p.live[j] = live
-		for _, in := range reads(g, idx, ni) {
+		for _, in := range readsAt[j] {
 			if pr := idx.Producer(in); pr < 0 || constant[pr] {
 				continue
 			}
@@ -154,10 +156,12 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 // reads lists the values node i of g reads, each once: its inputs and the
 // outer values its subgraphs read.
 func reads(g *onnx.GraphProto, idx *onnx.Index, i int) []string {
-	var out []string
-	for _, in := range append(slices.Clone(g.Node[i].Input), idx.ImplicitInputs(i)...) {
-		if in != "" && !slices.Contains(out, in) {
-			out = append(out, in)
+	out := make([]string, 0, len(g.Node[i].Input))
+	for _, list := range [][]string{g.Node[i].Input, idx.ImplicitInputs(i)} {
+		for _, in := range list {
+			if in != "" && !slices.Contains(out, in) {
+				out = append(out, in)
+			}
 		}
 	}
 	return out
