@@ -408,7 +408,12 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		typed := blk.Typed(func(name string) int32 { return int32(jobs[0].held[name].DType) })
+		typed := blk.Typed(func(name string) int32 {
+			if t := jobs[0].held[name]; t != nil {
+				return int32(t.DType)
+			}
+			return 0 // not returned: ONNX Runtime refuses the block and says which
+		})
 		sess, err := statsop.NewSession(rt, typed, blk.Inputs, opts)
 		if err != nil {
 			return &createError{fmt.Errorf("block %d of %d: %w", b+1, len(blocks), err)}
