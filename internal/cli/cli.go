@@ -164,7 +164,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	var o runOptions
 	fs := newFlagSet("run", "fp16audit run MODEL [flags]",
 		"  fp16audit run model.onnx -i input=batch.npy --format json --output render.json\n"+
-			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy", stdout)
+			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy\n"+
+			"  fp16audit run llama.onnx -i input_ids=ids.npy --loss cross-entropy --lm-shift --target labels.npy", stdout)
 	fs.StringArrayVarP(&o.inputs, "input", "i", nil, "batch for an input: NAME=PATH or PATH (in input order); PATH is .npy, .npz, .pb or a folder (repeatable)")
 	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given, and for Dropout masks in --mode train")
