@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -156,6 +155,7 @@ type runOptions struct {
 	onlyFlagged bool
 	noColor     bool
 	noFixes     bool
+	passes      []string
 	thresholds  diagnose.Thresholds
 	train       trainFlags
 }
@@ -177,6 +177,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
+	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
 	o.thresholds = diagnose.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
@@ -233,14 +234,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	cfg := audit.Config{Checks: sel, Train: train,
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
 		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, MaxMemory: maxMem,
-		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,
+		Policy: o.policy, NoFixes: o.noFixes, Passes: o.passes, Thresholds: o.thresholds,
+	}
+	if err := audit.CheckPasses(o.passes); err != nil {
+		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
+		return exitUsage
 	}
 	var bar *progressBar
 	if isTerminal(stderr) {
 		bar = newProgressBar(stderr, terminalWidth(stderr))
 		cfg.Progress = bar.update
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)
 	bar.done()
@@ -327,6 +332,8 @@ func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) er
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	addPending(f.Name())
+	defer dropPending(f.Name())
 	defer os.Remove(f.Name())
 	err = render(f)
 	if cerr := f.Close(); err == nil {
@@ -353,15 +360,15 @@ func cmdVersion(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fmt.Fprintf(stdout, "fp16audit %s\n", report.Version)
-	lib, err := onnxrt.FindLibrary(ortLib)
+	lib, err := onnxrt.Locate(ortLib)
 	if err == nil {
-		err = onnxrt.Init(lib)
+		err = onnxrt.Init(lib.Path)
 	}
 	if err != nil {
 		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", onnxrt.Version(), lib)
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s, from %s)\n", onnxrt.Version(), lib.Path, lib.From)
 	return exitOK
 }
 

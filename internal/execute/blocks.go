@@ -418,7 +418,10 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 		if err != nil {
 			return &createError{fmt.Errorf("block %d of %d: %w", b+1, len(blocks), err)}
 		}
+		// An interrupt stops the run in flight, not only the next one.
+		detach := sess.StopOn(ctx)
 		err = r.block(ctx, sess, b, blk, jobs)
+		detach()
 		sess.Close()
 		if err != nil {
 			return fmt.Errorf("block %d of %d: %w", b+1, len(blocks), err)

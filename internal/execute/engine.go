@@ -218,6 +218,8 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		return nil, nil, &createError{fmt.Errorf("passes %s: %w", passNames(passes), err)}
 	}
 	defer sess.Close()
+	// An interrupt stops the run in flight, not only the next batch.
+	defer sess.StopOn(ctx)()
 	if probe := mp.probeBatch(batches); probe != nil {
 		// The shape inference could not size some values (shapes computed
 		// from the data, as exporters write reshapes): two runs of one and
@@ -265,6 +267,7 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 		return &createError{fmt.Errorf("%s pass: %w", p.Name, err)}
 	}
 	defer s.Close()
+	defer s.StopOn(ctx)()
 	for _, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return err

@@ -5,6 +5,7 @@ package statsop
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"strconv"
@@ -42,7 +43,7 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
 	ss := &Session{plan: plan}
 	n := max(plan.Records, 1) * RecordLen
-	ss.buf = C.calloc(C.size_t(n), 8)
+	ss.buf = C.fa_calloc(C.size_t(n), 8)
 	if ss.buf == nil {
 		return nil, fmt.Errorf("records of %d values: out of memory", plan.Records)
 	}
@@ -203,6 +204,11 @@ func (s *Session) InOrder() bool {
 	}
 	return true
 }
+
+// StopOn stops the session's runs when ctx ends (ortcapi.Session.StopOn):
+// the run in flight ends at its next node, with ctx's cause. The function
+// returned detaches ctx.
+func (s *Session) StopOn(ctx context.Context) (detach func() bool) { return s.s.StopOn(ctx) }
 
 // Plan returns the plan the session runs.
 func (s *Session) Plan() *Plan { return s.plan }

@@ -1,9 +1,35 @@
 package markup
 
 import (
+	"html/template"
 	"strconv"
 	"strings"
 )
+
+// Page parses an HTML page of the renderers: the opening every page shares
+// (doctype, the head with the title template title and the style sheet
+// .CSS, <body>), the page's own header and main, then the shared closing
+// (the page's data as JSON in .Data, which its inline script .Script
+// reads). The view it executes with has fields CSS, Data and Script.
+func Page(name string, funcs template.FuncMap, title, header, main string) *template.Template {
+	return template.Must(template.New(name).Funcs(funcs).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>` + title + `</title>
+<style>{{.CSS}}</style>
+</head>
+<body>
+` + header + `
+<main>
+` + main + `</main>
+<script type="application/json" id="fp16audit-data">{{.Data}}</script>
+<script>{{.Script}}</script>
+</body>
+</html>
+`))
+}
 
 // PageCSS is the style sheet both HTML pages (the audit's and the scales
 // diagnosis's) start from.
@@ -94,6 +120,20 @@ tr.sev-warning td:first-child{color:var(--warn);font-weight:600}
 table.plain td:last-child{white-space:normal}
 ul.batches,ul.notes{margin:2px 0;padding-left:18px}
 button{font:inherit;padding:3px 10px}
+#plot .held{stroke:#868e96;stroke-width:6;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
+#plot .offscale{stroke:#ced4da;stroke-width:6;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
+#growth{width:100%;height:auto;display:block}
+#growth text{font-size:12px;fill:var(--ink)}
+#growth .lg{font-size:13px}
+#growth .note,#growth .xl{fill:var(--mute)}
+#growth .yl{text-anchor:end;fill:var(--mute)}
+#growth .yl.bad,#growth .rl.max{fill:var(--bad);font-weight:600}
+#growth .grid line{stroke:#eceef1}
+#growth line.max{stroke:var(--bad);stroke-width:1.5;stroke-dasharray:7 4}
+#growth .badband{fill:#fff5f5}
+#growth .series{fill:none;stroke-linejoin:round}
+#nodes tr.blk td{background:#f1f3f5;font-weight:600;cursor:pointer}
+#nodes tr.blk.fl td{background:#ffe3e3}
 `
 
 // Coord formats a chart coordinate with at most two decimals.
