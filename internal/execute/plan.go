@@ -149,7 +149,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		}
 	}
 	m.nodeName = idx.NodeLabel
-	if m.roundedBy, err = roundedWeights(passes[1:], e.Nodes); err != nil {
+	if m.roundedBy, err = roundedWeights(passes, e.Nodes); err != nil {
 		return nil, err
 	}
 	for _, b := range m.roundedBy {
