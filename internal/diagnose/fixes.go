@@ -26,17 +26,23 @@ type Rerun struct {
 	// by their values clamped to ±limit: torch.finfo(dtype).min in place of
 	// a fixed mask value.
 	Clamp map[string]float64
+	// Reference runs the fp32 reference graph (no rounding at all) instead
+	// of an emulated pass; Assign and Clamp are ignored.
+	Reference bool
 }
 
-// Runner reruns the policy's emulated pass, to verify a fix. The audit's
-// execution stage implements it.
+// Runner reruns the policy's emulated pass, to verify a fix, or the fp32
+// reference on some samples, to locate them. The audit's execution stage
+// implements it.
 type Runner interface {
 	Rerun(ctx context.Context, r Rerun) (*observe.PassResult, error)
 }
 
-// verify runs r and returns the fix with its outcome: it works when nothing
-// in the rerun reaches a graph output or raises.
-func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) (*observe.PassResult, error) {
+// verify runs r and returns the fix with its outcome and the origins of
+// the rerun that reach an output: the fix works when there are none (or a
+// constant origin that raises). Infinities the model writes on purpose
+// count neither as origins nor among the remaining NaN/Inf.
+func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) ([]report.Origin, error) {
 	if r.Assign == nil {
 		r.Assign = f.Static.Assign
 	}
@@ -44,21 +50,34 @@ func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix
 	if err != nil {
 		return nil, err
 	}
-	fix.NonFiniteAfter = res.NonFinite(f.Values)
-	fix.Works = len(f.deciding(f.passOrigins(f.Main, res, r.Assign))) == 0
-	return res, nil
+	origins, deliberate, _ := f.passOrigins(f.Main, res, r.Assign)
+	fix.NonFiniteAfter = f.countNonFinite(res, deliberate)
+	deciding := f.deciding(origins)
+	fix.Works = len(deciding) == 0
+	return deciding, nil
+}
+
+// countNonFinite counts the NaN/Inf of the observed values of a pass,
+// leaving out the infinities the model writes on purpose.
+func (f *Facts) countNonFinite(res *observe.PassResult, deliberate map[string]bool) int64 {
+	var n int64
+	for _, v := range f.Values {
+		if s, ok := res.Stats[v]; ok && !deliberate[v] {
+			n += s.NonFinite()
+		}
+	}
+	return n
+}
+
+// nonFinite is countNonFinite for a pass that ran with the audit.
+func (f *Facts) nonFinite(res *observe.PassResult, pass string) int64 {
+	return f.countNonFinite(res, f.deliberate[pass])
 }
 
 // fixStandardize re-runs the emulated pass with standardized inputs: each
 // flagged input alone first, so that the fix names the input at fault,
 // then all of them together.
-func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, before int64) (*report.Fix, error) {
-	var flagged []*Input
-	for _, in := range f.Inputs {
-		if in.Flagged && in.chans != nil && !in.SavedHalfInf {
-			flagged = append(flagged, in)
-		}
-	}
+func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, flagged []*Input, before int64) (*report.Fix, error) {
 	tries := [][]*Input{}
 	for _, in := range flagged {
 		tries = append(tries, []*Input{in})
@@ -120,13 +139,11 @@ func adviceText(inputs []*Input) string {
 // to_bf16() remove the overflow?
 func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 	bf, ok := f.Passes[PassBF16]
-	if !ok {
+	if !ok || f.Main == PassBF16 {
 		return nil, false
 	}
-	bp, _ := precision.PolicyByName("autocast-bf16")
-	asg := precision.Assign(bp, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType)
-	after := bf.NonFinite(f.Values)
-	fix := &report.Fix{Kind: report.FixBF16, Works: len(f.deciding(f.passOrigins(PassBF16, bf, asg))) == 0, NonFiniteBefore: before, NonFiniteAfter: after}
+	after := f.nonFinite(bf, PassBF16)
+	fix := &report.Fix{Kind: report.FixBF16, Works: len(f.deciding(f.Origins(PassBF16))) == 0, NonFiniteBefore: before, NonFiniteAfter: after}
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
 	} else {
@@ -140,7 +157,7 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
 	casts := map[int]bool{}
 	for _, o := range origins {
-		if o.Index < 0 || f.classify(o) != classHalfCast {
+		if o.Index < 0 {
 			continue
 		}
 		if f.HalfCasts[o.Index] {
@@ -236,12 +253,12 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			}
 		}
 		asg := precision.AssignKeepFP32(f.Static.Policy, g, f.Static.Order, f.Static.Model.Index.ElemType, keep)
-		res, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
+		deciding, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
 		if err != nil {
 			return nil, err
 		}
 		fix.Iterations = it
-		cur = f.deciding(f.passOrigins(f.Main, res, asg))
+		cur = deciding
 	}
 	nodes := sortedKeys(keep)
 	mods := map[string]bool{}

@@ -453,14 +453,14 @@ func (e *Engine) jobs(mp *MemoryPlan, batches []batch.Batch) ([]*job, error) {
 	var jobs []*job
 	needProbe := false
 	for bi, b := range batches {
-		size := batchSize(b)
+		size := b.Size()
 		step := mp.subBatch(size)
 		for lo := int64(0); lo < size; lo += step {
 			n := min(step, size-lo)
 			part := b.Inputs
 			if n < size {
 				var err error
-				if part, err = sliceBatch(b.Inputs, lo, n); err != nil {
+				if part, err = batch.Cut(b.Inputs, lo, n); err != nil {
 					return nil, err
 				}
 				needProbe = needProbe || !mp.knows(bi, e.Observe)
@@ -473,10 +473,10 @@ func (e *Engine) jobs(mp *MemoryPlan, batches []batch.Batch) ([]*job, error) {
 	}
 	// The probe's runs go first: the first sample, then the first two, of
 	// a batch that has two.
-	bi := slices.IndexFunc(batches, func(b batch.Batch) bool { return batchSize(b) >= 2 })
+	bi := slices.IndexFunc(batches, func(b batch.Batch) bool { return b.Size() >= 2 })
 	var probe []*job
 	for n := int64(1); n <= 2; n++ {
-		part, err := sliceBatch(batches[bi].Inputs, 0, n)
+		part, err := batch.Cut(batches[bi].Inputs, 0, n)
 		if err != nil {
 			return nil, err
 		}
@@ -522,7 +522,7 @@ func (r *blockRun) block(ctx context.Context, sess *statsop.Session, b int, blk 
 		if err := r.run(sess, b, blk, j); err != nil {
 			return err
 		}
-		size := batchSize(r.batches[j.batch])
+		size := r.batches[j.batch].Size()
 		switch {
 		case j.probe > 0:
 			for i, o := range plan.Outputs {

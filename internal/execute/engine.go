@@ -337,7 +337,7 @@ func passNames(passes []Pass) string {
 // runBatch runs one batch, whole or in the plan's sub-batches, and folds
 // its records into the results.
 func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, mp *MemoryPlan, bi int, b batch.Batch, results []*observe.PassResult) error {
-	size := batchSize(b)
+	size := b.Size()
 	step := mp.subBatch(size)
 	if step >= size {
 		if err := run(rt, sess, b.Inputs); err != nil {
@@ -358,7 +358,7 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 	var m *statsop.Merger
 	for lo := int64(0); lo < size; lo += step {
 		n := min(step, size-lo)
-		part, err := sliceBatch(b.Inputs, lo, n)
+		part, err := batch.Cut(b.Inputs, lo, n)
 		if err != nil {
 			return err
 		}
@@ -446,7 +446,7 @@ func (p *shapeProbe) add(value string, one, two []int64) {
 func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor) (*shapeProbe, error) {
 	shapesOf := func(n int64) ([][]int64, error) {
 		// Shapes do not depend on the data: the first samples serve.
-		part, err := sliceBatch(inputs, 0, n)
+		part, err := batch.Cut(inputs, 0, n)
 		if err != nil {
 			return nil, err
 		}
@@ -536,30 +536,4 @@ func values(rt *ortcapi.Runtime, inputs []*tensor.Tensor) ([]*ortcapi.Value, err
 		vals = append(vals, v)
 	}
 	return vals, nil
-}
-
-// batchSize is the number of samples of a batch: the first dimension its
-// inputs share (1 for scalar inputs).
-func batchSize(b batch.Batch) int64 {
-	for _, t := range b.Inputs {
-		if len(t.Shape) > 0 {
-			return t.Shape[0]
-		}
-	}
-	return 1
-}
-
-// sliceBatch returns samples [lo, lo+n) of every input along the first
-// axis, sharing the batch's memory.
-func sliceBatch(inputs []*tensor.Tensor, lo, n int64) ([]*tensor.Tensor, error) {
-	out := make([]*tensor.Tensor, len(inputs))
-	for i, t := range inputs {
-		if len(t.Shape) == 0 || t.Shape[0] < lo+n {
-			return nil, fmt.Errorf("input %q of shape %s cannot be cut along its first axis", t.Name, tensor.ShapeString(t.Shape))
-		}
-		per := int64(len(t.Data)) / t.Shape[0]
-		shape := append([]int64{n}, t.Shape[1:]...)
-		out[i] = &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: shape, Data: t.Data[lo*per : (lo+n)*per]}
-	}
-	return out, nil
 }

@@ -182,7 +182,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		}
 		var known map[string][]int64
 		if probe != nil {
-			known = probe.full(batchSize(b))
+			known = probe.full(b.Size())
 		}
 		sh := shapes.Infer(base, idx, in, known)
 		m.inferred = append(m.inferred, sh)
@@ -193,9 +193,9 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 			inputs += int64(len(t.Data))
 		}
 		if peak := m.weights + m.rounded + inputs + int64(factor*float64(prof.peak())); peak > m.peak {
-			m.peak, m.samples, m.prof = peak, batchSize(b), prof
+			m.peak, m.samples, m.prof = peak, b.Size(), prof
 		}
-		m.all += batchSize(b)
+		m.all += b.Size()
 	}
 	m.resident = e.resident
 	var ok bool
@@ -278,7 +278,7 @@ func (m *MemoryPlan) probeBatch(batches []batch.Batch) *batch.Batch {
 		return nil
 	}
 	for i := range batches {
-		if batchSize(batches[i]) >= 2 {
+		if batches[i].Size() >= 2 {
 			return &batches[i]
 		}
 	}
