@@ -7,11 +7,14 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"unsafe"
 
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/tensor"
 )
 
 // Session runs a Plan: the Observe nodes write the records of every run
@@ -25,6 +28,9 @@ type Session struct {
 	sink C.int64_t
 	rec  []int64 // over the C buffer
 	buf  unsafe.Pointer
+	// weights are the initializers handed to ONNX Runtime over the
+	// model's own memory (HandsOver), released with the session.
+	weights []*ortcapi.Value
 }
 
 // NewSession creates the session of plan, whose graph inputs are inputs,
@@ -46,7 +52,12 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 		ss.Close()
 		return nil, fmt.Errorf("too many statistics sessions open at once")
 	}
-	data, err := onnx.Marshal(withSink(plan.Model, int64(ss.sink)))
+	m, err := ss.handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, &opts)
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	data, err := onnx.Marshal(m)
 	if err != nil {
 		ss.Close()
 		return nil, err
@@ -55,13 +66,70 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	// while it creates a session; two sessions created at once race there
 	// ("the domain is already exist"), so creations take turns.
 	creating.Lock()
-	ss.s, err = rt.NewSession(data, inputs, []string{plan.Token}, opts)
+	ss.s, err = rt.NewSession(data, inputs, plan.outputs(), opts)
 	creating.Unlock()
 	if err != nil {
 		ss.Close()
 		return nil, err
 	}
 	return ss, nil
+}
+
+// handOverMin is the smallest initializer HandsOver hands over: below it
+// ONNX Runtime's copy costs less than the bookkeeping.
+const handOverMin = 64 << 10
+
+// HandsOver reports whether a session hands initializer t to ONNX Runtime
+// over the memory that holds it in the loaded model, instead of letting
+// ONNX Runtime copy it from the serialized graph: a large tensor of a
+// numeric type in raw_data (a model's weights when they are not in an
+// external data file, which ONNX Runtime maps itself). The process then
+// holds such weights once, in the model the audit loaded.
+func HandsOver(t *onnx.TensorProto) bool {
+	return t.GetDataLocation() != onnx.TensorProto_EXTERNAL && len(t.GetRawData()) >= handOverMin &&
+		tensor.DType(t.GetDataType()).Size() > 0 && int64(len(t.GetRawData())) == onnx.TensorBytes(t)
+}
+
+// handOver returns m with the initializers HandsOver takes replaced by
+// declarations, and adds them to opts as tensors over their bytes, which
+// the session releases when it closes. ONNX Runtime takes a weight given
+// to the session (AddInitializer) without a copy only in place of one the
+// graph declares, and it checks an embedded one's data: the declaration
+// says the weight lies in the plan's Declared file, which ONNX Runtime
+// finds but never reads. The initializers a node updates in place (a
+// training-mode BatchNorm's running statistics) are left to ONNX Runtime's
+// own copy.
+func (ss *Session) handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *ortcapi.Options) (*onnx.ModelProto, error) {
+	if declared == "" {
+		return m, nil
+	}
+	written := writtenInPlace(m.Graph)
+	var out *onnx.ModelProto
+	for i, t := range m.Graph.Initializer {
+		if !HandsOver(t) || written[t.Name] {
+			continue
+		}
+		v, err := rt.NewTensor(ortcapi.ElemType(t.DataType), t.Dims, unsafe.Pointer(unsafe.SliceData(t.RawData)), len(t.RawData))
+		if err != nil {
+			return nil, fmt.Errorf("initializer %q: %w", t.Name, err)
+		}
+		ss.weights = append(ss.weights, v)
+		if out == nil {
+			out = onnx.ShallowCopy(m)
+			opts.Initializers = maps.Clone(opts.Initializers)
+			if opts.Initializers == nil {
+				opts.Initializers = map[string]*ortcapi.Value{}
+			}
+		}
+		opts.Initializers[t.Name] = v
+		out.Graph.Initializer[i] = &onnx.TensorProto{Name: t.Name, DataType: t.DataType, Dims: t.Dims, DataLocation: onnx.TensorProto_EXTERNAL,
+			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: declared}, {Key: "offset", Value: "0"},
+				{Key: "length", Value: strconv.Itoa(len(t.RawData))}}}
+	}
+	if out == nil {
+		return m, nil
+	}
+	return out, nil
 }
 
 // creating serialises session creation (see NewSession).
@@ -100,17 +168,34 @@ func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	return out
 }
 
+// outputs are the names a session of p returns: its token, or the values
+// a block hands on.
+func (p *Plan) outputs() []string {
+	if len(p.Hand) > 0 {
+		return p.Hand
+	}
+	return []string{p.Token}
+}
+
 // Run runs the plan on inputs (in the session's input order). Record then
 // holds the records until the next Run.
 func (s *Session) Run(inputs []*ortcapi.Value) error {
-	outs := make([]*ortcapi.Value, 1)
+	outs, err := s.RunHand(inputs)
+	for _, v := range outs {
+		v.Release()
+	}
+	return err
+}
+
+// RunHand runs the plan like Run and returns what its graph returns, in
+// the order of the plan's Hand (the token, for a whole plan), for the
+// caller to release.
+func (s *Session) RunHand(inputs []*ortcapi.Value) ([]*ortcapi.Value, error) {
+	outs := make([]*ortcapi.Value, len(s.plan.outputs()))
 	if err := s.s.Run(inputs, outs); err != nil {
-		return err
+		return nil, err
 	}
-	if outs[0] != nil {
-		outs[0].Release()
-	}
-	return nil
+	return outs, nil
 }
 
 // Record returns record row of output i from the last Run (the pass
@@ -157,4 +242,8 @@ func (s *Session) Close() {
 		C.free(s.buf)
 		s.buf, s.rec = nil, nil
 	}
+	for _, v := range s.weights {
+		v.Release()
+	}
+	s.weights = nil
 }
