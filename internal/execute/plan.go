@@ -119,7 +119,10 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		for _, t := range b.Inputs {
 			inputs += int64(len(t.Data))
 		}
-		if peak := m.weights + inputs + int64(factor*float64(live)); peak > m.peak {
+		// Every pass's graph outputs come back as a FLOAT copy, held with
+		// the values until the run ends.
+		fetched := int64(len(passes)) * outputBytes(base, sh)
+		if peak := m.weights + inputs + int64(factor*float64(live)) + fetched; peak > m.peak {
 			m.peak, m.samples = peak, batchSize(b)
 		}
 	}
@@ -236,6 +239,18 @@ func liveBytes(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64) (int6
 		}
 	}
 	return peak, unknown
+}
+
+// outputBytes is the size of g's graph outputs as FLOAT, as far as sh
+// knows them.
+func outputBytes(g *onnx.GraphProto, sh map[string][]int64) int64 {
+	var n int64
+	for _, o := range g.Output {
+		if s, ok := sh[o.Name]; ok {
+			n += 4 * tensor.NumElements(s)
+		}
+	}
+	return n
 }
 
 // crossSample says why a batch cannot run in parts through g, or "": the

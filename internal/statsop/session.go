@@ -16,14 +16,17 @@ import (
 // Session runs a Plan: the Observe nodes write the records of every run
 // into a record sink this session owns (C memory, registered with the
 // operator), so a run allocates nothing for them and only the plan's one
-// token leaves ONNX Runtime. It is not for concurrent use: each Run
-// overwrites the records of the last.
+// token and the graph outputs of the passes (plan.Fetch) leave ONNX
+// Runtime. It is not for concurrent use: each Run overwrites the records
+// and the outputs of the last.
 type Session struct {
 	s    *ortcapi.Session
 	plan *Plan
 	sink C.int64_t
 	rec  []int64 // over the C buffer
 	buf  unsafe.Pointer
+	// fetched holds the last Run's values of plan.Fetch.
+	fetched []*ortcapi.Value
 }
 
 // NewSession creates the session of plan, whose graph inputs are inputs,
@@ -53,8 +56,12 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	// ONNX Runtime adds a custom domain to a process-wide schema registry
 	// while it creates a session; two sessions created at once race there
 	// ("the domain is already exist"), so creations take turns.
+	outs := []string{plan.Token}
+	for _, f := range plan.Fetch {
+		outs = append(outs, f.Name)
+	}
 	creating.Lock()
-	ss.s, err = rt.NewSession(data, inputs, []string{plan.Token}, opts)
+	ss.s, err = rt.NewSession(data, inputs, outs, opts)
 	creating.Unlock()
 	if err != nil {
 		ss.Close()
@@ -84,17 +91,42 @@ func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	return out
 }
 
-// Run runs the plan on inputs (in the session's input order). Record then
-// holds the records until the next Run.
+// Run runs the plan on inputs (in the session's input order). Record and
+// Fetched then hold the records and outputs until the next Run.
 func (s *Session) Run(inputs []*ortcapi.Value) error {
-	outs := make([]*ortcapi.Value, 1)
+	s.release()
+	outs := make([]*ortcapi.Value, 1+len(s.plan.Fetch))
 	if err := s.s.Run(inputs, outs); err != nil {
 		return err
 	}
 	if outs[0] != nil {
 		outs[0].Release()
 	}
+	s.fetched = outs[1:]
 	return nil
+}
+
+// Fetched returns the elements and shape of plan.Fetch[i] from the last
+// Run; they stay valid until the next Run or Close.
+func (s *Session) Fetched(i int) ([]float32, []int64, error) {
+	if i >= len(s.fetched) || s.fetched[i] == nil {
+		return nil, nil, fmt.Errorf("output %q of pass %d: not fetched", s.plan.Fetch[i].Value, s.plan.Fetch[i].Pass)
+	}
+	v := s.fetched[i]
+	_, shape, err := v.Info()
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := ortcapi.Elements[float32](v)
+	return data, shape, err
+}
+
+// release frees the outputs of the last Run.
+func (s *Session) release() {
+	for _, v := range s.fetched {
+		v.Release()
+	}
+	s.fetched = nil
 }
 
 // Record returns record row of output i from the last Run (the pass
@@ -124,6 +156,7 @@ func (s *Session) Plan() *Plan { return s.plan }
 
 // Close releases the session and its record sink.
 func (s *Session) Close() {
+	s.release()
 	if s.s != nil {
 		s.s.Close()
 		s.s = nil
