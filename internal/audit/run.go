@@ -104,6 +104,14 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	if cfg.Thresholds == (diagnose.Thresholds{}) {
 		cfg.Thresholds = diagnose.DefaultThresholds
 	}
+	// Thresholds set before the output tolerances existed keep the
+	// defaults for them: a tolerance of 0 would fail every pass.
+	if cfg.Thresholds.OutputTolFP16 == 0 {
+		cfg.Thresholds.OutputTolFP16 = diagnose.DefaultThresholds.OutputTolFP16
+	}
+	if cfg.Thresholds.OutputTolBF16 == 0 {
+		cfg.Thresholds.OutputTolBF16 = diagnose.DefaultThresholds.OutputTolBF16
+	}
 	if cfg.MaxMemory < 0 {
 		return nil, &UsageError{Err: fmt.Errorf("max memory: want a positive size, got %d", cfg.MaxMemory)}
 	}
@@ -166,6 +174,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	a.report.Summary = summarize(a.report, facts)
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
+	a.report.OutputAgreement = d.OutputAgreement
 	a.report.Notes = append(a.report.Notes, d.Notes...)
 	if err := a.auditTraining(ctx); err != nil {
 		return nil, a.runError(err)
@@ -295,7 +304,7 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 }
 
 // Rerun runs one extra emulated pass (a fix being verified) and returns
-// its results.
+// its results, its graph outputs compared with fp32's.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
 	up := a.up
 	if len(r.Clamp) > 0 {
@@ -304,11 +313,15 @@ func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResul
 			return nil, err
 		}
 	}
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign)}}, r.Batches)
+	// The fp32 pass runs beside the fix for its graph outputs alone: a fix
+	// works only when the outputs agree with fp32's on the same inputs
+	// (standardized ones, for that fix).
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true},
+		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: diagnose.PassFP32}}, r.Batches)
 	if err != nil {
 		return nil, err
 	}
-	return res[0], nil
+	return res[1], nil
 }
 
 // defaultOpset returns the version of the default ONNX domain m imports.

@@ -29,6 +29,9 @@ type Diagnosis struct {
 	Origins     []report.Origin
 	Fixes       []report.Fix
 	Findings    []checks.Finding
+	// OutputAgreement compares the graph outputs of the emulated passes
+	// and of the reruns the fixes were judged by with fp32's.
+	OutputAgreement []report.OutputAgreement
 	// Notes are facts about the diagnosis a reader must know.
 	Notes []string
 }
@@ -46,10 +49,15 @@ type Diagnosis struct {
 //  5. oversized-logits: every overflow starts in the final layer (FP2003).
 //  6. overflowing-op: an op overflows (FP2001), or a constant beyond the
 //     format's range written into a reduced-precision value makes NaN/Inf
-//     that reach an output (FP4004).
-//  7. healthy: nothing reaches the outputs. Warnings may remain, and an
-//     error: a fill PyTorch refuses (FP4004), whose -Inf the emulation's
-//     softmax absorbs.
+//     that reach an output (FP4004), or the outputs are finite but wrong
+//     although nothing overflows (FP2006 with a precision origin).
+//  7. healthy: nothing reaches the outputs and they agree with fp32's
+//     within the tolerance. Warnings may remain, and an error: a fill
+//     PyTorch refuses (FP4004), whose -Inf the emulation's softmax absorbs.
+//
+// An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
+// by leaving them finite but wrong (FP2006): the verdict classes 3–6 are
+// the same for both, and so are the fixes.
 func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
 	f.consts = constantValues(f.graph(), f.Static.Order)
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
@@ -78,7 +86,7 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 	case f.Main == "":
 		d.Verdict, d.VerdictText = report.VerdictHealthy, "the fp32 pass is clean (policy fp32: no emulated pass)"
 	case len(f.deciding(f.mainOrigins())) > 0 && (has(lint.CheckConstRange, checks.SevError) || has(checkHalfCast, checks.SevError) ||
-		has(checkLogits, checks.SevError) || has(checkOverflow, checks.SevError)):
+		has(checkLogits, checks.SevError) || has(checkOverflow, checks.SevError) || has(checkWrongOutputs, checks.SevError)):
 		if err := f.overflowVerdict(ctx, d, run, batches, opt, has); err != nil {
 			return nil, err
 		}
@@ -87,7 +95,31 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 		d.VerdictText = f.healthyText(opt)
 	}
 	d.Notes = f.notes
+	d.OutputAgreement = f.outputAgreement(d.Fixes)
 	return d, nil
+}
+
+// outputAgreement lists the output agreement of the emulated passes, then
+// of the passes the fixes were judged by, once each.
+func (f *Facts) outputAgreement(fixes []report.Fix) []report.OutputAgreement {
+	out := []report.OutputAgreement{}
+	seen := map[string]bool{}
+	add := func(pass string) {
+		if seen[pass] {
+			return
+		}
+		seen[pass] = true
+		if res, ok := f.Passes[pass]; ok {
+			f.recordAgreement(res)
+		}
+		out = append(out, f.agreements[pass]...)
+	}
+	add(f.Main)
+	add(PassBF16)
+	for _, fx := range fixes {
+		add(fx.Pass)
+	}
+	return out
 }
 
 // savedHalfOrigins returns the input origins of data saved in half
@@ -121,6 +153,11 @@ func (f *Facts) healthyText(opt Options) string {
 	txt := fmt.Sprintf("nothing non-finite reaches the outputs of the %s pass", f.Main)
 	if len(f.Origins(f.Main)) == 0 {
 		txt = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
+	}
+	if res, ok := f.Passes[f.Main]; ok {
+		if a := f.agreeText(res); a != "" {
+			txt += "; " + a
+		}
 	}
 	if bits, _, limit, ok := f.MinHeadroom(); ok {
 		txt += fmt.Sprintf("; smallest headroom %.1f bits below %.4g", bits, limit)
@@ -177,6 +214,10 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	}
 	first := origins[0]
 	switch {
+	case allPrecision(f, origins):
+		d.Verdict = report.VerdictOverflow
+		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, yet rounding to %s loses too much from %s (%s) on: keep it in fp32",
+			f.Main, f.Main, moduleOr(first.Module, first.Node), first.OpType)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := firstClass(f, origins, classHalfCast)
@@ -202,7 +243,22 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		d.Verdict = report.VerdictOverflow
 		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, f.inputsWording(), o.FP32MaxAbs)
 	}
+	if w := f.wrongText(f.Passes[f.Main]); w != "" && !slices.ContainsFunc(origins, func(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }) {
+		// Nothing non-finite reaches the outputs: say what does.
+		d.VerdictText += "; " + w
+	}
 	return nil
+}
+
+// allPrecision reports whether every origin is a precision one: nothing
+// overflows, the outputs are wrong from rounding alone.
+func allPrecision(f *Facts, os []report.Origin) bool {
+	for _, o := range os {
+		if f.classify(o) != classPrecision {
+			return false
+		}
+	}
+	return true
 }
 
 // inputsWording says what the inputs were, for an overflow verdict: "on

@@ -34,8 +34,10 @@ type Runner interface {
 	Rerun(ctx context.Context, r Rerun) (*observe.PassResult, error)
 }
 
-// verify runs r and returns the fix with its outcome: it works when nothing
-// in the rerun reaches a graph output or raises.
+// verify runs r and returns the fix with its outcome: it works when
+// nothing in the rerun decides a failure (no NaN/Inf and no overflow reach
+// a graph output) and every output is finite and within the tolerance of
+// fp32's on the same inputs.
 func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) (*observe.PassResult, error) {
 	if r.Assign == nil {
 		r.Assign = f.Static.Assign
@@ -44,9 +46,23 @@ func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix
 	if err != nil {
 		return nil, err
 	}
+	fix.Pass = r.Name
 	fix.NonFiniteAfter = res.NonFinite(f.Values)
-	fix.Works = len(f.deciding(f.passOrigins(f.Main, res, r.Assign))) == 0
+	fix.Works = len(f.deciding(f.passOrigins(f.Main, res, r.Assign))) == 0 && f.outputsAgree(res)
+	f.recordAgreement(res)
 	return res, nil
+}
+
+// remains says what is left after a fix that does not work: the NaN/Inf,
+// or outputs that stay finite but wrong.
+func (f *Facts) remains(fix *report.Fix, res *observe.PassResult) string {
+	if fix.NonFiniteAfter > 0 || res == nil {
+		return fmt.Sprintf("%d non-finite values remain", fix.NonFiniteAfter)
+	}
+	if w := f.wrongText(res); w != "" {
+		return "the " + w
+	}
+	return "an overflow still reaches the outputs"
 }
 
 // fixStandardize re-runs the emulated pass with standardized inputs: each
@@ -80,7 +96,8 @@ func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.
 			fix.Inputs = append(fix.Inputs, in.Spec.Name)
 			names = append(names, fmt.Sprintf("%q", in.Spec.Name))
 		}
-		if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+standardized", Batches: bs}, fix); err != nil {
+		res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+standardized", Batches: bs}, fix)
+		if err != nil {
 			return nil, err
 		}
 		what := "standardizing input " + names[0]
@@ -93,7 +110,7 @@ func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.
 			fix.Summary = what + " removes every overflow; " + adviceText(try)
 			return fix, nil
 		}
-		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %d non-finite values remain", what, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s", what, f.remains(fix, res))
 	}
 	return fix, nil
 }
@@ -126,11 +143,15 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 	bp, _ := precision.PolicyByName("autocast-bf16")
 	asg := precision.Assign(bp, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType)
 	after := bf.NonFinite(f.Values)
-	fix := &report.Fix{Kind: report.FixBF16, Works: len(f.deciding(f.passOrigins(PassBF16, bf, asg))) == 0, NonFiniteBefore: before, NonFiniteAfter: after}
+	fix := &report.Fix{Kind: report.FixBF16, Pass: PassBF16, NonFiniteBefore: before, NonFiniteAfter: after,
+		Works: len(f.deciding(f.passOrigins(PassBF16, bf, asg))) == 0 && f.outputsAgree(bf)}
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
+		if a := f.agreeText(bf); a != "" {
+			fix.Summary += "; its " + a
+		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %d non-finite values remain in the bf16 pass", after)
+		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", f.remains(fix, bf))
 	}
 	return fix, true
 }
@@ -152,7 +173,8 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	}
 	fix := &report.Fix{Kind: report.FixRemoveCast, NonFiniteBefore: before}
 	asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, casts)
-	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix); err != nil {
+	res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix)
+	if err != nil {
 		return nil, err
 	}
 	for _, c := range sortedKeys(casts) {
@@ -165,7 +187,7 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("without the model's own half cast (%s) every overflow is gone: remove the .half()/.to(torch.float16) in forward, or move it after the op that overflows, or scale before it", list)
 	} else {
-		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %d non-finite values remain", list, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %s", list, f.remains(fix, res))
 	}
 	return fix, nil
 }
@@ -193,13 +215,14 @@ func (f *Facts) fixConstant(ctx context.Context, run Runner, batches []batch.Bat
 			fix.Modules = append(fix.Modules, o.Module)
 		}
 	}
-	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix); err != nil {
+	res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix)
+	if err != nil {
 		return nil, err
 	}
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("with the constants in range (torch.finfo(scores.dtype).min instead of the fixed value, at %s) nothing non-finite reaches the outputs and nothing raises", strings.Join(readers, ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %d non-finite values remain", strings.Join(readers, ", "), fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %s", strings.Join(readers, ", "), f.remains(fix, res))
 	}
 	return fix, nil
 }
@@ -229,6 +252,7 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 	keep := map[int]bool{}
 	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
 	cur := origins
+	var last *observe.PassResult
 	for it := 1; it <= f.Thresholds.FixIterations && len(cur) > 0; it++ {
 		for _, o := range cur {
 			if o.Index >= 0 {
@@ -240,7 +264,7 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 		if err != nil {
 			return nil, err
 		}
-		fix.Iterations = it
+		fix.Iterations, last = it, res
 		cur = f.deciding(f.passOrigins(f.Main, res, asg))
 	}
 	nodes := sortedKeys(keep)
@@ -260,8 +284,8 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
 			strings.Join(fix.Modules, ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %d non-finite values remain",
-			len(fix.Nodes), fix.Iterations, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %s",
+			len(fix.Nodes), fix.Iterations, f.remains(fix, last))
 	}
 	return fix, nil
 }
