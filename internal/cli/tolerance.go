@@ -10,7 +10,7 @@ import (
 )
 
 // toleranceFlag is --output-tolerance: the output tolerance of each
-// reduced-precision format, as fp16=0.05,bf16=0.15 (a format left out
+// reduced-precision format, as fp16=0.05,bf16=0.25 (a format left out
 // keeps its value). A trailing % reads the number as a percentage.
 type toleranceFlag struct{ t *diagnose.Thresholds }
 
@@ -27,7 +27,7 @@ func (f toleranceFlag) Set(s string) error {
 	for _, part := range strings.Split(s, ",") {
 		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return fmt.Errorf("%q: want FORMAT=ERR such as fp16=0.05,bf16=0.15", part)
+			return fmt.Errorf("%q: want FORMAT=ERR such as fp16=0.05,bf16=0.25", part)
 		}
 		pct := strings.HasSuffix(val, "%")
 		x, err := strconv.ParseFloat(strings.TrimSuffix(val, "%"), 64)

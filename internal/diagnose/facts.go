@@ -53,7 +53,7 @@ type Thresholds struct {
 
 // DefaultThresholds are the documented defaults.
 var DefaultThresholds = Thresholds{HeadroomBits: 3, UnderflowFraction: 0.10, ColumnScale: 10, FixIterations: 8,
-	OutputTolFP16: 0.05, OutputTolBF16: 0.15}
+	OutputTolFP16: 0.05, OutputTolBF16: 0.25}
 
 // Facts is what the dynamic analyzers know about one audit. Origins are
 // computed on first use and shared.

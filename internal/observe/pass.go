@@ -44,13 +44,3 @@ func (r *PassResult) NonFinite(values []string) int64 {
 	}
 	return t
 }
-
-// Output returns the comparison of graph output name, or nil.
-func (r *PassResult) Output(name string) *OutputDiff {
-	for _, o := range r.Outputs {
-		if o.Name == name {
-			return o
-		}
-	}
-	return nil
-}

@@ -74,13 +74,14 @@ const (
 // all passes read the same graph inputs and, where their initializers are
 // the same tensors (as audit's rewrites leave them), the same weights.
 // Each value in values gets one Observe node per reference pass (a pass
-// whose Ref is -1), reading the value in that pass and in every pass
+// whose Ref is -1 that is not OutputsOnly), reading the value in that pass and in every pass
 // compared with it: ONNX Runtime then runs the passes in step, value by
 // value (see the node order below), and a reference value dies as soon as
 // the one node that compares with it has read it. elemType gives each
 // value's element type (0 when unknown: read as FLOAT); DOUBLE and half
 // values are cast to FLOAT first, as audit.Instrument does. Values no pass
-// makes are skipped.
+// makes are skipped. Every pass's float graph outputs come back as FLOAT
+// (Plan.Fetch), to be compared with the fp32 pass's.
 //
 // chunk is the chunk length the statistics cut values into (0: audit's
 // DefaultChunk); a shorter one lets ONNX Runtime's threads share a value
