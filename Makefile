@@ -16,6 +16,8 @@ GO      ?= go
 BIN     := bin/fp16audit
 # The Python companion's tests need torch: Debian's python3-torch is
 # installed for /usr/bin/python3 (a python3 earlier on PATH may lack it).
+# They include the offline install into a fresh virtualenv
+# (python3-venv, python3-setuptools, python3-wheel).
 PYTHON_TORCH ?= /usr/bin/python3
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 

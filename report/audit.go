@@ -65,6 +65,10 @@ type Report struct {
 	// Training is the training audit (mode, BatchNorm, the backward
 	// pass); see TrainingReport. Added within v1.1: older reports lack it.
 	Training *TrainingReport `json:"training,omitempty"`
+
+	// Blocks rolls the nodes up by module block, in the order the blocks
+	// first appear in Nodes (see Block). Added within v1.1.
+	Blocks []Block `json:"blocks,omitempty"`
 }
 
 // Pass names: the keys of ValueReport.Stats and the entries of
@@ -214,8 +218,10 @@ const (
 	// ReasonExplicitCast: the model's own Cast/CastLike to half made it, or
 	// made an input that it inherits its precision from.
 	ReasonExplicitCast = "explicit-cast"
-	// ReasonHalfModel: the model stores half weights or inputs (exported
-	// after .half()).
+	// ReasonHalfModel: the model's file holds the value's source in half
+	// beside fp32 weights. A checkpoint stored in half (exported after
+	// model.half() or model.bfloat16()) is audited as its weights under the
+	// policy instead: fp32 under autocast, half-policy under half.
 	ReasonHalfModel = "fp16-model"
 )
 
@@ -372,6 +378,10 @@ type NodeReport struct {
 	// unless they are flagged.
 	Constant bool          `json:"constant,omitempty"`
 	Outputs  []ValueReport `json:"outputs"`
+
+	// Block is the module of the Block the node belongs to (Report.Blocks;
+	// "" for the model's own forward). Added within v1.1.
+	Block string `json:"block,omitempty"`
 }
 
 // ValueReport is one float value (a node output or a graph input) with its

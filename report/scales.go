@@ -9,7 +9,14 @@ import (
 
 // ScalesSchema names the JSON shape of ScalesReport. It changes only when a field
 // is removed or changes meaning; new fields may appear within a version.
-const ScalesSchema = "fp16audit.scales/v1"
+// v1.1 judges the telemetry's underflowing gradients by the mass they lose
+// when the log records it (telemetry.underflow, measure lost_mass) and
+// records the --checks selection; a v1 document reads as v1.1.
+const ScalesSchema = "fp16audit.scales/v1.1"
+
+// ScalesSchemaV1 is the first version of ScalesSchema, which `fp16audit
+// render` still reads.
+const ScalesSchemaV1 = "fp16audit.scales/v1"
 
 // Verdict identifiers of `fp16audit scales`, in the order the diagnosis tests
 // them. They are
@@ -63,6 +70,9 @@ type ScalesReport struct {
 	// without scales.
 	GradScaler *ScalerInfo      `json:"grad_scaler,omitempty"`
 	Thresholds ScalesThresholds `json:"thresholds"`
+	// Checks is the --checks selection the diagnosis ran ("all" by
+	// default): a check switched off neither reports nor decides.
+	Checks string `json:"checks,omitempty"`
 	// Verdict is one of the identifiers in ScalesVerdicts.
 	Verdict     string `json:"verdict"`
 	VerdictText string `json:"verdict_text"`
@@ -273,9 +283,11 @@ type TelemetryStats struct {
 	// Overflow lists the modules where the overflows of those skipped steps
 	// began, most often first.
 	Overflow []ModuleOverflow `json:"overflow"`
-	// Underflow lists the modules whose gradients flush to zero in fp16
-	// at or above the underflow_fraction threshold, most first, measured
-	// on the full lines after the warm-up and before any NaN.
+	// Underflow lists the gradients that lose to fp16 underflow, measured
+	// on the full lines after the warm-up and before any NaN: by the mass
+	// they lose (at or above lost_mass_tolerance) where the log records
+	// it, most first, then by the share of their elements flushed (at or
+	// above underflow_fraction), most first.
 	Underflow []ModuleUnderflow `json:"underflow"`
 }
 
@@ -303,18 +315,25 @@ type ModuleOverflow struct {
 	MaxUnscaled float64 `json:"max_unscaled"`
 }
 
-// ModuleUnderflow is one module whose gradient loses a share of its
-// elements to fp16 underflow at the scales the run used.
+// ModuleUnderflow is one module whose gradient loses to fp16 underflow at
+// the scales the run used.
 type ModuleUnderflow struct {
 	Module string `json:"module"`
 	Type   string `json:"type,omitempty"`
 	// Gradient is "output" or "params": the gradient measured.
 	Gradient string `json:"gradient"`
-	// Measure is "underflow" (elements fp16 flushes to zero, measured on
-	// a gradient wider than fp16) or "subnormal" (elements already in
-	// fp16's subnormal range, where underflow cannot be measured).
+	// Measure is what judged it: "lost_mass" (LostMass, the log records
+	// it), "underflow" (elements fp16 flushes to zero, measured on a
+	// gradient wider than fp16: a log without lost_mass) or "subnormal"
+	// (elements already in fp16's subnormal range, where neither can be
+	// measured).
 	Measure string `json:"measure"`
-	// Fraction is Count / Nonzero summed over Lines full lines.
+	// LostMass, with measure lost_mass, is the share of the gradient's L2
+	// norm fp16 loses, ‖fp16(g·S)/S − g‖ / ‖g‖ at each line's scale S,
+	// pooled over Lines full lines: √(Σ lost² / Σ ‖g‖²), each unscaled.
+	LostMass *float64 `json:"lost_mass,omitempty"`
+	// Fraction is Count / Nonzero summed over Lines full lines: for
+	// measure lost_mass, the elements those lines flush to zero.
 	Fraction float64 `json:"fraction"`
 	Count    int     `json:"count"`
 	Nonzero  int     `json:"nonzero"`
@@ -356,8 +375,13 @@ type ScalesThresholds struct {
 	WarmupSkips int `json:"warmup_skips"`
 	// UnderflowFraction is the share of a module's nonzero gradient
 	// elements flushing to zero in fp16, in the companion's telemetry, at
-	// or above which the module counts as underflowing.
+	// or above which the module counts as underflowing, in a log that
+	// does not record the mass lost.
 	UnderflowFraction float64 `json:"underflow_fraction"`
+	// LostMassTolerance is the share of a gradient's L2 norm lost to fp16
+	// at or above which the module counts as underflowing, in a log that
+	// records it (lost_mass).
+	LostMassTolerance float64 `json:"lost_mass_tolerance"`
 }
 
 // ScalerConfig is GradScaler's configuration. Zero values mean unknown.

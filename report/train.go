@@ -92,6 +92,25 @@ type BatchNormReport struct {
 	RunningRMS float64 `json:"running_rms,omitempty"`
 }
 
+// CrossEntropyReport is how the cross-entropy loss read the logits and
+// the target.
+type CrossEntropyReport struct {
+	// ClassAxis is the logits' class axis: 1 (PyTorch's F.cross_entropy:
+	// [N, C, d…] logits, [N, d…] targets) or -1 (the last: a language
+	// model's [B, S, V] logits, [B, S] targets).
+	ClassAxis int `json:"class_axis"`
+	// Classes is the size of the class axis.
+	Classes int64 `json:"classes"`
+	// IgnoreIndex is the target value left out of the loss and its mean.
+	IgnoreIndex int64 `json:"ignore_index"`
+	// LMShift: the logits at position t were scored against target t+1,
+	// as a causal language model's loss does.
+	LMShift bool `json:"lm_shift"`
+	// Scored counts the targets the mean ran over, of Targets in all.
+	Scored  int64 `json:"scored"`
+	Targets int64 `json:"targets"`
+}
+
 // BackwardReport is the backward audit: the loss, its scaled gradient and
 // every fp16 gradient at the loss scales searched, and what init_scale a
 // GradScaler should start from. Exponents e stand for loss scale 2^e.
@@ -102,6 +121,9 @@ type BackwardReport struct {
 	Loss   string `json:"loss"`
 	Output string `json:"output"`
 	Target string `json:"target,omitempty"`
+	// CrossEntropy says how the cross-entropy loss read the logits and
+	// the target; absent for the other losses.
+	CrossEntropy *CrossEntropyReport `json:"cross_entropy,omitempty"`
 	// Batch is the batch (index into Report.Batches) the backward ran on.
 	Batch int `json:"batch"`
 	// LossValue is the fp32 loss; null when not finite.

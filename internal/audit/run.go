@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,7 +53,12 @@ type Config struct {
 	// Checks selects the checks that run; the zero value runs all.
 	Checks checks.Selection
 	// NoFixes skips the fix reruns (standardized inputs, keep-fp32).
-	NoFixes    bool
+	NoFixes bool
+	// Passes chooses the what-if passes (--passes, see WhatIfPasses):
+	// PassesAuto (or empty) runs each when its condition holds,
+	// PassesAll every one that applies, PassesNone none, or a list of
+	// their names.
+	Passes     []string
 	Thresholds diagnose.Thresholds
 
 	ORTLib  string
@@ -111,6 +117,9 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	}
 	if cfg.Thresholds.OutputTolBF16 == 0 {
 		cfg.Thresholds.OutputTolBF16 = diagnose.DefaultThresholds.OutputTolBF16
+	}
+	if err := CheckPasses(cfg.Passes); err != nil {
+		return nil, &UsageError{Err: err}
 	}
 	if cfg.MaxMemory < 0 {
 		return nil, &UsageError{Err: fmt.Errorf("max memory: want a positive size, got %d", cfg.MaxMemory)}
@@ -175,6 +184,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
 	a.report.OutputAgreement = d.OutputAgreement
+	a.report.Blocks = blockReports(m.Proto.Graph, m.Index, a.report.Nodes, a.main, a.report.Origins)
 	a.report.Notes = append(a.report.Notes, d.Notes...)
 	if err := a.auditTraining(ctx); err != nil {
 		return nil, a.runError(err)
@@ -211,11 +221,15 @@ func (a *audit) plan(device string) error {
 	if err != nil {
 		return err
 	}
+	a.static = lint.NewFacts(a.model, a.policy)
 	a.halfCast = map[int]bool{}
 	for _, i := range halfCasts {
-		a.halfCast[i] = true
+		// A cast to the type the model is stored in follows the policy
+		// (precision.Storage): it is not the model's own half cast.
+		if n := g.Node[i]; a.static.Storage == 0 || onnx.FindAttr(n, "to").GetI() != int64(a.static.Storage) {
+			a.halfCast[i] = true
+		}
 	}
-	a.static = lint.NewFacts(a.model, a.policy)
 	var names []string
 	for _, ni := range a.static.Order {
 		// Constants are known without running, and their scalar outputs
@@ -232,9 +246,8 @@ func (a *audit) plan(device string) error {
 	if a.policy.Lower != precision.FP32 {
 		a.main = a.policy.Lower.String()
 	}
-	if half := halfSources(a.model); len(half) > 0 {
-		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the model stores %s in half precision: it was exported after model.half() or to_fp16(); the fp32 reference promotes them, but an audit of training needs the fp32 model — export it before converting (learn.model.float(), or export before learn.to_fp16())",
-			strings.Join(limitList(half, 5), ", ")))
+	if note := storageNote(a.model, a.static.Storage, a.policy); note != "" {
+		a.report.Notes = append(a.report.Notes, note)
 	}
 	if unknown := a.static.Assign.Unknown; len(unknown) > 0 {
 		var labels []string
@@ -269,10 +282,11 @@ func limitList(s []string, n int) []string {
 	return append(append([]string(nil), s[:n]...), fmt.Sprintf("and %d more", len(s)-n))
 }
 
-// runMainPasses runs the fp32 reference, the policy's emulated pass and,
-// when that is fp16, the bf16 pass (the to_bf16() fix), side by side in
-// one session, batch by batch and, when the memory budget asks for it, in
-// parts of a batch.
+// runMainPasses runs the fp32 reference and the policy's emulated pass,
+// with the what-if passes --passes asks for, side by side in one session,
+// batch by batch and, when the memory budget asks for it, in parts of a
+// batch; then, in a session of their own, the what-if passes whose
+// condition the results meet (--passes auto).
 func (a *audit) runMainPasses(ctx context.Context) error {
 	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.up}}
 	if a.main == diagnose.PassBF16 && !castsToBF16(a.up) {
@@ -280,23 +294,61 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 	}
 	if a.main != "" {
 		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, a.static.Assign), Ref: diagnose.PassFP32})
-		if a.main == diagnose.PassFP16 && !castsToBF16(a.up) {
-			a.report.Notes = append(a.report.Notes, fmt.Sprintf("no bf16 pass: the model imports ONNX opset %d, and Cast to bfloat16 needs opset 13", defaultOpset(a.up)))
-		} else if a.main == diagnose.PassFP16 {
-			bp, _ := precision.PolicyByName("autocast-bf16")
-			ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-			passes = append(passes, execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, ba), Ref: diagnose.PassFP32})
+	}
+	var later []whatIf
+	for _, w := range whatIfPasses {
+		why := w.applies(a)
+		switch mode := passMode(a.cfg.Passes, w.name); {
+		case why != "":
+			if slices.Contains(a.cfg.Passes, w.name) || a.main == diagnose.PassFP16 {
+				a.report.Notes = append(a.report.Notes, fmt.Sprintf("no %s pass: %s", w.name, why))
+			}
+		case mode == passAsked:
+			passes = append(passes, w.pass(a, diagnose.PassFP32))
+		case mode == passAuto:
+			later = append(later, w)
 		}
 	}
+	if err := a.runPasses(ctx, passes); err != nil {
+		return err
+	}
+	for _, w := range later {
+		if !w.wanted(a) {
+			continue
+		}
+		// In its own session the pass has no fp32 values to compare with
+		// element by element (its statistics are complete); the fp32 pass
+		// runs beside it for its graph outputs alone, which the pass's
+		// outputs (and the bf16 fix) are judged by.
+		p := w.pass(a, "")
+		p.OutputRef = diagnose.PassFP32
+		if err := a.runPasses(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true}, p}); err != nil {
+			return err
+		}
+		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the %s pass ran because %s (--passes %s runs it beside the others, --passes none never)", w.name, w.because, w.name))
+	}
+	return nil
+}
+
+// runPasses runs passes over the batches in one session and records
+// their results.
+func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 	results, plan, err := a.engine.Run(ctx, passes, a.batches)
 	if err != nil {
 		return err
 	}
-	a.report.Notes = append(a.report.Notes, a.engine.Notes()...)
-	if n := plan.Note(); n != "" {
+	for _, n := range a.engine.Notes() {
+		if !slices.Contains(a.report.Notes, n) {
+			a.report.Notes = append(a.report.Notes, n)
+		}
+	}
+	if n := plan.Note(); n != "" && !slices.Contains(a.report.Notes, n) {
 		a.report.Notes = append(a.report.Notes, n)
 	}
-	for _, r := range results {
+	for i, r := range results {
+		if passes[i].OutputsOnly {
+			continue // a reference for outputs, already run in full
+		}
 		a.report.Passes = append(a.report.Passes, r.Name)
 		a.passes[r.Name] = r
 	}
@@ -341,6 +393,28 @@ func castsToBF16(m *onnx.ModelProto) bool { return defaultOpset(m) >= 13 }
 func IsUsage(err error) bool {
 	var u *UsageError
 	return errors.As(err, &u)
+}
+
+// storageNote says how a model with half weights or inputs is audited: a
+// model stored in half (precision.Storage) as its checkpoint loaded in
+// fp32 under autocast, converted by model.half() under half; half tensors
+// in an fp32 model stay half under every policy.
+func storageNote(m *onnx.Model, storage int32, p *precision.Policy) string {
+	half := halfSources(m)
+	if len(half) == 0 {
+		return ""
+	}
+	list := strings.Join(limitList(half, 5), ", ")
+	if storage == 0 {
+		return fmt.Sprintf("the model stores %s in half precision beside fp32 weights: they stay half under every policy, as user code made them", list)
+	}
+	name := precision.PrecisionOf(storage).String()
+	how := fmt.Sprintf("policy %s runs the checkpoint loaded in fp32 (model.float(), which autocast and GradScaler need)", p.Name)
+	if p.Params == precision.FP16 {
+		how = "policy half runs the checkpoint converted with model.half(): it answers whether this checkpoint runs in fp16"
+	}
+	return fmt.Sprintf("the model is stored in %s (%s; exported after model.%s()): %s, and its casts to %s follow that dtype; an audit of training wants the fp32 export",
+		name, list, map[string]string{"fp16": "half", "bf16": "bfloat16"}[name], how, name)
 }
 
 // halfSources lists the graph inputs and initializers the model stores in

@@ -29,11 +29,23 @@ type TrainConfig struct {
 	// Loss turns the backward audit on: a grad.Losses() name; "" none.
 	Loss string
 	// Target is the .npy or .npz file holding the targets of the first
-	// batch (every loss but "output").
+	// batch (every loss but "output"), or the name of a graph input whose
+	// values in the first batch are the targets (a language model's
+	// input_ids, the default with LMShift).
 	Target string
 	// Output is the graph output the loss applies to; "" is the model's
 	// only output.
 	Output string
+	// ClassAxis is cross-entropy's class axis: 1 (PyTorch's [N, C, d…]
+	// logits), -1 (the last: a language model's [B, S, V]), or 0 to read
+	// it from the target's shape.
+	ClassAxis int
+	// IgnoreIndex is the cross-entropy target value left out of the loss
+	// and its mean; nil is PyTorch's -100.
+	IgnoreIndex *int64
+	// LMShift scores the logits at position t against target t+1, the
+	// causal language model's loss (Hugging Face's labels=input_ids).
+	LMShift bool
 	// InitScale is the GradScaler's initial loss scale, a power of two;
 	// 0 means DefaultInitScale.
 	InitScale float64
@@ -83,8 +95,11 @@ func (a *audit) applyMode() error {
 	if c.Loss == "" && (c.Target != "" || c.Output != "") {
 		return &UsageError{Err: errors.New("--target and --loss-output need --loss: name the loss the model is trained with (cross-entropy, bce, mse, l1, or output for a model that returns its loss)")}
 	}
+	if err := a.checkCrossEntropy(); err != nil {
+		return err
+	}
 	if c.Loss != "" && c.Loss != string(grad.ModelOutput) && c.Target == "" {
-		return &UsageError{Err: fmt.Errorf("--loss %s needs --target PATH: the targets of the first batch as .npy or .npz (for a model that returns its loss use --loss output)", c.Loss)}
+		return &UsageError{Err: fmt.Errorf("--loss %s needs --target PATH: the targets of the first batch as .npy or .npz, or the name of the graph input that holds them (for a model that returns its loss use --loss output)", c.Loss)}
 	}
 	if c.InitScale == 0 {
 		c.InitScale = DefaultInitScale
@@ -113,6 +128,33 @@ func (a *audit) applyMode() error {
 	a.train = &trainer{changes: ch}
 	return nil
 }
+
+// checkCrossEntropy checks the options that only cross-entropy reads and
+// picks the default target of a language model's loss: the token ids it
+// takes as input.
+func (a *audit) checkCrossEntropy() error {
+	c := &a.cfg.Train
+	if c.Loss != string(grad.CrossEntropy) {
+		if c.ClassAxis != 0 || c.IgnoreIndex != nil || c.LMShift {
+			return &UsageError{Err: errors.New("--class-axis, --ignore-index and --lm-shift configure --loss cross-entropy")}
+		}
+		return nil
+	}
+	if c.ClassAxis != 0 && c.ClassAxis != 1 && c.ClassAxis != -1 {
+		return &UsageError{Err: fmt.Errorf("class axis %d: want 1 (PyTorch's [N, C, d…] logits), last (a language model's [B, S, V] logits) or auto", c.ClassAxis)}
+	}
+	if c.LMShift && c.Target == "" {
+		if slices.ContainsFunc(a.model.Index.GraphInputs(), func(vi *onnx.ValueInfoProto) bool { return vi.Name == lmTokens }) {
+			c.Target = lmTokens
+		} else {
+			return &UsageError{Err: fmt.Errorf("--lm-shift needs --target: the model has no input named %s; name the graph input holding the token ids, or give the labels as .npy or .npz", lmTokens)}
+		}
+	}
+	return nil
+}
+
+// lmTokens is the input Hugging Face's exports give the token ids.
+const lmTokens = "input_ids"
 
 // auditTraining runs the training diagnosis — and, with a loss, the
 // backward audit — and adds its report and findings.
@@ -157,17 +199,9 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		return nil, err
 	}
 	build := func(r *grad.Rounding) (*grad.Result, error) {
-		res, err := grad.Build(a.up, facts, grad.Options{Loss: b.Loss, Output: c.Output, TargetShape: targetShape(a.train.target),
-			Rounding: r, Summaries: true})
-		if err != nil && c.Output == "" && len(a.up.Graph.Output) > 1 {
-			var names []string
-			for _, o := range a.up.Graph.Output {
-				names = append(names, o.Name)
-			}
-			return nil, &UsageError{Err: fmt.Errorf("the model has %d outputs (%s): name the one the loss applies to with --loss-output", len(names), strings.Join(names, ", "))}
-		}
+		res, err := grad.Build(a.up, facts, a.gradOptions(r))
 		if err != nil {
-			return nil, &UsageError{Err: err}
+			return nil, &UsageError{Err: lossHint(err, c)}
 		}
 		return res, nil
 	}
@@ -176,6 +210,12 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		return nil, err
 	}
 	b.Output = b.Res.Output
+	if b.Scored, err = a.scoredTargets(b.Res); err != nil {
+		return nil, err
+	}
+	if a.train.target != nil {
+		b.Targets = a.train.target.Elements()
+	}
 	res32, err := build(nil)
 	if err != nil {
 		return nil, err
@@ -214,11 +254,62 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	return b, nil
 }
 
+// gradOptions are the backward graph's options for the configured loss,
+// with the rounding r (nil: none).
+func (a *audit) gradOptions(r *grad.Rounding) grad.Options {
+	c := a.cfg.Train
+	return grad.Options{Loss: grad.Loss(c.Loss), Output: c.Output, TargetShape: targetShape(a.train.target),
+		CrossEntropy: grad.CrossEntropyOptions{ClassAxis: c.ClassAxis, IgnoreIndex: c.IgnoreIndex, Shift: c.LMShift},
+		Rounding:     r, Summaries: true}
+}
+
+// lossHint adds to a backward graph's error the flags that would answer
+// it.
+func lossHint(err error, c TrainConfig) error {
+	switch {
+	case errors.Is(err, grad.ErrLossOutput):
+		return fmt.Errorf("%w (--loss-output NAME)", err)
+	case errors.Is(err, grad.ErrTargetShape) && c.Loss == string(grad.CrossEntropy):
+		return fmt.Errorf("%w; --class-axis 1 or last says which axis holds the classes, --lm-shift scores each position against the next target (a language model's labels)", err)
+	}
+	return err
+}
+
+// scoredTargets checks the target against the loss built and counts the
+// targets the loss averages over: a class index out of range, or a target
+// with nothing left to score, is refused before any run.
+func (a *audit) scoredTargets(res *grad.Result) (int64, error) {
+	c := a.cfg.Train
+	if a.train.target == nil {
+		return 0, nil
+	}
+	n, err := res.ScoredTargets(a.train.target)
+	if err != nil {
+		return 0, &UsageError{Err: fmt.Errorf("target %s: %w", c.Target, err)}
+	}
+	if n == 0 {
+		what := fmt.Sprintf("every target is the ignored index %d", res.CrossEntropy.IgnoreIndex)
+		if c.LMShift {
+			what += " or the first of its sequence"
+		}
+		return 0, &UsageError{Err: fmt.Errorf("target %s: %s: the loss has nothing to score (PyTorch's loss is NaN); pass other labels or --ignore-index", c.Target, what)}
+	}
+	return n, nil
+}
+
 // backwardInputs picks the first batch and reads the target.
 func (a *audit) backwardInputs() error {
 	c := a.cfg.Train
 	a.train.inputs = a.batches[0].Inputs
 	if c.Loss == string(grad.ModelOutput) {
+		return nil
+	}
+	if i := slices.IndexFunc(a.train.inputs, func(x *tensor.Tensor) bool { return x.Name == c.Target }); i >= 0 {
+		t, err := targetOf(c.Target, a.train.inputs[i], grad.Loss(c.Loss))
+		if err != nil {
+			return &UsageError{Err: err}
+		}
+		a.train.target = t
 		return nil
 	}
 	t, err := readTarget(c.Target, grad.Loss(c.Loss))
@@ -260,8 +351,15 @@ func readTarget(path string, loss grad.Loss) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("target %s: holds %s; want one array, or one named \"target\"", path, strings.Join(names, ", "))
 		}
 	default:
-		return nil, fmt.Errorf("target %s: want a .npy or .npz file (np.save(\"target.npy\", yb.cpu().numpy()))", path)
+		return nil, fmt.Errorf("target %s: want a .npy or .npz file (np.save(\"target.npy\", yb.cpu().numpy())) or the name of a graph input", path)
 	}
+	return targetOf(path, t, loss)
+}
+
+// targetOf converts a target read from path (a file or a graph input) to
+// what the loss takes: int64 class indices for cross-entropy, float32
+// otherwise.
+func targetOf(path string, t *tensor.Tensor, loss grad.Loss) (*tensor.Tensor, error) {
 	if loss == grad.CrossEntropy {
 		return classIndices(path, t)
 	}
@@ -284,8 +382,10 @@ func classIndices(path string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	}
 	out := make([]int64, len(v))
 	for i, x := range v {
-		if x != float32(math.Trunc(float64(x))) || x < 0 {
-			return nil, fmt.Errorf("target %s: element %d is %g; cross-entropy wants class indices (whole numbers ≥ 0), not probabilities or one-hot rows", path, i, x)
+		// a negative index can be the ignored one; the range is checked
+		// against the logits once the loss is built
+		if x != float32(math.Trunc(float64(x))) {
+			return nil, fmt.Errorf("target %s: element %d is %g; cross-entropy wants class indices (whole numbers), not probabilities or one-hot rows", path, i, x)
 		}
 		out[i] = int64(x)
 	}
@@ -320,8 +420,7 @@ func (a *audit) BF16() (*grad.Result, *grad.Scan, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := grad.Build(a.up, facts, grad.Options{Loss: grad.Loss(a.cfg.Train.Loss), Output: a.cfg.Train.Output,
-		TargetShape: targetShape(a.train.target), Rounding: grad.AutocastRounding(a.up.Graph, asg), Summaries: true})
+	res, err := grad.Build(a.up, facts, a.gradOptions(grad.AutocastRounding(a.up.Graph, asg)))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -28,6 +28,11 @@ type InputSpec struct {
 	// DimNames holds each dimension's dim_param, or "" (optional; may be
 	// shorter than Dims).
 	DimNames []string
+	// Meaning is what the input holds (token ids, a mask, positions...),
+	// and Rows the size of the smallest table it indexes (0: none); they
+	// decide what a synthetic batch puts there.
+	Meaning Meaning
+	Rows    int64
 }
 
 // ErrEmpty marks a float input without values: an empty batch.

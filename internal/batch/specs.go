@@ -6,7 +6,8 @@ import (
 )
 
 // Specs lists the inputs of g that a batch must feed: the graph inputs that
-// are not initializers, with their declared element type and dimensions.
+// are not initializers, with their declared element type and dimensions,
+// and what each holds (its Meaning, from its name and its use in g).
 func Specs(g *onnx.GraphProto, idx *onnx.Index) []InputSpec {
 	var specs []InputSpec
 	for _, vi := range g.Input {
@@ -15,6 +16,7 @@ func Specs(g *onnx.GraphProto, idx *onnx.Index) []InputSpec {
 		}
 		tt := vi.GetType().GetTensorType()
 		spec := InputSpec{Name: vi.Name, DType: tensor.DType(tt.GetElemType())}
+		spec.Meaning, spec.Rows = meaningOf(vi.Name, isInteger(spec.DType), idx)
 		for _, d := range tt.GetShape().GetDim() {
 			if p := d.GetDimParam(); p != "" || d.GetValue() == nil {
 				spec.Dims = append(spec.Dims, -1)
@@ -37,4 +39,10 @@ func Names(specs []InputSpec) []string {
 		names[i] = s.Name
 	}
 	return names
+}
+
+// isInteger reports whether dt holds integers (not floats, bools or
+// strings).
+func isInteger(dt tensor.DType) bool {
+	return !dt.IsFloat() && dt != tensor.Bool && dt.Size() > 0
 }

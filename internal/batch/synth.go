@@ -23,11 +23,15 @@ const maxSyntheticBytes = 1 << 30
 // batch-like (the first dim, or a dim whose name contains "batch"); any
 // other symbolic dim is an error asking for --shape.
 //
-// Values: float inputs are drawn from the standard normal N(0,1), the
-// distribution of normalized data, so the audit sees well-scaled
-// activations; integer inputs are uniform in [0, 10), valid token ids and
-// indices for any vocabulary or axis of at least 10; bool inputs are fair
-// coin flips. The notes say synthetic data was used and with which shapes.
+// Values follow what each input holds (InputSpec.Meaning): what a
+// tokenizer gives a language model — token ids uniform over the rows of
+// the embedding table that reads them, attention masks of ones (the last
+// of several samples padded over its final quarter), token type ids of
+// zeros, position ids 0..S−1 — and otherwise floats from the standard
+// normal N(0,1), the distribution of normalized data, integers uniform in
+// [0, 10) (or below the rows of a smaller table they index) and bools as
+// fair coin flips. The notes say synthetic data was used, with which
+// shapes and values.
 func Synthesize(specs []InputSpec, opt Options) ([]Batch, []Note, error) {
 	n := opt.SyntheticBatches
 	if n <= 0 {
@@ -39,14 +43,7 @@ func Synthesize(specs []InputSpec, opt Options) ([]Batch, []Note, error) {
 	}
 	notes := []Note{{Text: fmt.Sprintf("no -i given: using %d synthetic batch(es) from seed %d; real batches give a truer audit", n, opt.Seed)}}
 	for i, s := range specs {
-		dist := "N(0,1)"
-		switch {
-		case s.DType == tensor.Bool:
-			dist = "random true/false"
-		case !s.DType.IsFloat():
-			dist = "uniform integers in [0,10)"
-		}
-		notes = append(notes, Note{Input: s.Name, Text: fmt.Sprintf("synthetic %s %s, %s", s.DType, tensor.ShapeString(shapes[i]), dist)})
+		notes = append(notes, Note{Input: s.Name, Text: fmt.Sprintf("synthetic %s %s, %s", s.DType, tensor.ShapeString(shapes[i]), synthDescription(s, shapes[i]))})
 	}
 	rng := rand.New(rand.NewPCG(uint64(opt.Seed), 0x6670313661756469))
 	batches := make([]Batch, n)
@@ -54,7 +51,7 @@ func Synthesize(specs []InputSpec, opt Options) ([]Batch, []Note, error) {
 		inputs := make([]*tensor.Tensor, len(specs))
 		saved := make([]tensor.DType, len(specs))
 		for i, s := range specs {
-			inputs[i], saved[i] = synthTensor(rng, s.Name, s.DType, shapes[i]), s.DType
+			inputs[i], saved[i] = synthTensor(rng, s, shapes[i]), s.DType
 		}
 		batches[k] = Batch{Source: fmt.Sprintf("synthetic batch %d (seed %d)", k, opt.Seed), Inputs: inputs, Saved: saved}
 	}
@@ -133,31 +130,91 @@ func unknownDimError(s InputSpec, shape []int64, unknown []int) error {
 		s.Name, strings.Join(what, ", "), wantString(s, nil), s.Name, strings.Join(parts, "x"))
 }
 
-func synthTensor(rng *rand.Rand, name string, dt tensor.DType, shape []int64) *tensor.Tensor {
+func synthTensor(rng *rand.Rand, s InputSpec, shape []int64) *tensor.Tensor {
+	dt := s.DType
 	n := int(tensor.NumElements(shape))
 	size := dt.Size()
 	data := make([]byte, n*size)
-	le := binary.LittleEndian
+	last := int64(1) // the length of the last axis: positions, padding
+	if len(shape) > 0 {
+		last = max(shape[len(shape)-1], 1)
+	}
+	// With several samples (along the first axis of a rank ≥ 2 mask) the
+	// last one ends in padding over the final quarter of its positions, as
+	// in a batch of sequences of different lengths.
+	lastSample := int64(n)
+	if len(shape) >= 2 && shape[0] > 1 {
+		lastSample = int64(n) - int64(n)/shape[0]
+	}
 	for i := range n {
 		b := data[i*size : (i+1)*size]
-		switch dt {
-		case tensor.Float32:
-			le.PutUint32(b, math.Float32bits(float32(rng.NormFloat64())))
-		case tensor.Float64:
-			le.PutUint64(b, math.Float64bits(rng.NormFloat64()))
-		case tensor.Float16:
-			le.PutUint16(b, float32ToHalf(float32(rng.NormFloat64())))
-		case tensor.BFloat16:
-			le.PutUint16(b, float32ToBFloat16(float32(rng.NormFloat64())))
-		case tensor.Bool:
-			b[0] = byte(rng.IntN(2))
+		padded := int64(i) >= lastSample && int64(i)%last >= last-last/4
+		var v float64 // the value of an input that holds numbers by meaning
+		switch s.Meaning {
+		case MeaningTokens:
+			v = float64(rng.Int64N(s.Rows))
+		case MeaningAttentionMask:
+			v = 1
+			if padded {
+				v = 0
+			}
+		case MeaningPaddingMask:
+			if padded {
+				v = 1
+			}
+		case MeaningTokenTypes:
+		case MeaningPositions:
+			v = float64(int64(i) % last)
 		default:
-			// Integer types: little-endian bytes of a value in [0,10) are the
-			// value in the low byte and zeros above, for every width.
-			b[0] = byte(rng.IntN(10))
+			putRandom(rng, b, s)
+			continue
+		}
+		putNumber(b, dt, v)
+	}
+	return &tensor.Tensor{Name: s.Name, DType: dt, Shape: shape, Data: data}
+}
+
+// putRandom writes one random element of an input without a particular
+// meaning: N(0,1) floats, integers in [0, 10) or below the rows of the
+// table they index, fair bools.
+func putRandom(rng *rand.Rand, b []byte, s InputSpec) {
+	switch s.DType {
+	case tensor.Float32, tensor.Float64, tensor.Float16, tensor.BFloat16:
+		putNumber(b, s.DType, rng.NormFloat64())
+	case tensor.Bool:
+		b[0] = byte(rng.IntN(2))
+	default:
+		bound := int64(10)
+		if s.Rows > 0 {
+			bound = min(bound, s.Rows)
+		}
+		putNumber(b, s.DType, float64(rng.Int64N(bound)))
+	}
+}
+
+// putNumber writes v as one element of type dt, little-endian; integers
+// are truncated to the type's width, bools are v != 0.
+func putNumber(b []byte, dt tensor.DType, v float64) {
+	le := binary.LittleEndian
+	switch dt {
+	case tensor.Float32:
+		le.PutUint32(b, math.Float32bits(float32(v)))
+	case tensor.Float64:
+		le.PutUint64(b, math.Float64bits(v))
+	case tensor.Float16:
+		le.PutUint16(b, float32ToHalf(float32(v)))
+	case tensor.BFloat16:
+		le.PutUint16(b, float32ToBFloat16(float32(v)))
+	case tensor.Bool:
+		if v != 0 {
+			b[0] = 1
+		}
+	default:
+		x := uint64(int64(v))
+		for k := range b {
+			b[k] = byte(x >> (8 * k))
 		}
 	}
-	return &tensor.Tensor{Name: name, DType: dt, Shape: shape, Data: data}
 }
 
 // float32ToHalf rounds f to the nearest IEEE 754 binary16, ties to even.

@@ -11,6 +11,7 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/diagnose"
 	"fp16audit/internal/lint"
+	"fp16audit/internal/trainlog"
 )
 
 var checksFormats = []string{"text", "json", "markdown"}
@@ -113,6 +114,11 @@ func isDynamic(id string) bool {
 	return slices.ContainsFunc(diagnose.Analyzers(), func(a *diagnose.Analyzer) bool { return a.Check.ID == id })
 }
 
+// isScales reports whether the training-log diagnosis runs the check.
+func isScales(id string) bool {
+	return slices.ContainsFunc(trainlog.Analyzers(), func(a *trainlog.Analyzer) bool { return a.Check.ID == id })
+}
+
 // commandOf names the commands that report a check: lint for the static
 // checks, scales for the training-log diagnosis (FP5xxx), run for the rest.
 // A static check the dynamic audit runs too (FP4002, FP4004) is reported by
@@ -123,7 +129,7 @@ func commandOf(id string) string {
 		return "lint, run"
 	case isStatic(id):
 		return "lint"
-	case strings.HasPrefix(id, "FP5"):
+	case isScales(id):
 		return "scales"
 	}
 	return "run"

@@ -156,6 +156,7 @@ type runOptions struct {
 	onlyFlagged bool
 	noColor     bool
 	noFixes     bool
+	passes      []string
 	thresholds  diagnose.Thresholds
 	train       trainFlags
 }
@@ -164,7 +165,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	var o runOptions
 	fs := newFlagSet("run", "fp16audit run MODEL [flags]",
 		"  fp16audit run model.onnx -i input=batch.npy --format json --output render.json\n"+
-			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy", stdout)
+			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy\n"+
+			"  fp16audit run llama.onnx -i input_ids=ids.npy --loss cross-entropy --lm-shift --target labels.npy", stdout)
 	fs.StringArrayVarP(&o.inputs, "input", "i", nil, "batch for an input: NAME=PATH or PATH (in input order); PATH is .npy, .npz, .pb or a folder (repeatable)")
 	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given, and for Dropout masks in --mode train")
@@ -176,6 +178,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
+	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
 	o.thresholds = diagnose.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
@@ -233,7 +236,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	cfg := audit.Config{Checks: sel, Train: train,
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
 		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, MaxMemory: maxMem,
-		Policy: o.policy, NoFixes: o.noFixes, Thresholds: o.thresholds,
+		Policy: o.policy, NoFixes: o.noFixes, Passes: o.passes, Thresholds: o.thresholds,
+	}
+	if err := audit.CheckPasses(o.passes); err != nil {
+		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
+		return exitUsage
 	}
 	var bar *progressBar
 	if isTerminal(stderr) {

@@ -29,7 +29,7 @@ import (
 // exhaust memory. The inputs are made in the test's temporary folder.
 
 // saveModel writes mp to dir/name and returns the path.
-func saveModel(t *testing.T, dir, name string, mp *onnx.ModelProto) string {
+func saveModel(t testing.TB, dir, name string, mp *onnx.ModelProto) string {
 	t.Helper()
 	data, err := onnx.Marshal(mp)
 	if err != nil {
@@ -284,32 +284,44 @@ func TestZeroSizeTensors(t *testing.T) {
 	}
 }
 
-// TestHugeModel: a 100 000-node model. fp16audit's own work — loading,
-// the graph index, the policy, the rewrites and their serialization — is
-// linear and takes seconds. ONNX Runtime's session creation dominates the
-// audit (about 10 s for the plain model here, 25 s with every value marked
-// as an output, and superlinear), so the CLI run is limited to the fp32
-// pass to keep the test suite short.
+// TestHugeModel: a 100 000-node model loads, is indexed, upcast, rewritten
+// under every policy and serialized, and the CLI audits it (the fp32 pass
+// only: ONNX Runtime's session creation dominates and is superlinear in the
+// outputs, so the full audit would make the suite long). How long the graph
+// work takes is BenchmarkHugeModelGraphWork's to measure, not a test's: a
+// wall-clock limit fails on a loaded machine and passes a regression on a
+// fast one.
 func TestHugeModel(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
 	dir := t.TempDir()
-	const n = 100_000
-	model := saveModel(t, dir, "huge.onnx", chainModel(n))
+	model := saveModel(t, dir, "huge.onnx", chainModel(hugeNodes))
+	hugeGraphWork(t, model, dir)
+	code, _, stderr := run(t, "run", model, "--policy", "fp32", "--no-fixes", "--format", "json", "--threads", "1")
+	if code != exitOK {
+		t.Errorf("exit %d: %s", code, stderr)
+	}
+}
 
-	start := time.Now()
+// hugeNodes is the size of TestHugeModel's chain.
+const hugeNodes = 100_000
+
+// hugeGraphWork is fp16audit's own work on a model before ONNX Runtime
+// sees it: load, index, upcast, every policy's assignment and rewrite, and
+// the serialization of the instrumented graph.
+func hugeGraphWork(tb testing.TB, model, dir string) {
 	m, err := onnx.Load(model)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	up, _, err := rewrite.Upcast(m.Proto, dir)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	upIdx, err := onnx.NewIndex(up.Graph)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	var names []string
 	for _, ni := range m.Index.Order() {
@@ -319,24 +331,19 @@ func TestHugeModel(t *testing.T) {
 		a := precision.Assign(p, m.Proto.Graph, m.Index.Order(), m.Index.ElemType)
 		inst, _ := rewrite.Instrument(rewrite.Emulate(up, m.Proto.Graph, a), names, upIdx.ElemType)
 		if _, err := onnx.Marshal(inst); err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 	}
-	goSide := time.Since(start)
-	t.Logf("%d nodes: load, index, upcast and every policy's rewrite in %v", n, goSide)
-	if goSide > 30*time.Second {
-		t.Errorf("fp16audit's own graph work took %v", goSide)
-	}
+}
 
-	start = time.Now()
-	code, _, stderr := run(t, "run", model, "--policy", "fp32", "--no-fixes", "--format", "json", "--threads", "1")
-	d := time.Since(start)
-	t.Logf("%d nodes: fp32 audit in %v", n, d)
-	if code != exitOK {
-		t.Errorf("exit %d: %s", code, stderr)
-	}
-	if d > 3*time.Minute {
-		t.Errorf("took %v", d)
+// BenchmarkHugeModelGraphWork measures hugeGraphWork on the 100 000-node
+// chain (ns/op for the whole model; linear work is a few seconds).
+func BenchmarkHugeModelGraphWork(b *testing.B) {
+	dir := b.TempDir()
+	model := saveModel(b, dir, "huge.onnx", chainModel(hugeNodes))
+	b.ResetTimer()
+	for range b.N {
+		hugeGraphWork(b, model, dir)
 	}
 }
 

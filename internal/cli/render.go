@@ -86,7 +86,7 @@ func renderFormats() []string {
 
 // readDocument decodes a saved JSON document by its schema: an audit
 // report (this version's or v1, which it upgrades), a training-log
-// diagnosis or lint findings.
+// diagnosis (v1.1, or v1, whose fields v1.1 keeps) or lint findings.
 func readDocument(path string) (report.Document, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -103,7 +103,7 @@ func readDocument(path string) (report.Document, error) {
 	case head.Schema == nil:
 	case *head.Schema == report.ReportSchema || *head.Schema == report.ReportSchemaV11 || *head.Schema == report.ReportSchemaV1:
 		doc = &report.Report{}
-	case *head.Schema == report.ScalesSchema:
+	case *head.Schema == report.ScalesSchema || *head.Schema == report.ScalesSchemaV1:
 		doc = &report.ScalesReport{}
 	case *head.Schema == report.LintSchema:
 		doc = &report.LintReport{}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"fp16audit/checks"
 	"fp16audit/internal/render"
 	"fp16audit/internal/trainlog"
 	"fp16audit/internal/trainlog/logfile"
@@ -22,6 +23,7 @@ type scalesOptions struct {
 	columns  string
 	tags     string
 	series   string
+	checks   string
 	noColor  bool
 	opt      trainlog.Options
 }
@@ -37,7 +39,8 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 			"  fp16audit scales scales.npy --series scale\n"+
 			"  fp16audit scales run.csv --format json --output diagnosis.json --fail-on warning\n"+
 			"  fp16audit scales run.csv --baseline fp32.csv --format html --output scales.html\n"+
-			"  fp16audit scales run.csv --format markdown >> \"$GITHUB_STEP_SUMMARY\"\n\n"+
+			"  fp16audit scales run.csv --format markdown >> \"$GITHUB_STEP_SUMMARY\"\n"+
+			"  fp16audit scales run.csv --checks all,-FP5008,-FP5009   # no warm-up or skip-rate findings\n\n"+
 			"RUN is the loss and GradScaler scale of every optimizer step (or every N steps), as\n"+
 			"fp16audit's JSON or CSV, a CSV/TSV/JSON/JSON Lines table whose columns are recognised by\n"+
 			"name, a plain list of numbers (.npy, JSON array, one per line), a TensorBoard event file or\n"+
@@ -50,6 +53,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(render.Formats(report.KindScales), ", "))
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
+	fs.StringVar(&o.checks, "checks", "all", "checks to run: comma-separated IDs (FP5001...), prefixes such as FP50* and all, each optionally negated with -; later entries win; a check switched off cannot decide the verdict")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.Float64Var(&o.opt.PlateauTolerance, "plateau-tolerance", o.opt.PlateauTolerance, "relative gap of the final loss over the baseline's that counts as a plateau")
 	fs.IntVar(&o.opt.EarlySteps, "early-steps", o.opt.EarlySteps, "a NaN within this many steps is early, when the log does not give epochs (else: the first epoch)")
@@ -58,7 +62,8 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.opt.PinnedIntervals, "pinned-intervals", o.opt.PinnedIntervals, "growth intervals without growth that make a pinned scale")
 	fs.Float64Var(&o.opt.CollapseBits, "collapse-bits", o.opt.CollapseBits, "fall of the scale, in powers of two, before a NaN that makes a collapse")
 	fs.IntVar(&o.opt.WarmupSkips, "warmup-skips", o.opt.WarmupSkips, "skipped steps at the start reported as wasted warm-up")
-	fs.Float64Var(&o.opt.UnderflowFraction, "underflow-fraction", o.opt.UnderflowFraction, "with gradient telemetry: a module whose gradient loses this fraction of its nonzero elements to fp16 underflow is named")
+	fs.Float64Var(&o.opt.LostMassTolerance, "lost-mass-tolerance", o.opt.LostMassTolerance, "with gradient telemetry: a module whose gradient loses this share of its mass (L2 norm) to fp16 is named")
+	fs.Float64Var(&o.opt.UnderflowFraction, "underflow-fraction", o.opt.UnderflowFraction, "with gradient telemetry recorded before lost_mass: a module whose gradient loses this fraction of its nonzero elements to fp16 underflow is named")
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
 	}
@@ -87,7 +92,14 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 		return usage("--low-scale and --collapse-bits want positive numbers")
 	case !(o.opt.UnderflowFraction > 0 && o.opt.UnderflowFraction <= 1):
 		return usage("--underflow-fraction %g: want a fraction above 0 and at most 1", o.opt.UnderflowFraction)
+	case !(o.opt.LostMassTolerance > 0 && o.opt.LostMassTolerance <= 1):
+		return usage("--lost-mass-tolerance %g: want a fraction above 0 and at most 1, such as 0.01", o.opt.LostMassTolerance)
 	}
+	sel, err := checks.ParseSelection(o.checks)
+	if err != nil {
+		return usage("--checks: %v", err)
+	}
+	o.opt.Checks = sel
 	ropt := logfile.ReadOptions{Series: o.series}
 	switch o.series {
 	case "", logfile.SeriesLoss, logfile.SeriesScale, logfile.SeriesFastaiScales:
@@ -129,7 +141,13 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 	}
-	r := trainlog.Analyze(run, baseline, o.opt)
+	r, err := trainlog.Analyze(run, baseline, o.opt)
+	if err != nil {
+		// An analyzer that cannot read its facts is a failure of the
+		// tool, not of the log: exit 3, as a run that fails.
+		fmt.Fprintf(stderr, "fp16audit scales: %v\n", err)
+		return exitModel
+	}
 	var topt render.TextOptions
 	if o.output == "" {
 		topt.Color, _ = terminalStyle(stdout, o.noColor)

@@ -56,6 +56,10 @@ func TestScalesExitCodes(t *testing.T) {
 		{"columns and tag disagree", []string{scalesData + "healthy.json", "--columns", "loss=a", "--tag", "loss=b"}, exitUsage, "disagree"},
 		{"bad series", []string{scalesData + "healthy.json", "--series", "losses"}, exitUsage, "--series \"losses\": want loss, scale or fastai-scales"},
 		{"bad underflow fraction", []string{scalesData + "healthy.json", "--underflow-fraction", "0"}, exitUsage, "--underflow-fraction"},
+		{"bad lost mass tolerance", []string{scalesData + "healthy.json", "--lost-mass-tolerance", "2"}, exitUsage, "--lost-mass-tolerance 2: want a fraction above 0"},
+		{"nan check off", []string{scalesData + "early_nan.csv", "--checks", "-FP5001"}, exitOK, ""},
+		{"only the nan checks", []string{scalesData + "early_nan.csv", "--checks", "FP500*"}, exitFindings, ""},
+		{"bad checks", []string{scalesData + "healthy.json", "--checks", "FP5999"}, exitUsage, "--checks: checks \"FP5999\": no check FP5999"},
 		{"scales list", []string{scalesData + "companion/gradient_overflow_nan.scales.npy"}, exitFindings, ""},
 		{"losses list as scales", []string{scalesData + "companion/gradient_overflow_nan.losses.npy", "--series", "scale"}, exitUsage, "gradient_overflow_nan.losses.npy: [351]: want a positive finite loss scale, found +Inf (a list of loss scales; pass --series loss"},
 		{"companion log", []string{scalesData + "companion/gradient_overflow_nan.jsonl"}, exitFindings, ""},
@@ -94,7 +98,7 @@ func TestScalesJSONShape(t *testing.T) {
 			t.Errorf("JSON report lacks %q", key)
 		}
 	}
-	if doc["schema"] != "fp16audit.scales/v1" || doc["verdict"] != "gradient-overflow-nan" {
+	if doc["schema"] != "fp16audit.scales/v1.1" || doc["verdict"] != "gradient-overflow-nan" {
 		t.Errorf("schema %v verdict %v", doc["schema"], doc["verdict"])
 	}
 	scales := doc["scales"].(map[string]any)
@@ -130,5 +134,30 @@ func TestScalesUsageListed(t *testing.T) {
 	Main([]string{"help"}, &out, &out)
 	if !strings.Contains(out.String(), "fp16audit scales RUN") {
 		t.Errorf("usage does not list scales:\n%s", out.String())
+	}
+}
+
+// TestScalesChecksFlag: a check switched off neither reports nor decides
+// the verdict, and the report says which checks ran.
+func TestScalesChecksFlag(t *testing.T) {
+	code, stdout, stderr := runScales(t, scalesData+"gradient_overflow_nan.json", "--checks", "all,-FP5002", "--format", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{`"checks": "all,-FP5002"`, `"verdict": "healthy"`, `"check": "FP5009"`, `"check": "FP5010"`,
+		`unjudged: --checks all,-FP5002 switched off FP5002 (nan after the loss scale collapsed)`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("no %s in:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, `"check": "FP5002"`) {
+		t.Errorf("FP5002 reported although switched off")
+	}
+	_, stdout, _ = runScales(t, scalesData+"gradient_overflow_nan.json", "--checks", "-FP5009")
+	if !strings.Contains(stdout, "checks: -FP5009\n") {
+		t.Errorf("text does not say which checks ran:\n%s", stdout)
+	}
+	if strings.Contains(stdout, "warning FP5009") {
+		t.Errorf("FP5009 reported although switched off:\n%s", stdout)
 	}
 }

@@ -18,6 +18,12 @@ import (
 type trainFlags struct {
 	mode, loss, target, output, initScale string
 	underflow                             float64
+	classAxis                             string
+	ignoreIndex                           int64
+	lmShift                               bool
+	// ignoreSet tells whether --ignore-index was given: only
+	// cross-entropy reads it, so elsewhere it is a usage error.
+	ignoreSet func() bool
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
@@ -27,8 +33,12 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	}
 	fs.StringVar(&t.mode, "mode", rewrite.ModeEval, "forward mode: eval (inference: BatchNorm running statistics, no dropout) or train (a training step: BatchNorm batch statistics, dropout)")
 	fs.StringVar(&t.loss, "loss", "", "audit the backward pass for this loss: "+strings.Join(losses, ", ")+" (output: the model returns its loss)")
-	fs.StringVar(&t.target, "target", "", "the first batch's targets for --loss, .npy or .npz")
+	fs.StringVar(&t.target, "target", "", "the first batch's targets for --loss: .npy or .npz, or the name of a graph input holding them (with --lm-shift: input_ids)")
 	fs.StringVar(&t.output, "loss-output", "", "the graph output the loss applies to (default: the only output)")
+	fs.StringVar(&t.classAxis, "class-axis", "auto", "cross-entropy's class axis: 1 (PyTorch's [N, C, d…] logits, [N, d…] targets), last (a language model's [B, S, V] logits, [B, S] targets) or auto (the one the target's shape fits)")
+	fs.Int64Var(&t.ignoreIndex, "ignore-index", grad.DefaultIgnoreIndex, "cross-entropy: targets equal to this are left out of the loss and its mean (PyTorch's ignore_index)")
+	fs.BoolVar(&t.lmShift, "lm-shift", false, "cross-entropy of a causal language model: the logits at position t are scored against target t+1 (logits[:, :-1] against labels[:, 1:]); the target is the unshifted token ids")
+	t.ignoreSet = func() bool { return fs.Changed("ignore-index") }
 	fs.StringVar(&t.initScale, "init-scale", "65536", "the GradScaler's initial loss scale, a power of two: 65536, 2^16 or 2**16")
 	fs.Float64Var(&t.underflow, "grad-underflow-fraction", audit.DefaultGradUnderflowFraction, "a gradient flushing more than this fraction of its nonzero elements to zero in fp16 underflows (FP6007, FP6008)")
 }
@@ -39,8 +49,29 @@ func (t *trainFlags) config() (audit.TrainConfig, error) {
 	if err != nil {
 		return audit.TrainConfig{}, fmt.Errorf("--init-scale: %w", err)
 	}
-	return audit.TrainConfig{Mode: t.mode, Loss: t.loss, Target: t.target, Output: t.output,
-		InitScale: scale, UnderflowFraction: t.underflow}, nil
+	axis, err := parseClassAxis(t.classAxis)
+	if err != nil {
+		return audit.TrainConfig{}, fmt.Errorf("--class-axis: %w", err)
+	}
+	c := audit.TrainConfig{Mode: t.mode, Loss: t.loss, Target: t.target, Output: t.output,
+		ClassAxis: axis, LMShift: t.lmShift, InitScale: scale, UnderflowFraction: t.underflow}
+	if t.ignoreSet != nil && t.ignoreSet() {
+		c.IgnoreIndex = &t.ignoreIndex
+	}
+	return c, nil
+}
+
+// parseClassAxis reads --class-axis: auto (0), 1, or last (-1).
+func parseClassAxis(s string) (int, error) {
+	switch strings.TrimSpace(s) {
+	case "auto", "":
+		return 0, nil
+	case "1":
+		return 1, nil
+	case "last", "-1":
+		return -1, nil
+	}
+	return 0, fmt.Errorf("%q: want 1 (PyTorch's [N, C, d…] logits), last (a language model's [B, S, V] logits) or auto", s)
 }
 
 // parseScale reads a loss scale written as a number (65536) or a power of

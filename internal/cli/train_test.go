@@ -73,3 +73,57 @@ func TestRunTrainingFlags(t *testing.T) {
 		t.Errorf("--loss without --target: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// TestRunCrossEntropyFlags runs the tagger fixture (logits [3, 5, 12] in
+// PyTorch's class-axis-1 layout, tags with ignore_index -1, two outputs)
+// from the command line: the JSON says how the loss read the logits, and
+// the options only cross-entropy reads are refused elsewhere.
+func TestRunCrossEntropyFlags(t *testing.T) {
+	dir := t.TempDir()
+	ts, err := batch.ReadNPZ("../../fixtures/torch/train/tagger.npz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ts {
+		if x.Name == "input_0" || x.Name == "target" {
+			b, err := batch.EncodeNPY(x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, x.Name+".npy"), b, 0o644)
+		}
+	}
+	model := "../../fixtures/torch/train/tagger.onnx"
+	in, tg := filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy")
+	out := filepath.Join(dir, "r.json")
+	code, _, stderr := run(t, "run", model, "-i", in, "--loss", "cross-entropy", "--target", tg, "--loss-output", "logits",
+		"--class-axis", "1", "--ignore-index", "-1", "--no-fixes", "--format", "json", "-o", out)
+	if code != exitOK && code != exitFindings {
+		t.Fatalf("exit %d, stderr %s", code, stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report.Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := report.CrossEntropyReport{ClassAxis: 1, Classes: 5, IgnoreIndex: -1, Scored: 33, Targets: 36}
+	if r.Training == nil || r.Training.Backward == nil || r.Training.Backward.CrossEntropy == nil || *r.Training.Backward.CrossEntropy != want {
+		t.Fatalf("training %+v: want cross-entropy %+v", r.Training, want)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--loss", "cross-entropy", "--target", tg, "--class-axis", "2"}, `--class-axis: "2": want 1`},
+		{[]string{"--loss", "mse", "--target", tg, "--ignore-index", "-1"}, "configure --loss cross-entropy"},
+		{[]string{"--loss", "cross-entropy", "--target", tg, "--ignore-index", "-1"}, "(--loss-output NAME)"},
+	} {
+		code, _, stderr := run(t, append([]string{"run", model, "-i", in}, c.args...)...)
+		if code != exitUsage || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error containing %q", c.args, code, stderr, c.want)
+		}
+	}
+}

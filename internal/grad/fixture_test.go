@@ -2,6 +2,7 @@ package grad_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -47,7 +48,14 @@ type fixtureEntry struct {
 		Name, Key string
 	} `json:"inputs"`
 	Target string `json:"target"`
-	Params []struct {
+	// ClassAxis, IgnoreIndex and Shift say how the cross-entropy read
+	// its target (absent: PyTorch's defaults); Scored is how many
+	// targets it averaged over.
+	ClassAxis   int    `json:"class_axis"`
+	IgnoreIndex *int64 `json:"ignore_index"`
+	Shift       bool   `json:"shift"`
+	Scored      int64  `json:"scored"`
+	Params      []struct {
 		Name, Key string
 	} `json:"params"`
 	Activations []struct {
@@ -83,6 +91,7 @@ type loaded struct {
 	arrays map[string]*tensor.Tensor
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
+	facts  *grad.Facts
 	res    *grad.Result
 	sess   *backward.Session
 }
@@ -110,7 +119,8 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt := grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape}
+	l.facts = facts
+	opt := grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, CrossEntropy: e.crossEntropy()}
 	if rounding != nil {
 		opt.Rounding = rounding(m)
 	}
@@ -123,6 +133,11 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.
 		t.Fatal(err)
 	}
 	return l
+}
+
+// crossEntropy is how the fixture's cross-entropy reads its target.
+func (e fixtureEntry) crossEntropy() grad.CrossEntropyOptions {
+	return grad.CrossEntropyOptions{ClassAxis: e.ClassAxis, IgnoreIndex: e.IgnoreIndex, Shift: e.Shift}
 }
 
 func TestAutograd(t *testing.T) {
@@ -144,6 +159,11 @@ func TestAutograd(t *testing.T) {
 			loss := float64(floats(t, outs[l.res.Loss])[0])
 			if math.Abs(loss-e.LossValue) > 1e-5*math.Max(1, math.Abs(e.LossValue)) {
 				t.Errorf("loss %.8g, torch %.8g", loss, e.LossValue)
+			}
+			if e.Scored != 0 {
+				if n, err := l.res.ScoredTargets(l.target); err != nil || n != e.Scored {
+					t.Errorf("scored targets %d (%v), torch averaged over %d", n, err, e.Scored)
+				}
 			}
 			// A parameter's gradient sums terms the size of its module's
 			// output gradient; when the sum cancels (the attention key bias:
@@ -484,5 +504,70 @@ func TestSummaries(t *testing.T) {
 	}
 	if !flushedSeen {
 		t.Error("no gradient flushed at 2^0: the fixture no longer exercises Flushed")
+	}
+}
+
+// TestCrossEntropyLayouts: the same losses with the targets flattened, as
+// language-model code passes them (labels.view(-1)), and with the class
+// axis named rather than read from the target's shape, give torch's loss
+// again; the tagger's two outputs must be told apart; a class index out of
+// range is refused by name.
+func TestCrossEntropyLayouts(t *testing.T) {
+	requireORT(t)
+	entries := map[string]fixtureEntry{}
+	for _, e := range readManifest(t).Fixtures {
+		entries[e.Name] = e
+	}
+	for _, c := range []struct {
+		fixture string
+		flat    bool
+		axis    int
+	}{
+		{"llama", true, 0}, {"llama", false, -1}, {"llama", true, -1},
+		{"tagger", true, 0}, {"tagger", false, 1},
+	} {
+		e := entries[c.fixture]
+		t.Run(fmt.Sprintf("%s flat=%v axis=%d", c.fixture, c.flat, c.axis), func(t *testing.T) {
+			l := loadFixture(t, e, nil)
+			l.sess.Close()
+			target := l.target
+			if c.flat {
+				target = &tensor.Tensor{Name: target.Name, DType: target.DType, Shape: []int64{numel(target.Shape)}, Data: target.Data}
+			}
+			ce := e.crossEntropy()
+			ce.ClassAxis = c.axis
+			res, err := grad.Build(l.model.Proto, l.facts, grad.Options{Loss: grad.CrossEntropy, Output: e.Output, TargetShape: target.Shape, CrossEntropy: ce})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.CrossEntropy.ClassAxis != e.ClassAxis {
+				t.Errorf("class axis %d, want %d", res.CrossEntropy.ClassAxis, e.ClassAxis)
+			}
+			s, err := backward.NewSession(res, sessionOptions, []string{res.Loss})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			outs, err := s.Run(l.inputs, target, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if loss := float64(floats(t, outs[res.Loss])[0]); math.Abs(loss-e.LossValue) > 1e-5*math.Max(1, e.LossValue) {
+				t.Errorf("loss %.8g, torch %.8g", loss, e.LossValue)
+			}
+		})
+	}
+
+	e := entries["tagger"]
+	l := loadFixture(t, e, nil)
+	l.sess.Close()
+	_, err := grad.Build(l.model.Proto, l.facts, grad.Options{Loss: grad.CrossEntropy, TargetShape: l.target.Shape, CrossEntropy: e.crossEntropy()})
+	if want := `the model has 2 outputs ("logits" [3 5 12], "features" [3 12 16])`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("no output named: error %v, want %q", err, want)
+	}
+	bad := &tensor.Tensor{Name: "target", DType: l.target.DType, Shape: l.target.Shape, Data: slices.Clone(l.target.Data)}
+	bad.Data[8*13] = 5 // [1, 1]: class 5 of 5
+	if _, err := l.res.ScoredTargets(bad); err == nil || !strings.Contains(err.Error(), "target element 13 (at [1 1] of [3 12]) is 5") {
+		t.Errorf("class 5 of 5: error %v", err)
 	}
 }

@@ -17,7 +17,7 @@
 // opsets 13 and newer (the reductions' axes are read as an attribute or an
 // input as the opset says):
 //
-//	arithmetic:  Add Sub Mul Div Pow Sum Neg Abs Exp Log Sqrt Reciprocal
+//	arithmetic:  Add Sub Mul Div Pow Sum Max Min Neg Abs Exp Log Sqrt Reciprocal
 //	activations: Relu LeakyRelu Elu Sigmoid Tanh Erf Gelu Softplus Softsign
 //	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
 //	linear:      Gemm MatMul Conv
@@ -25,7 +25,7 @@
 //	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin
 //	pooling:     MaxPool AveragePool GlobalAveragePool GlobalMaxPool
 //	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice
-//	             Gather GatherElements Expand Tile Pad Where
+//	             Gather GatherElements Expand Tile Pad Where Trilu
 //	pass-through: Identity Dropout Cast CastLike
 //
 // Comparisons, index and shape queries, random generators and rounding ops
@@ -57,6 +57,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
@@ -74,6 +75,26 @@ const (
 	L1           = vjp.L1
 	ModelOutput  = vjp.ModelOutput
 )
+
+// CrossEntropyOptions say how the cross-entropy loss reads its logits and
+// targets: the class axis, the ignored target value, the language model's
+// shift (see vjp.CrossEntropyOptions).
+type CrossEntropyOptions = vjp.CrossEntropyOptions
+
+// CrossEntropyLayout is how a built cross-entropy loss reads its logits
+// and target (see vjp.CrossEntropyLayout).
+type CrossEntropyLayout = vjp.CrossEntropyLayout
+
+// DefaultIgnoreIndex is PyTorch's ignore_index, -100.
+const DefaultIgnoreIndex = vjp.DefaultIgnoreIndex
+
+// ErrTargetShape marks a target whose shape fits no reading of the loss's
+// output: a caller can say how to choose one.
+var ErrTargetShape = vjp.ErrTargetShape
+
+// ErrLossOutput marks a loss output that is not given when the model has
+// several, or not among the model's outputs; the error lists them.
+var ErrLossOutput = errors.New("loss output")
 
 // Losses lists the losses Build accepts, in the order a help text shows
 // them.
@@ -101,11 +122,14 @@ type Options struct {
 	// only output.
 	Output string
 	// TargetShape is the shape of the target input; nil derives it from
-	// the output's shape (the output's shape without axis 1 for
+	// the output's shape (the output's shape without the class axis for
 	// CrossEntropy, the output's shape otherwise). Targets of another
 	// shape with the same number of elements are reshaped, as fastai's
 	// flat losses flatten both sides.
 	TargetShape []int64
+	// CrossEntropy configures the CrossEntropy loss; the zero value reads
+	// the class axis from the target's shape and ignores PyTorch's -100.
+	CrossEntropy CrossEntropyOptions
 	// InputGrads also computes the gradients of float graph inputs. PyTorch
 	// computes none (inputs do not require grad), and skipping them saves
 	// the data gradient of the first layer, often the most expensive one.
@@ -217,6 +241,9 @@ type Result struct {
 	// TargetShape and TargetType describe the Target input.
 	TargetShape []int64
 	TargetType  int32
+	// CrossEntropy is how the CrossEntropy loss reads the output and the
+	// target; nil for the other losses.
+	CrossEntropy *CrossEntropyLayout
 	// Loss and Seed are the outputs holding the mean loss and the fp32
 	// seed scale × dL/dOutput.
 	Loss, Seed string
@@ -290,12 +317,12 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 	out := opt.Output
 	if out == "" {
 		if len(m.Graph.Output) != 1 {
-			return nil, fmt.Errorf("grad: the model has %d outputs; name the one the loss applies to", len(m.Graph.Output))
+			return nil, fmt.Errorf("grad: %w not named: the model has %d outputs (%s); name the one the loss applies to", ErrLossOutput, len(m.Graph.Output), outputList(m, facts))
 		}
 		out = m.Graph.Output[0].Name
 	}
 	if !slices.ContainsFunc(m.Graph.Output, func(vi *onnx.ValueInfoProto) bool { return vi.Name == out }) {
-		return nil, fmt.Errorf("grad: %q is not a graph output", out)
+		return nil, fmt.Errorf("grad: %w %q is not a graph output; the model's outputs are %s", ErrLossOutput, out, outputList(m, facts))
 	}
 	if t := ix.ElemType(out); t != 0 && t != elemFloat {
 		return nil, fmt.Errorf("grad: output %q is %s; the loss needs a FLOAT output (upcast the model first)", out, onnx.DataTypeName(t))
@@ -308,15 +335,28 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 	}
 	b.Upgrade(opset)
 
-	tg, err := b.Loss(opt.Loss, out, opt.TargetShape)
+	tg, err := b.Loss(opt.Loss, out, opt.TargetShape, opt.CrossEntropy)
 	if err != nil {
 		return nil, err
 	}
-	res.Target, res.TargetShape, res.TargetType = tg.Name, tg.Shape, tg.Type
+	res.Target, res.TargetShape, res.TargetType, res.CrossEntropy = tg.Name, tg.Shape, tg.Type, tg.CrossEntropy
 	d := &driver{b: b, ix: ix, opt: opt, res: res, contrib: map[string][]string{}}
 	d.run(out, SeedOutput)
 	res.Model = b.Model()
 	return res, nil
+}
+
+// outputList names the graph outputs with their probed shapes.
+func outputList(m *onnx.ModelProto, facts *Facts) string {
+	var have []string
+	for _, vi := range m.Graph.Output {
+		if s, ok := facts.Shapes[vi.Name]; ok {
+			have = append(have, fmt.Sprintf("%q %v", vi.Name, s))
+		} else {
+			have = append(have, fmt.Sprintf("%q", vi.Name))
+		}
+	}
+	return strings.Join(have, ", ")
 }
 
 // driver walks the forward graph backwards, calling each node's rule and

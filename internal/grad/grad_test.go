@@ -155,7 +155,17 @@ func TestBuildErrors(t *testing.T) {
 		{"not an output", m, grad.Options{Loss: grad.MSE, Output: "h"}, facts, "not a graph output"},
 		{"no facts", m, grad.Options{Loss: grad.MSE}, nil, "Probe"},
 		{"target size", m, grad.Options{Loss: grad.MSE, TargetShape: []int64{3}}, facts, "target shape [3]"},
-		{"cross-entropy on 1-D", m, grad.Options{Loss: grad.CrossEntropy}, &grad.Facts{Shapes: map[string][]int64{"y": {4}}}, "logits [N, C, ...]"},
+		{"cross-entropy on 1-D", m, grad.Options{Loss: grad.CrossEntropy}, &grad.Facts{Shapes: map[string][]int64{"y": {4}}}, "logits with a class axis"},
+		{"not an output lists them", m, grad.Options{Loss: grad.MSE, Output: "logits"}, facts, `outputs are "y" [2 2]`},
+		{"class axis ambiguous", m, grad.Options{Loss: grad.CrossEntropy, TargetShape: []int64{2, 5}}, seq3(2, 5, 5),
+			"fits cross-entropy on output \"y\" [2 5 5] both with the classes on axis 1 (targets [2 5]) and on the last axis (targets [2 5])"},
+		{"class axis ambiguous when flattened", m, grad.Options{Loss: grad.CrossEntropy, TargetShape: []int64{10}}, seq3(2, 5, 5), "both with the classes on axis 1"},
+		{"target fits no class axis", m, grad.Options{Loss: grad.CrossEntropy, TargetShape: []int64{2, 32}}, seq3(2, 16, 256),
+			"target shape [2 32] (64 elements) fits cross-entropy on output \"y\" [2 16 256] neither with the classes on the last axis (targets [2 16], 32 elements) nor on axis 1 (targets [2 256], 512 elements)"},
+		{"target size for the class axis chosen", m, grad.Options{Loss: grad.CrossEntropy, TargetShape: []int64{2, 16}, CrossEntropy: grad.CrossEntropyOptions{ClassAxis: 1}}, seq3(2, 16, 256),
+			"wants 512 (shape [2 256], the classes on axis 1)"},
+		{"class axis 2", m, grad.Options{Loss: grad.CrossEntropy, CrossEntropy: grad.CrossEntropyOptions{ClassAxis: 2}}, seq3(2, 16, 256), "class axis 2: want 1, -1"},
+		{"shift of one position", m, grad.Options{Loss: grad.CrossEntropy, CrossEntropy: grad.CrossEntropyOptions{Shift: true}}, seq3(2, 1, 256), "at least 2 positions"},
 		{"reserved name", renamed, grad.Options{Loss: grad.MSE}, facts, "reserved"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,6 +175,12 @@ func TestBuildErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seq3 are the facts of the chain model with its output y of another
+// shape (the loss's checks come before any rule reads the rest).
+func seq3(b, s, v int64) *grad.Facts {
+	return &grad.Facts{Shapes: map[string][]int64{"y": {b, s, v}}}
 }
 
 // TestBuildLeavesModelAlone: a rule that needs an extra output of a

@@ -246,6 +246,11 @@ func TestElementwise(t *testing.T) {
 		{name: "Mul same input", inputs: []tinyInput{in("a", 2, 3)}, nodes: []*onnx.NodeProto{nd("Mul", []string{"a", "a"}, "y")}},
 		{name: "Pow", inputs: []tinyInput{in("a", 2, 3).rng(0.3, 2), in("p", 3).rng(-1.5, 2.5)}, nodes: []*onnx.NodeProto{nd("Pow", []string{"a", "p"}, "y")}},
 		{name: "Sum", inputs: []tinyInput{in("a", 2, 3), in("b", 3), in("c", 1, 1)}, nodes: []*onnx.NodeProto{nd("Sum", []string{"a", "b", "c"}, "y")}},
+		{name: "Max broadcast", inputs: []tinyInput{in("a", 2, 3), in("b", 3)}, nodes: []*onnx.NodeProto{nd("Max", []string{"a", "b"}, "y")}},
+		{name: "Min of three", inputs: []tinyInput{in("a", 2, 3), in("b", 2, 3), in("c", 1, 3)}, nodes: []*onnx.NodeProto{nd("Min", []string{"a", "b", "c"}, "y")}},
+		// a tie everywhere: each copy gets half, together the whole gradient
+		{name: "Max same input", inputs: []tinyInput{in("a", 2, 3)}, nodes: []*onnx.NodeProto{nd("Max", []string{"a", "a"}, "y")}},
+		{name: "Max of one", inputs: []tinyInput{in("a", 2, 3)}, nodes: []*onnx.NodeProto{nd("Max", []string{"a"}, "y")}},
 	}
 	unary := []struct {
 		op    string
@@ -488,6 +493,12 @@ func TestShapeOps(t *testing.T) {
 			nodes: []*onnx.NodeProto{nd("Tile", []string{"x", "r"}, "y")}},
 		{name: "Pad", inputs: []tinyInput{in("x", 2, 3)}, inits: []*onnx.TensorProto{ints("p", 1, 0, 2, 3)},
 			nodes: []*onnx.NodeProto{nd("Pad", []string{"x", "p"}, "y")}},
+		{name: "Trilu upper k=1", inputs: []tinyInput{in("x", 2, 4, 5)}, inits: []*onnx.TensorProto{scalarInt("k", 1)},
+			nodes: []*onnx.NodeProto{nd("Trilu", []string{"x", "k"}, "y")}},
+		{name: "Trilu lower k=-1", inputs: []tinyInput{in("x", 5, 3)}, inits: []*onnx.TensorProto{scalarInt("k", -1)},
+			nodes: []*onnx.NodeProto{nd("Trilu", []string{"x", "k"}, "y", onnx.AttrInt("upper", 0))}},
+		{name: "Trilu lower no k", inputs: []tinyInput{in("x", 4, 4)},
+			nodes: []*onnx.NodeProto{nd("Trilu", []string{"x"}, "y", onnx.AttrInt("upper", 0))}},
 		{name: "Pad axes opset 18", opset: 18, inputs: []tinyInput{in("x", 2, 3)}, inits: []*onnx.TensorProto{ints("p", 1, 2), ints("ax", -1)},
 			nodes: []*onnx.NodeProto{nd("Pad", []string{"x", "p", "", "ax"}, "y")}},
 	}

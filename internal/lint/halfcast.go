@@ -40,7 +40,9 @@ func runHalfCast(f *Facts) ([]checks.Finding, error) {
 		default:
 			continue
 		}
-		if to != int32(onnx.TensorProto_FLOAT16) && to != int32(onnx.TensorProto_BFLOAT16) {
+		// A cast to the type a half-stored model is stored in is
+		// x.to(self.weight.dtype): it follows the policy, not user code.
+		if to != int32(onnx.TensorProto_FLOAT16) && to != int32(onnx.TensorProto_BFLOAT16) || to == f.Storage {
 			continue
 		}
 		in := n.GetInput()[0]

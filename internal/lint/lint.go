@@ -67,6 +67,9 @@ type Facts struct {
 	Assign *precision.Assignment
 	// Order is the graph's topological order.
 	Order []int
+	// Storage is the half type the model is stored in, 0 for fp32
+	// (precision.Storage): casts to it follow the policy.
+	Storage int32
 
 	constOnce   sync.Once
 	consts      []*Constant
@@ -81,7 +84,7 @@ type Facts struct {
 func NewFacts(m *onnx.Model, p *precision.Policy) *Facts {
 	order := m.Index.Order()
 	return &Facts{
-		Model: m, Policy: p, Order: order,
+		Model: m, Policy: p, Order: order, Storage: precision.Storage(m.Proto.GetGraph()),
 		Assign: precision.Assign(p, m.Proto.GetGraph(), order, m.Index.ElemType),
 	}
 }

@@ -328,3 +328,33 @@ func TestAnalyzersRegistered(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredHalfCasts: a checkpoint exported after model.bfloat16() casts
+// to BFLOAT16 wherever its code writes x.to(dtype); those casts follow the
+// policy (precision.Storage), so FP4003 does not call them the model's own.
+func TestStoredHalfCasts(t *testing.T) {
+	m, err := onnx.Load(filepath.Join("..", "..", "fixtures", "torch", "cases", "llama_bf16_checkpoint", "model.onnx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	casts := 0
+	for _, n := range m.Proto.Graph.Node {
+		if n.OpType == "Cast" && onnx.FindAttr(n, "to").GetI() == int64(onnx.TensorProto_BFLOAT16) {
+			casts++
+		}
+	}
+	if casts == 0 {
+		t.Fatal("the fixture has no Cast to BFLOAT16: it no longer tests stored casts")
+	}
+	for _, p := range []string{"autocast-fp16", "autocast-bf16", "half", "fp32"} {
+		got, err := Run(m, Options{Policy: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range got {
+			if f.Check == "FP4003" {
+				t.Errorf("%s: %s", p, f.Message)
+			}
+		}
+	}
+}

@@ -99,11 +99,14 @@ func (r Reason) Names() []string {
 //     initializer or Constant typed FLOAT16 or BFLOAT16 in the graph keeps
 //     that type under every policy (user code made it half), and under half
 //     an initializer used only as BatchNormalization scale, bias, mean or
-//     variance stays fp32 (fastai keeps BatchNorm layers in fp32).
+//     variance stays fp32 (fastai keeps BatchNorm layers in fp32). In a
+//     model stored in half (Storage) the stored type counts as FLOAT here
+//     and in the two rules below: it is the checkpoint's own dtype.
 //   - Cast to FLOAT16 yields fp16, to BFLOAT16 bf16, to FLOAT or DOUBLE
 //     fp32, to any other type NotFloat, under every policy: an explicit cast
-//     is user code that autocast cannot override. CastLike yields the
-//     precision of its second input.
+//     is user code that autocast cannot override. A Cast to the type the
+//     model is stored in yields the policy's Params precision. CastLike
+//     yields the precision of its second input.
 //   - A node without float outputs (Shape, Equal, ArgMax, ...) computes in
 //     NotFloat. A node with float outputs but no float inputs
 //     (ConstantOfShape, RandomNormal, Range over ints, windows) produces fp32
@@ -177,6 +180,9 @@ type assigner struct {
 	consumers map[string][]use
 	rank0     map[string]bool // values whose declared shape has no dims
 	keep      map[int]bool    // nodes forced to fp32 (AssignKeepFP32)
+	// storage is the half type the model is stored in (Storage), 0 for
+	// fp32: values of that type follow the policy's Params.
+	storage int32
 	// fromShape marks values computed from tensor shapes and constants
 	// alone (Shape → Gather → Cast → Pow): Python numbers in eager
 	// PyTorch, where x.shape[-1] ** -0.5 is a float, not a tensor.
@@ -198,6 +204,7 @@ func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *as
 		consumers: make(map[string][]use),
 		rank0:     make(map[string]bool),
 		fromShape: make(map[string]bool),
+		storage:   Storage(g),
 	}
 	for i, n := range g.Node {
 		s.a.CastInputs[i] = make([]bool, len(n.Input))
@@ -255,6 +262,7 @@ func (s *assigner) setSource(name string, elemType int32) {
 // sourceWhy is the provenance of a source held in reduced precision: the
 // model's own half data, or the half policy.
 func (s *assigner) sourceWhy(elemType int32, name string) Reason {
+	elemType = s.unstored(elemType)
 	switch pr := s.source(elemType, name); {
 	case pr != FP16 && pr != BF16:
 		return 0
@@ -280,7 +288,7 @@ func (s *assigner) why(name string) (Reason, []int) {
 // source returns the precision of a graph input, initializer or Constant
 // output of the given element type.
 func (s *assigner) source(elemType int32, name string) Precision {
-	pr := PrecisionOf(elemType)
+	pr := PrecisionOf(s.unstored(elemType))
 	if pr != FP32 {
 		return pr
 	}
@@ -288,6 +296,16 @@ func (s *assigner) source(elemType int32, name string) Precision {
 		return FP32
 	}
 	return s.p.Params
+}
+
+// unstored maps the type the model is stored in to FLOAT: a stored half
+// tensor is the checkpoint's parameter, held as the policy holds
+// parameters (see Storage).
+func (s *assigner) unstored(elemType int32) int32 {
+	if s.storage != 0 && elemType == s.storage {
+		return int32(onnx.TensorProto_FLOAT)
+	}
+	return elemType
 }
 
 func (s *assigner) onlyBatchNormParam(name string) bool {
@@ -421,7 +439,14 @@ func (s *assigner) assignNode(i int) {
 			s.provenance(i, w, nil)
 			return
 		case "Cast", "CastLike":
-			pr := PrecisionOf(int32(onnx.FindAttr(n, "to").GetI()))
+			to := int32(onnx.FindAttr(n, "to").GetI())
+			pr := PrecisionOf(to)
+			// A cast to the type the model is stored in is the export's
+			// record of x.to(self.weight.dtype): the policy's Params.
+			stored := n.OpType == "Cast" && s.storage != 0 && to == s.storage
+			if stored {
+				pr = s.p.Params
+			}
 			if n.OpType == "CastLike" {
 				pr = NotFloat
 				if len(n.Input) > 1 {
@@ -431,10 +456,13 @@ func (s *assigner) assignNode(i int) {
 			s.finish(i, pr, pr, nil)
 			// A cast to the precision its input already has changes
 			// nothing: the value keeps its input's provenance.
-			if len(n.Input) > 0 && s.prec(n.Input[0]) == pr {
+			switch {
+			case len(n.Input) > 0 && s.prec(n.Input[0]) == pr:
 				w, casts := s.why(n.Input[0])
 				s.provenance(i, w, casts)
-			} else {
+			case stored:
+				s.provenance(i, ReasonHalfPolicy, nil)
+			default:
 				s.provenance(i, ReasonCast, []int{i})
 			}
 			return
@@ -474,7 +502,7 @@ func (s *assigner) assignNode(i int) {
 	case len(floatIn) == 0:
 		np = s.generated(n)
 		out = np
-		if t, ok := explicitDType(n); ok && PrecisionOf(t) == out {
+		if t, ok := explicitDType(n); ok && t != s.storage && PrecisionOf(t) == out {
 			own, ownCasts = ReasonCast, []int{i}
 		} else if out == FP16 || out == BF16 {
 			own = ReasonHalfPolicy
@@ -652,6 +680,9 @@ func (s *assigner) promote(n *onnx.NodeProto, slots []int) Precision {
 // inputs.
 func (s *assigner) generated(n *onnx.NodeProto) Precision {
 	if t, ok := explicitDType(n); ok {
+		if s.storage != 0 && t == s.storage {
+			return s.p.Params
+		}
 		if pr := PrecisionOf(t); pr == FP16 || pr == BF16 {
 			return pr
 		}

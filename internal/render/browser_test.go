@@ -207,13 +207,22 @@ window.addEventListener("load", function () {
 	for _, name := range goldenNames(t) {
 		r := loadReport(t, name)
 		rows := 0
+		// With repeated blocks the rows start closed under a line per run
+		// of a block's nodes.
+		grouped := len(slices.DeleteFunc(slices.Clone(r.Blocks), func(b report.Block) bool { return !b.Repeated || b.Nodes < 8 })) >= 2
+		last := "\x00"
 		for _, n := range r.Nodes {
 			// The table's rows by default: every node but those computing
 			// only from weights and constants, kept when flagged or an
 			// origin.
 			origin := slices.ContainsFunc(r.Origins, func(o report.Origin) bool { return o.Index >= 0 && o.Index == n.Index })
-			if !n.Constant || n.Flagged || origin {
+			switch {
+			case n.Constant && !n.Flagged && !origin:
+			case !grouped:
 				rows += max(len(n.Outputs), 1)
+			case n.Block != last:
+				rows++
+				last = n.Block
 			}
 		}
 		if want := fmt.Sprintf("1/%d", rows); got[name] != want {
@@ -300,5 +309,65 @@ func TestBrowserConstantToggle(t *testing.T) {
 	body := probePage(t, bin, schemaReport(), tableProbe, 1400)
 	if got, want := attr(body, "data-rows")+"→"+attr(body, "data-rows-const"), "5→6"; got != want {
 		t.Errorf("node table rows before→after the constant-only toggle: %s, want %s", got, want)
+	}
+}
+
+// blockProbe runs after the page's script: it opens the block line of
+// model.layers.1 and records the rows before and after, the main chart's
+// axis top and the points of the growth plot.
+const blockProbe = `<script>
+(function () {
+  var b = document.body, rows = function () { return document.querySelectorAll("#nodes tbody tr").length; };
+  b.setAttribute("data-closed", String(rows()));
+  var line = Array.prototype.filter.call(document.querySelectorAll("#nodes tr.blk"), function (tr) { return tr.textContent.indexOf("model.layers.1 ") >= 0; })[0];
+  line.click();
+  b.setAttribute("data-opened", String(rows()));
+  b.setAttribute("data-top", document.getElementById("chart").getAttribute("data-top"));
+  b.setAttribute("data-growth", String(document.querySelectorAll("#growth .xl").length));
+})();
+</script>`
+
+// TestBrowserBlocks: a transformer's report in headless Chromium: the node
+// table starts closed by block and a click opens one; the chart's axis
+// stays near fp16's range though a mask constant of -3.4e38 is held in
+// fp16 (before, it reached 2^132); the growth plot has a point per layer.
+func TestBrowserBlocks(t *testing.T) {
+	bin := chromium(t)
+	r := loadReport(t, "torch_llama_bf16_checkpoint.policy-half")
+	var page bytes.Buffer
+	if err := Render(&page, r, "html", Options{}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "blocks.html")
+	if err := os.WriteFile(path, []byte(strings.Replace(page.String(), "</body>", blockProbe+"</body>", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dom := string(runChromium(t, bin, path, "--dump-dom"))
+	attr := func(name string) int {
+		m := regexp.MustCompile(name + `="([^"]*)"`).FindStringSubmatch(dom)
+		if m == nil {
+			t.Fatalf("no %s in %s", name, bodyTag.FindString(dom))
+		}
+		v, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatalf("%s=%q", name, m[1])
+		}
+		return int(v)
+	}
+	shown := 0
+	for _, n := range r.Nodes {
+		if n.Block == "model.layers.1" && (!n.Constant || n.Flagged) {
+			shown += max(len(n.Outputs), 1)
+		}
+	}
+	closed, opened := attr("data-closed"), attr("data-opened")
+	if closed > 12 || opened != closed+shown {
+		t.Errorf("node table: %d rows closed, %d with model.layers.1 open; want a few block lines, then %d more", closed, opened, shown)
+	}
+	if top := attr("data-top"); top > 40 {
+		t.Errorf("the chart's axis reaches 2^%d: a constant held in fp16 sets it", top)
+	}
+	if n := attr("data-growth"); n != 2 {
+		t.Errorf("growth plot labels %d blocks, want the 2 layers", n)
 	}
 }

@@ -71,6 +71,11 @@ func goldenCases(t testing.TB) []goldenCase {
 		goldenCase{name: "demo_cnn_raw.policy-fp32", model: "fixtures/models/demo_cnn.onnx", batch: "fixtures/batches/demo_cnn_raw.npy", policy: "fp32"},
 		goldenCase{name: "oversized_logits.policy-half", model: "fixtures/models/oversized_logits.onnx", batch: "fixtures/batches/oversized_logits.npy", policy: "half"},
 		goldenCase{name: "torch_resnetish.synthetic", model: "fixtures/models/torch_resnetish.onnx"},
+		// A transformer's blocks: the roll-up, the residual stream's
+		// growth, the node table grouped by block, a mask constant that
+		// must not set the chart's axis (a bf16 checkpoint under half).
+		goldenCase{name: "torch_llama_bf16_checkpoint.policy-half", model: "fixtures/torch/cases/llama_bf16_checkpoint/model.onnx",
+			batch: "fixtures/torch/cases/llama_bf16_checkpoint/batches", policy: "half"},
 	)
 	seen := map[string]bool{}
 	for _, c := range cases {

@@ -78,7 +78,11 @@ func scalesReport(t testing.TB, c scalesCase) *report.ScalesReport {
 	if c.baseline != "" {
 		base = read(c.baseline)
 	}
-	return trainlog.Analyze(run, base, trainlog.DefaultOptions)
+	r, err := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func TestScalesGolden(t *testing.T) {

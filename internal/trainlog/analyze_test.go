@@ -59,7 +59,7 @@ func TestFixtureVerdicts(t *testing.T) {
 				if tt.baseline != "" {
 					base = mustRead(t, tt.baseline+ext)
 				}
-				r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+				r := analyze(t, run, base, trainlog.DefaultOptions)
 				if r.Verdict != tt.verdict {
 					t.Fatalf("verdict %s (%s), want %s", r.Verdict, r.VerdictText, tt.verdict)
 				}
@@ -109,7 +109,7 @@ func TestFixturesMatchSimulator(t *testing.T) {
 			continue
 		}
 		sim := sc.run()
-		r := trainlog.Analyze(mustRead(t, sc.name+".json"), nil, trainlog.DefaultOptions)
+		r := analyze(t, mustRead(t, sc.name+".json"), nil, trainlog.DefaultOptions)
 		if r.Scales.Skipped != sim.skipped || r.Scales.MinScale != sim.minScale {
 			t.Errorf("%s: skipped %d, min scale %g; the simulator skipped %d, min %g", sc.name, r.Scales.Skipped, r.Scales.MinScale, sim.skipped, sim.minScale)
 		}
@@ -152,7 +152,7 @@ func TestGolden(t *testing.T) {
 		if baseline != "" {
 			base = mustRead(t, baseline+".json")
 		}
-		r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+		r := analyze(t, run, base, trainlog.DefaultOptions)
 		var txt, js bytes.Buffer
 		if err := render.Render(&txt, r, "text", render.Options{}); err != nil {
 			t.Fatal(err)
@@ -179,7 +179,7 @@ func TestReconstruction(t *testing.T) {
 		Losses: []float64{3, 3, 2.9, 2.8, 2.7, 2.6, 2.5, 2.4, math.NaN(), math.Inf(1)}}
 	opt := trainlog.DefaultOptions
 	opt.EarlySteps = 5
-	r := trainlog.Analyze(l, nil, opt)
+	r := analyze(t, l, nil, opt)
 	s := r.Scales
 	if s.Skipped != 5 || s.WarmupSkipped != 2 || s.WarmupScale != 16384 || s.Growths != 1 || s.LongestBackoffRun != 2 {
 		t.Errorf("skipped %d warm-up %d at %g growths %d longest run %d; want 5, 2 at 16384, 1, 2",
@@ -210,7 +210,7 @@ func TestPlateauUnexplained(t *testing.T) {
 	for i, v := range run.Losses {
 		base.Losses[i] = v / 1.2
 	}
-	r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+	r := analyze(t, run, base, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesPlateauUnexplained || len(r.Findings) != 1 || r.Findings[0].Check != "FP5006" {
 		t.Fatalf("verdict %s findings %v", r.Verdict, r.Findings)
 	}
@@ -221,7 +221,7 @@ func TestPlateauUnexplained(t *testing.T) {
 
 func TestGrowthIntervalInferred(t *testing.T) {
 	l := &trainlog.Log{Path: "x", Scales: []float64{65536, 65536, 65536, 131072, 65536, 65536, 65536, 65536, 131072}}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.GrowthInterval != 4 || r.GradScaler.GrowthIntervalFrom != "inferred" {
 		t.Errorf("growth interval %d from %s, want 4 inferred", r.GradScaler.GrowthInterval, r.GradScaler.GrowthIntervalFrom)
 	}
@@ -229,7 +229,7 @@ func TestGrowthIntervalInferred(t *testing.T) {
 
 func TestCustomInitScale(t *testing.T) {
 	l := &trainlog.Log{Path: "x", Scales: []float64{1024, 512, 512}}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.InitScale != 1024 || r.Scales.Skipped != 1 || len(r.Notes) == 0 {
 		t.Errorf("init %g skipped %d notes %v", r.GradScaler.InitScale, r.Scales.Skipped, r.Notes)
 	}
@@ -246,8 +246,8 @@ func TestChecksDocumented(t *testing.T) {
 			t.Errorf("%s: title %q, doc of %d characters", c.ID, c.Title, len(c.Doc))
 		}
 	}
-	if n != 10 {
-		t.Errorf("%d FP5xxx checks, want 10", n)
+	if n != 11 {
+		t.Errorf("%d FP5xxx checks, want 11", n)
 	}
 }
 
@@ -265,7 +265,7 @@ func TestTinyLogs(t *testing.T) {
 	base := &trainlog.Log{Path: "base", Losses: []float64{1, inf}}
 	for _, l := range logs {
 		for _, b := range []*trainlog.Log{nil, base} {
-			r := trainlog.Analyze(l, b, trainlog.DefaultOptions)
+			r := analyze(t, l, b, trainlog.DefaultOptions)
 			if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
 				t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 			}
@@ -287,4 +287,98 @@ func halvings(n int) []float64 {
 		s /= 2
 	}
 	return out
+}
+
+// analyze runs the diagnosis, failing the test on an error.
+func analyze(t testing.TB, run, baseline *trainlog.Log, opt trainlog.Options) *report.ScalesReport {
+	t.Helper()
+	r, err := trainlog.Analyze(run, baseline, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestAnalyzersCoverTheChecks: one analyzer per FP5xxx check, in ID order.
+func TestAnalyzersCoverTheChecks(t *testing.T) {
+	var want, got []string
+	for _, c := range checks.All() {
+		if strings.HasPrefix(c.ID, "FP5") {
+			want = append(want, c.ID)
+		}
+	}
+	for _, a := range trainlog.Analyzers() {
+		got = append(got, a.Check.ID)
+		if a.Requires == "" {
+			t.Errorf("%s: no Requires", a.Check.ID)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("analyzers %v, want one per check %v", got, want)
+	}
+}
+
+// TestChecksSwitchedOff switches off, one at a time, every check a fixture
+// reports: its finding goes, the other findings stay as they were, and the
+// verdict it decided falls to the next the remaining findings decide.
+func TestChecksSwitchedOff(t *testing.T) {
+	// decides maps a check to the verdict its finding decides.
+	decides := map[string]string{
+		"FP5001": report.ScalesEarlyNaN, "FP5002": report.ScalesGradientOverflowNaN, "FP5003": report.ScalesForwardOverflowNaN,
+		"FP5004": report.ScalesLateNaN, "FP5005": report.ScalesPlateauUnderflow, "FP5006": report.ScalesPlateauUnexplained,
+		"FP5007": report.ScalesFP16Noise, "FP5008": report.ScalesWastedWarmup,
+	}
+	cases := []struct {
+		log, baseline string
+		// off is the check switched off; verdict what the rest decide.
+		off, verdict string
+		text         string // a substring of the verdict text
+	}{
+		{"early_nan", "", "FP5001", report.ScalesHealthy, "the loss became NaN at step 37, unjudged: --checks -FP5001 switched off FP5001 (loss is nan early in training)"},
+		{"gradient_overflow_nan", "", "FP5002", report.ScalesHealthy, "unjudged: --checks -FP5002 switched off FP5002"},
+		{"gradient_overflow_nan", "", "FP5009", report.ScalesGradientOverflowNaN, "collapsed"},
+		{"forward_overflow_nan", "", "FP5003", report.ScalesHealthy, "switched off FP5003"},
+		{"forward_overflow_nan_losses_only", "", "FP5004", report.ScalesHealthy, "switched off FP5004"},
+		{"plateau_underflow", "baseline_fp32", "FP5005", report.ScalesHealthy, "85.3% above the fp32 baseline's 0.3031, unjudged: --checks -FP5005 switched off FP5005"},
+		{"plateau_underflow", "baseline_fp32", "FP5010", report.ScalesPlateauUnderflow, "4.2% of the steps after the warm-up skipped"},
+		{"fp16_noise", "baseline_fp32", "FP5007", report.ScalesHealthy, "switched off FP5007"},
+		{"wasted_warmup", "", "FP5008", report.ScalesHealthy, "24 of 800 steps skipped"},
+	}
+	for _, c := range cases {
+		t.Run(c.log+"-"+c.off, func(t *testing.T) {
+			run := mustRead(t, c.log+".json")
+			var base *trainlog.Log
+			if c.baseline != "" {
+				base = mustRead(t, c.baseline+".json")
+			}
+			all := analyze(t, run, base, trainlog.DefaultOptions)
+			opt := trainlog.DefaultOptions
+			var err error
+			if opt.Checks, err = checks.ParseSelection("-" + c.off); err != nil {
+				t.Fatal(err)
+			}
+			r := analyze(t, run, base, opt)
+			var want, got []string
+			for _, f := range all.Findings {
+				if f.Check != c.off {
+					want = append(want, f.Check+": "+f.Message)
+				}
+			}
+			if len(want) == len(all.Findings) {
+				t.Fatalf("the fixture reports no %s: %v", c.off, all.Findings)
+			}
+			for _, f := range r.Findings {
+				got = append(got, f.Check+": "+f.Message)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("findings\n%v\nwant\n%v", got, want)
+			}
+			if r.Verdict != c.verdict || r.Verdict == decides[c.off] || !strings.Contains(r.VerdictText, c.text) {
+				t.Errorf("verdict %s (%s), want %s with %q", r.Verdict, r.VerdictText, c.verdict, c.text)
+			}
+			if r.Checks != "-"+c.off {
+				t.Errorf("report records checks %q", r.Checks)
+			}
+		})
+	}
 }

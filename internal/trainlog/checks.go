@@ -60,7 +60,10 @@ learn.to_bf16() (Ampere or newer): bf16 has fp32's range, needs no loss
 scaling and skips nothing. Otherwise find the overflowing gradients (clip
 them, or keep the module that produces them in fp32). With per-module
 gradient telemetry in the log, the finding names the modules whose
-gradients flush to zero at the scales the run used.`})
+gradients lose mass to fp16 at the scales the run used: more than
+--lost-mass-tolerance (1%) of their L2 norm, ‖fp16(g·S)/S − g‖ / ‖g‖, the
+measure the training audit uses (in a log without it, more than
+--underflow-fraction of their nonzero elements flushed to zero).`})
 
 	checkPlateauUnexplained = checks.Register(&checks.Check{ID: "FP5006", Title: "gap to the fp32 baseline not explained by the loss scale", Severity: checks.SevWarning, Doc: `The fp16 run ends above the fp32 baseline by more than the tolerance, but
 the loss scale shows no sign of trouble: few skipped steps and no scale
@@ -99,5 +102,22 @@ interval of clean steps; a scale that stays low means some gradients keep
 overflowing while the small ones, multiplied by such a low scale, fall
 below fp16's smallest subnormal (2^-24) and become zero. Training may
 plateau. learn.to_bf16() removes the problem; otherwise find the
-gradients that overflow.`})
+gradients that overflow. With per-module gradient telemetry in the log,
+the finding names the modules that lose gradient mass to fp16, as FP5005
+does.`})
+
+	checkMassLost = checks.Register(&checks.Check{ID: "FP5011", Title: "gradients lose mass to fp16", Severity: checks.SevWarning, Doc: `The Python companion's telemetry shows a module's gradient losing more
+than --lost-mass-tolerance (1%) of its L2 norm to fp16 at the loss scales
+the run used: ‖fp16(g·S)/S − g‖ / ‖g‖ for gradient g at scale S, pooled
+over the fully measured lines, flushing to zero and the rounding of fp16's
+subnormals together. It is the measure the training audit (fp16audit run
+--loss) judges a backward pass by, so both say the same of a gradient.
+That part of the gradient does not train the module. A larger loss scale
+keeps it: when the scale is held low by gradients that overflow elsewhere
+(FP5009, FP5010), find and clip those; otherwise train with
+learn.to_bf16() (Ampere or newer), whose range holds small gradients
+without scaling, or keep the module in fp32. The share of elements that
+flush is no loss by itself (the tails of a confident softmax flush by the
+thousand and cost nothing): logs that record only that share, written
+before the companion recorded the mass, are not judged here.`})
 )

@@ -11,11 +11,11 @@ import (
 // tenth of them (at least the widest gap between samples, so that both
 // logs have entries in it), and each log's finite losses in it are
 // averaged.
-func (a *analysis) compareByStep(b *Log) {
-	run := a.run
+func (f *Facts) compareByStep(b *Log) {
+	run := f.run
 	lo, hi := max(run.FirstStep, b.FirstStep), min(run.LastStep(), b.LastStep())
 	if hi < lo {
-		a.notDerived("the gap to the fp32 baseline: the run spans %ss %d–%d and the baseline %d–%d, which do not overlap", a.unit(), run.FirstStep, run.LastStep(), b.FirstStep, b.LastStep())
+		f.notDerived("the gap to the fp32 baseline: the run spans %ss %d–%d and the baseline %d–%d, which do not overlap", f.unit(), run.FirstStep, run.LastStep(), b.FirstStep, b.LastStep())
 		return
 	}
 	span := hi - lo + 1
@@ -32,14 +32,14 @@ func (a *analysis) compareByStep(b *Log) {
 	}
 	rl, bl := window(run), window(b)
 	if rl == nil || bl == nil {
-		a.notDerived("the gap to the fp32 baseline: no finite losses of both logs in %ss %d–%d", a.unit(), from, hi)
+		f.notDerived("the gap to the fp32 baseline: no finite losses of both logs in %ss %d–%d", f.unit(), from, hi)
 		return
 	}
-	c := &report.Comparison{Steps: span, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: a.opt.PlateauTolerance}
-	c.Gap = a.gap(*rl, *bl)
-	a.note("the final losses are compared by %s number: the means of each log's losses in %ss %d–%d, the last %d of the %d %ss both logs span", a.unit(), a.unit(), from, hi, w, span, a.unit())
-	a.r.Comparison = c
-	a.compareValid(b)
+	c := &report.Comparison{Steps: span, Window: w, RunLoss: *rl, BaselineLoss: *bl, Tolerance: f.opt.PlateauTolerance}
+	c.Gap = f.gap(*rl, *bl)
+	f.note("the final losses are compared by %s number: the means of each log's losses in %ss %d–%d, the last %d of the %d %ss both logs span", f.unit(), f.unit(), from, hi, w, span, f.unit())
+	f.r.Comparison = c
+	f.compareValid(b)
 }
 
 // widestGap is the largest step difference between consecutive entries.
@@ -53,8 +53,8 @@ func widestGap(l *Log) int {
 
 // compareValid adds the validation losses of two per-epoch logs to the
 // notes: fastai's history.csv has them, and a plateau shows there too.
-func (a *analysis) compareValid(b *Log) {
-	if a.run.ValidLosses == nil || b.ValidLosses == nil {
+func (f *Facts) compareValid(b *Log) {
+	if f.run.ValidLosses == nil || b.ValidLosses == nil {
 		return
 	}
 	last := func(l *Log, upTo int) (float64, int, bool) {
@@ -65,24 +65,24 @@ func (a *analysis) compareValid(b *Log) {
 		}
 		return 0, 0, false
 	}
-	upTo := min(a.run.LastStep(), b.LastStep())
-	rv, re, ok1 := last(a.run, upTo)
+	upTo := min(f.run.LastStep(), b.LastStep())
+	rv, re, ok1 := last(f.run, upTo)
 	bv, be, ok2 := last(b, upTo)
 	if !ok1 || !ok2 || re != be || math.Abs(bv) < 1e-12 {
 		return
 	}
-	a.note("valid_loss at epoch %d: %.4g against the baseline's %.4g (%+.1f%%)", re, rv, bv, 100*(rv-bv)/math.Abs(bv))
+	f.note("valid_loss at epoch %d: %.4g against the baseline's %.4g (%+.1f%%)", re, rv, bv, 100*(rv-bv)/math.Abs(bv))
 }
 
 // checkSkippedFlags sets a log's own skipped column against the backoffs
 // of its scales.
-func (a *analysis) checkSkippedFlags() {
-	flags := a.run.Skipped
+func (f *Facts) checkSkippedFlags() {
+	flags := f.run.Skipped
 	if flags == nil {
 		return
 	}
 	marked, unmarked := 0, 0
-	for i, k := range a.kind {
+	for i, k := range f.kind {
 		switch {
 		case flags[i] == 1 && k != stepBackoff:
 			marked++
@@ -91,10 +91,10 @@ func (a *analysis) checkSkippedFlags() {
 		}
 	}
 	if marked > 0 {
-		a.note("the log marks %d steps skipped whose scale did not back off (cancelled by something other than the scaler, such as a fastai callback); they are not counted as overflows", marked)
+		f.note("the log marks %d steps skipped whose scale did not back off (cancelled by something other than the scaler, such as a fastai callback); they are not counted as overflows", marked)
 	}
 	if unmarked > 0 {
-		a.note("the scale backed off on %d steps the log does not mark skipped: is the scale read after scaler.update()?", unmarked)
+		f.note("the scale backed off on %d steps the log does not mark skipped: is the scale read after scaler.update()?", unmarked)
 	}
 }
 
@@ -102,15 +102,15 @@ func (a *analysis) checkSkippedFlags() {
 // steps but records no scale, with GradScaler's rule and the log's (or
 // PyTorch's default) settings: the skipped steps are the log's own, the
 // scale values hold only for those settings.
-func (a *analysis) scalesFromSkipped() {
-	l := a.run
+func (f *Facts) scalesFromSkipped() {
+	l := f.run
 	if l.Steps != nil || l.PerEpoch {
-		a.notDerived("the scale from the skipped column: the log does not hold every step")
+		f.notDerived("the scale from the skipped column: the log does not hold every step")
 		return
 	}
-	for _, f := range l.Skipped {
-		if f < 0 {
-			a.notDerived("the scale from the skipped column: some steps do not say whether they were skipped")
+	for _, flag := range l.Skipped {
+		if flag < 0 {
+			f.notDerived("the scale from the skipped column: some steps do not say whether they were skipped")
 			return
 		}
 	}
@@ -133,8 +133,8 @@ func (a *analysis) scalesFromSkipped() {
 	}
 	scale, tracker := float32(cfg.InitScale), 0
 	sc := make([]float64, len(l.Skipped))
-	for i, f := range l.Skipped {
-		if f == 1 {
+	for i, flag := range l.Skipped {
+		if flag == 1 {
 			scale *= float32(cfg.BackoffFactor)
 			tracker = 0
 		} else if tracker++; tracker == cfg.GrowthInterval {
@@ -147,15 +147,15 @@ func (a *analysis) scalesFromSkipped() {
 	}
 	cp := *l
 	cp.Scales = sc
-	a.run = &cp
-	a.note("the log records no scale but marks skipped steps: the scale after each step was rebuilt with GradScaler's rule from %s init_scale %s and growth_interval %d; the skipped steps are the log's own, the scale values (minimum, pinning, collapse) hold only if the run used those settings",
+	f.run = &cp
+	f.note("the log records no scale but marks skipped steps: the scale after each step was rebuilt with GradScaler's rule from %s init_scale %s and growth_interval %d; the skipped steps are the log's own, the scale values (minimum, pinning, collapse) hold only if the run used those settings",
 		from, report.FormatScale(cfg.InitScale), cfg.GrowthInterval)
 }
 
 // sampledWarmup qualifies the warm-up of a sampled log, which the samples
 // bound rather than show.
-func (a *analysis) sampledWarmup() string {
-	if a.sampled {
+func (f *Facts) sampledWarmup() string {
+	if f.sampled {
 		return "judging by the samples, "
 	}
 	return ""

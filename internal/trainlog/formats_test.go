@@ -358,7 +358,7 @@ func TestFormatsGetTheirClass(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+				r := analyze(t, run, base, trainlog.DefaultOptions)
 				if r.Verdict != e.verdict {
 					t.Fatalf("verdict %s (%s), want %s\nnot derived: %q\nnotes: %q", r.Verdict, r.VerdictText, e.verdict, r.NotDerived, r.Notes)
 				}
@@ -413,7 +413,7 @@ func TestSampledScalesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(run, nil, trainlog.DefaultOptions)
+	r := analyze(t, run, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || r.Scales.InferredNaNStep == nil || *r.Scales.InferredNaNStep != sim.firstNaN {
 		t.Fatalf("verdict %s, inferred NaN %v; want %s at %d", r.Verdict, r.Scales.InferredNaNStep, report.ScalesGradientOverflowNaN, sim.firstNaN)
 	}
@@ -427,7 +427,7 @@ func TestSparseBounds(t *testing.T) {
 		// proven (a growth and a backoff may cancel); -> 512: a growth;
 		// -> 16: five halvings in five steps, all skipped.
 		Scales: []float64{256, 256, 512, 512, 16}}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	s := r.Scales
 	// Lower bounds: 2 + 0 + 0 + 0 + 5. Upper: a gap of 5 steps with net n
 	// allows (5+n+3)/5 growths (1, 1, 1, 1, 0), so growths − n backoffs:
@@ -489,7 +489,7 @@ func TestHistoryCSV(t *testing.T) {
 		if !run.PerEpoch || run.Format != "fastai-history" || run.ValidLosses == nil {
 			t.Fatalf("%s: read as %+v", tt.run, run)
 		}
-		r := trainlog.Analyze(run, tt.baseline, trainlog.DefaultOptions)
+		r := analyze(t, run, tt.baseline, trainlog.DefaultOptions)
 		if r.Verdict != tt.verdict {
 			t.Errorf("%s: verdict %s (%s), want %s", tt.run, r.Verdict, r.VerdictText, tt.verdict)
 		}
@@ -503,7 +503,7 @@ func TestHistoryCSV(t *testing.T) {
 		}
 	}
 	// A per-step baseline cannot be compared with a per-epoch run.
-	r := trainlog.Analyze(read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), trainlog.DefaultOptions)
+	r := analyze(t, read("plateau_underflow"), mustRead(t, "baseline_fp32.json"), trainlog.DefaultOptions)
 	if r.Comparison != nil || !slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "same form") }) {
 		t.Errorf("mixed per-epoch and per-step logs compared: %+v %q", r.Comparison, r.NotDerived)
 	}
@@ -554,7 +554,7 @@ func TestPlainLists(t *testing.T) {
 		if (l.Scales != nil) != tt.wantScales || (l.Losses != nil) == tt.wantScales {
 			t.Errorf("%s/%s: read scales %v, losses %v", tt.scenario, tt.name, l.Scales != nil, l.Losses != nil)
 		}
-		if r := trainlog.Analyze(l, nil, trainlog.DefaultOptions); r.Verdict != tt.verdict {
+		if r := analyze(t, l, nil, trainlog.DefaultOptions); r.Verdict != tt.verdict {
 			t.Errorf("%s/%s: verdict %s (%s), want %s", tt.scenario, tt.name, r.Verdict, r.VerdictText, tt.verdict)
 		}
 	}
@@ -600,7 +600,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	if !slices.Equal(l.Scales, sim.scales[:last+1]) {
 		t.Fatalf("rebuilt %d scales, want the simulator's %d; first difference at %d", len(l.Scales), last+1, firstDiff(l.Scales, sim.scales[:last+1]))
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.GradScaler.GrowthInterval != 20 {
 		t.Errorf("growth interval %d, want 20", r.GradScaler.GrowthInterval)
 	}
@@ -617,7 +617,7 @@ func TestFastaiScalesRebuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r = trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r = analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesHealthy || r.Scales.Skipped > hsim.skipped || r.Scales.WarmupSkipped != 2 ||
 		!slices.ContainsFunc(r.NotDerived, func(s string) bool { return strings.Contains(s, "cancelled") }) {
 		t.Errorf("healthy fastai list: %s, skipped %d (simulator %d), warm-up %d, not derived %q", r.Verdict, r.Scales.Skipped, hsim.skipped, r.Scales.WarmupSkipped, r.NotDerived)
@@ -759,7 +759,7 @@ func TestCompanionLog(t *testing.T) {
 		!slices.ContainsFunc(l.Notes, func(s string) bool { return strings.Contains(s, "no end line") }) {
 		t.Errorf("read %+v", l)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if !slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "marks 1 steps skipped whose scale did not back off") }) {
 		t.Errorf("notes %q", r.Notes)
 	}
@@ -781,7 +781,7 @@ func TestSkippedColumnOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Run.HasScales || r.Scales == nil || r.Scales.Skipped != sim.skipped ||
 		!slices.ContainsFunc(r.Notes, func(s string) bool { return strings.Contains(s, "rebuilt with GradScaler's rule") }) {
 		t.Errorf("has scales %v, skipped %v (simulator %d), notes %q", r.Run.HasScales, r.Scales, sim.skipped, r.Notes)
@@ -807,7 +807,7 @@ func TestScaleLoggedLessOften(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+	r := analyze(t, l, nil, trainlog.DefaultOptions)
 	if r.Verdict != report.ScalesGradientOverflowNaN || firstNaN(r) != sim.firstNaN || !r.Scales.SkippedLowerBound || r.Scales.Skipped > sim.skipped ||
 		!strings.Contains(r.VerdictText, fmt.Sprintf("at step %d", sim.firstNaN)) {
 		t.Errorf("verdict %s (%s), first NaN %d, skipped %d (lower bound %v); simulator: NaN %d, %d skipped",
@@ -831,7 +831,7 @@ func TestTinySampledLogs(t *testing.T) {
 			Modules: []trainlog.ModuleGrads{{Name: "a", Output: &trainlog.GradSummary{NonFinite: 1}}, {Name: "b", Params: &trainlog.GradSummary{Nonzero: new(int)}}}}}},
 	}
 	for _, l := range logs {
-		r := trainlog.Analyze(l, nil, trainlog.DefaultOptions)
+		r := analyze(t, l, nil, trainlog.DefaultOptions)
 		if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
 			t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 		}

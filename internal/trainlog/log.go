@@ -3,9 +3,11 @@
 // after every step, held in a Log (package logfile reads one from the
 // forms people have). It reconstructs what the scaler did (skipped steps,
 // backoff runs, collapse, pinning, warm-up; lower bounds when the log holds
-// every Nth step), classifies the run into one verdict with FP5xxx
-// findings, and names the modules whose gradients overflow or underflow
-// when the log carries telemetry. The failure classes are those of the
+// every Nth step) and what the telemetry says about the modules once, runs
+// the FP5xxx checks as analyzers over those facts (checks.RunAnalyzers:
+// --checks switches them off) and takes the one verdict their findings
+// decide; with telemetry it names the modules whose gradients overflow or
+// lose mass to fp16. The failure classes are those of the
 // table in DESIGN.md: early NaN (forward overflow), mid-training NaN after
 // a collapsing scale (gradient overflow), mid-training NaN with a healthy
 // scale (the forward pass began to overflow), a plateau above the fp32
@@ -104,6 +106,11 @@ type GradSummary struct {
 	Nonzero      *int
 	Underflow    *int
 	Subnormal    *int
+	// SumSq is the squared L2 norm of the scaled gradient over the
+	// elements fp16 holds finite, LostSumSq that of what fp16 loses of
+	// them (fp16(x) − x): lost_mass is √(LostSumSq/SumSq). A log written
+	// before the companion recorded them has neither.
+	SumSq, LostSumSq *float64
 }
 
 // Len is the number of entries in the log: its steps, or its samples when

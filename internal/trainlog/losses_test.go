@@ -36,7 +36,7 @@ func TestLossWindows(t *testing.T) {
 		{"clean, csv steps", &trainlog.Log{FirstStep: 100, Losses: losses(300, -1, -1)}, report.StepRange{From: 100, To: 129}, report.StepRange{From: 370, To: 399}, 0, 399},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := trainlog.Analyze(c.log, nil, trainlog.DefaultOptions).Losses
+			l := analyze(t, c.log, nil, trainlog.DefaultOptions).Losses
 			if l.FirstSteps == nil || *l.FirstSteps != c.first || l.FinalSteps == nil || *l.FinalSteps != c.final {
 				t.Errorf("windows %v and %v, want %v and %v", l.FirstSteps, l.FinalSteps, c.first, c.final)
 			}
@@ -48,7 +48,7 @@ func TestLossWindows(t *testing.T) {
 			}
 		})
 	}
-	l := trainlog.Analyze(&trainlog.Log{Losses: []float64{nan, nan}}, nil, trainlog.DefaultOptions).Losses
+	l := analyze(t, &trainlog.Log{Losses: []float64{nan, nan}}, nil, trainlog.DefaultOptions).Losses
 	if l.LastFiniteStep != nil || l.TrailingNonFinite != 2 || l.FinalSteps != nil {
 		t.Errorf("all-NaN log: last finite %v, trailing %d, final window %v", l.LastFiniteStep, l.TrailingNonFinite, l.FinalSteps)
 	}
@@ -65,7 +65,7 @@ func TestBaselineSeries(t *testing.T) {
 	for i := range base.Losses {
 		base.Losses[i] = float64(i)
 	}
-	r := trainlog.Analyze(run, base, trainlog.DefaultOptions)
+	r := analyze(t, run, base, trainlog.DefaultOptions)
 	first, last := r.Series[0], r.Series[len(r.Series)-1]
 	if first.From != 0 || first.To != 1 || first.BaselineLoss == nil || *first.BaselineLoss != 0.5 {
 		t.Errorf("first bucket %+v, want steps 0–1 with baseline mean 0.5", first)
@@ -73,7 +73,7 @@ func TestBaselineSeries(t *testing.T) {
 	if last.BaselineLoss != nil {
 		t.Errorf("bucket of steps %d–%d has a baseline loss, but the baseline ends at step 199", last.From, last.To)
 	}
-	if r := trainlog.Analyze(run, nil, trainlog.DefaultOptions); r.Series[0].BaselineLoss != nil {
+	if r := analyze(t, run, nil, trainlog.DefaultOptions); r.Series[0].BaselineLoss != nil {
 		t.Errorf("baseline loss without a baseline")
 	}
 }

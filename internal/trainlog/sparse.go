@@ -25,45 +25,45 @@ func (g gap) full() bool { return g.kmin == g.d }
 // and rates are the lower bounds; a fall of the scale, a collapse before a
 // NaN and a long stretch without growth are what the samples show, and the
 // report says what they cannot.
-func (a *analysis) sparseScales() {
-	a.sampled = true
-	l, sc := a.run, a.run.Scales
+func (f *Facts) sparseScales() {
+	f.sampled = true
+	l, sc := f.run, f.run.Scales
 	var idx []int
 	for i, s := range sc {
 		if !math.IsNaN(s) {
 			idx = append(idx, i)
 		}
 	}
-	info := a.resolveSampledScaler(sc[idx[0]])
-	a.r.GradScaler = &info
-	a.cfg = info.ScalerConfig
-	interval, gf, bf := a.cfg.GrowthInterval, a.cfg.GrowthFactor, a.cfg.BackoffFactor
-	every := commonGap(stepsOf(a, idx))
-	a.every = every
+	info := f.resolveSampledScaler(sc[idx[0]])
+	f.r.GradScaler = &info
+	f.cfg = info.ScalerConfig
+	interval, gf, bf := f.cfg.GrowthInterval, f.cfg.GrowthFactor, f.cfg.BackoffFactor
+	every := commonGap(stepsOf(f, idx))
+	f.every = every
 	st := &report.ScaleStats{SkippedAt: []int{}, SkippedLowerBound: true, FinalScale: sc[idx[len(idx)-1]], MinScale: math.Inf(1)}
-	a.skips = make([]int, a.n)
+	f.skips = make([]int, f.n)
 
-	prevStep, prevScale := a.step(idx[0]), sc[idx[0]]
+	prevStep, prevScale := f.step(idx[0]), sc[idx[0]]
 	fromStart := prevStep >= 0 && prevStep <= every
 	if fromStart {
 		// The log starts within one sampling gap of step 0: the first
 		// sample follows init_scale.
-		prevStep, prevScale = -1, a.cfg.InitScale
+		prevStep, prevScale = -1, f.cfg.InitScale
 	} else {
-		a.notDerived("what the scaler did before step %d, where the log starts", prevStep)
+		f.notDerived("what the scaler did before step %d, where the log starts", prevStep)
 	}
 	startStep := prevStep + 1
 	if fromStart {
 		// The run is read from step 0: the report describes the steps the
 		// diagnosis covers, the first sample still shows where the log
 		// starts.
-		a.r.Run.FirstStep, a.r.Run.Steps = startStep, a.step(a.n-1)-startStep+1
-		a.steps = a.r.Run.Steps
+		f.r.Run.FirstStep, f.r.Run.Steps = startStep, f.step(f.n-1)-startStep+1
+		f.steps = f.r.Run.Steps
 	}
 	var gaps []gap
 	maxTotal, odd, tooFast := 0, -1, -1
 	for j, i := range idx {
-		t, s := a.step(i), sc[i]
+		t, s := f.step(i), sc[i]
 		if s < st.MinScale {
 			st.MinScale, st.MinScaleStep = s, t
 		}
@@ -94,7 +94,7 @@ func (a *analysis) sparseScales() {
 			}
 			g.kmin = g.d
 		}
-		a.skips[i] = g.kmin
+		f.skips[i] = g.kmin
 		st.Skipped += g.kmin
 		maxTotal += g.kmax
 		if net > 0 {
@@ -104,19 +104,19 @@ func (a *analysis) sparseScales() {
 		prevStep, prevScale = t, s
 	}
 	if odd >= 0 {
-		a.note("the scale at step %d is not the one before times a power of the growth factor %g: is the scale read after scaler.update()?", odd, gf)
+		f.note("the scale at step %d is not the one before times a power of the growth factor %g: is the scale read after scaler.update()?", odd, gf)
 	}
 	if tooFast >= 0 {
-		a.note("the scale changed faster than GradScaler can by step %d (more halvings than steps, or more growths than growth_interval %d allows): are the step numbers optimizer steps?", tooFast, interval)
+		f.note("the scale changed faster than GradScaler can by step %d (more halvings than steps, or more growths than growth_interval %d allows): are the step numbers optimizer steps?", tooFast, interval)
 	}
-	span := a.step(a.n-1) - startStep + 1
+	span := f.step(f.n-1) - startStep + 1
 	st.SkippedMax = &maxTotal
 	st.SkipRate = float64(st.Skipped) / float64(max(span, 1))
 
-	a.sampledNaN(st, gaps)
-	cutStep := a.step(a.n-1) + 1
-	if a.nanStep >= 0 {
-		cutStep = a.nanStep
+	f.sampledNaN(st, gaps)
+	cutStep := f.step(f.n-1) + 1
+	if f.nanStep >= 0 {
+		cutStep = f.nanStep
 	}
 
 	// The warm-up: the skipped steps that the first gaps prove, as long as
@@ -127,18 +127,18 @@ func (a *analysis) sparseScales() {
 			if g.to >= cutStep || g.kmin == 0 {
 				break
 			}
-			a.warmup += g.kmin
+			f.warmup += g.kmin
 			st.WarmupScale = g.scale
 			if !g.full() {
 				break
 			}
 		}
 	}
-	st.WarmupSkipped = a.warmup
-	if a.warmup == 0 {
+	st.WarmupSkipped = f.warmup
+	if f.warmup == 0 {
 		st.WarmupScale = 0
 	}
-	a.warmupEnd = startStep + a.warmup
+	f.warmupEnd = startStep + f.warmup
 
 	judgedSkips := 0
 	for _, g := range gaps {
@@ -146,13 +146,13 @@ func (a *analysis) sparseScales() {
 			judgedSkips += g.kmin
 		}
 	}
-	a.judged = max(cutStep-startStep-a.warmup, 0)
-	a.judgedSkips = max(judgedSkips-a.warmup, 0)
-	if a.judged > 0 {
-		st.SkipRateAfterWarmup = float64(a.judgedSkips) / float64(a.judged)
+	f.judged = max(cutStep-startStep-f.warmup, 0)
+	f.judgedSkips = max(judgedSkips-f.warmup, 0)
+	if f.judged > 0 {
+		st.SkipRateAfterWarmup = float64(f.judgedSkips) / float64(f.judged)
 	}
-	a.skipThreshold = max(a.opt.SkipRate, 2/float64(interval+1))
-	a.highSkip = a.judged > 0 && st.SkipRateAfterWarmup > a.skipThreshold
+	f.skipThreshold = max(f.opt.SkipRate, 2/float64(interval+1))
+	f.highSkip = f.judged > 0 && st.SkipRateAfterWarmup > f.skipThreshold
 
 	// The longest run of skipped steps: gaps skipped throughout chain
 	// together; inside any other gap, k skips among d steps leave at most
@@ -180,11 +180,11 @@ func (a *analysis) sparseScales() {
 	// Stretches without growth, between the gaps whose scale rose: the
 	// samples show no growth there, though a growth that a backoff undid
 	// before the next sample leaves no trace.
-	stretchFrom, backoffs, lastScale, lastStep := a.warmupEnd, 0, 0.0, -1
+	stretchFrom, backoffs, lastScale, lastStep := f.warmupEnd, 0, 0.0, -1
 	flush := func(to int, scale float64) {
 		if n := to - stretchFrom + 1; to >= stretchFrom && n > st.LongestNoGrowth {
 			st.LongestNoGrowth, st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs = n, stretchFrom, backoffs
-			st.Pinned = n >= a.opt.PinnedIntervals*interval && backoffs >= a.opt.PinnedIntervals
+			st.Pinned = n >= f.opt.PinnedIntervals*interval && backoffs >= f.opt.PinnedIntervals
 			st.PinnedScale = 0
 			if st.Pinned {
 				st.PinnedScale = scale
@@ -195,7 +195,7 @@ func (a *analysis) sparseScales() {
 		if g.to >= cutStep {
 			break
 		}
-		if g.to < a.warmupEnd {
+		if g.to < f.warmupEnd {
 			lastScale, lastStep = g.scale, g.to
 			continue
 		}
@@ -210,12 +210,12 @@ func (a *analysis) sparseScales() {
 	if lastStep >= 0 {
 		flush(lastStep, lastScale)
 	}
-	a.pinnedLow = st.Pinned && st.PinnedScale <= a.opt.LowScale
+	f.pinnedLow = st.Pinned && st.PinnedScale <= f.opt.LowScale
 
-	a.r.Scales = st
-	a.notDerived("which steps were skipped and how many exactly: the log holds one step in %d (%d samples over %d steps); the scale ratios between samples prove at least %d skipped steps, and growth_interval %d (%s) allows at most %d",
+	f.r.Scales = st
+	f.notDerived("which steps were skipped and how many exactly: the log holds one step in %d (%d samples over %d steps); the scale ratios between samples prove at least %d skipped steps, and growth_interval %d (%s) allows at most %d",
 		every, len(idx), span, st.Skipped, interval, info.GrowthIntervalFrom, maxTotal)
-	a.notDerived("growths that a backoff undid before the next sample: they leave the scale unchanged, so the growths (%d) and the stretches without growth are those the samples show; the minimum and maximum scale are the samples'", st.Growths)
+	f.notDerived("growths that a backoff undid before the next sample: they leave the scale unchanged, so the growths (%d) and the stretches without growth are those the samples show; the minimum and maximum scale are the samples'", st.Growths)
 }
 
 // sampledNaN settles the first NaN of a sampled log: the loss's, placed
@@ -223,8 +223,8 @@ func (a *analysis) sparseScales() {
 // throughout that reach the end of the log (at least eight steps: NaN
 // gradients overflow at every scale). It then measures how far the scale
 // fell before it.
-func (a *analysis) sampledNaN(st *report.ScaleStats, gaps []gap) {
-	if a.run.Losses == nil {
+func (f *Facts) sampledNaN(st *report.ScaleStats, gaps []gap) {
+	if f.run.Losses == nil {
 		total, k := 0, len(gaps)
 		for k > 0 && gaps[k-1].full() {
 			k--
@@ -232,50 +232,50 @@ func (a *analysis) sampledNaN(st *report.ScaleStats, gaps []gap) {
 		}
 		if total >= allSkippedRun {
 			g := gaps[k]
-			a.nanIdx, a.nanStep = g.entry, g.from+1
-			at := a.nanStep
+			f.nanIdx, f.nanStep = g.entry, g.from+1
+			at := f.nanStep
 			st.InferredNaNStep = &at
-			a.note("the log has no losses; the samples from step %d to the end show every step skipped (%d halvings in %d steps), which is what a NaN loss does: the first NaN is taken to be at step %d",
+			f.note("the log has no losses; the samples from step %d to the end show every step skipped (%d halvings in %d steps), which is what a NaN loss does: the first NaN is taken to be at step %d",
 				g.from+1, total, total, g.from+1)
 		}
-	} else if a.nanIdx > 0 && a.run.Sampled() {
-		a.note("the first NaN/Inf loss is at step %d or before, after step %d: the log holds one step in %d", a.nanStep, a.step(a.nanIdx-1), a.r.Run.SampleEvery)
+	} else if f.nanIdx > 0 && f.run.Sampled() {
+		f.note("the first NaN/Inf loss is at step %d or before, after step %d: the log holds one step in %d", f.nanStep, f.step(f.nanIdx-1), f.r.Run.SampleEvery)
 	}
-	if a.nanStep < 0 {
+	if f.nanStep < 0 {
 		return
 	}
-	at := a.cfg.InitScale
+	at := f.cfg.InitScale
 	for _, g := range gaps {
-		if g.to < a.nanStep {
+		if g.to < f.nanStep {
 			at = g.scale
 		}
 	}
 	st.ScaleAtFirstNaN = &at
-	w := max(2*a.cfg.GrowthInterval, 20)
-	from := max(a.nanStep-w, a.warmupEnd)
+	w := max(2*f.cfg.GrowthInterval, 20)
+	from := max(f.nanStep-w, f.warmupEnd)
 	top, seen := at, false
 	for _, g := range gaps {
-		if g.to >= from && g.to < a.nanStep {
+		if g.to >= from && g.to < f.nanStep {
 			top = max(top, g.scale)
 			st.BackoffsBeforeNaN += g.kmin
 			seen = true
 		}
 	}
 	if !seen {
-		a.notDerived("how far the scale fell before the first NaN: no sample lies in the %d steps before it", w)
+		f.notDerived("how far the scale fell before the first NaN: no sample lies in the %d steps before it", w)
 		return
 	}
 	bits := collapseBits(top, at)
 	st.CollapseBits = &bits
-	st.CollapseWindow = a.nanStep - from
-	a.collapse = bits >= a.opt.CollapseBits
+	st.CollapseWindow = f.nanStep - from
+	f.collapse = bits >= f.opt.CollapseBits
 }
 
 // resolveSampledScaler settles the configuration of a sampled log: the
 // log's values, else PyTorch's defaults. The growth interval cannot be
 // read off samples.
-func (a *analysis) resolveSampledScaler(first float64) report.ScalerInfo {
-	c := a.run.Scaler
+func (f *Facts) resolveSampledScaler(first float64) report.ScalerInfo {
+	c := f.run.Scaler
 	info := report.ScalerInfo{InitScaleFrom: "log", GrowthIntervalFrom: "log"}
 	if c.GrowthFactor == 0 {
 		c.GrowthFactor = DefaultScaler.GrowthFactor
@@ -287,12 +287,12 @@ func (a *analysis) resolveSampledScaler(first float64) report.ScalerInfo {
 		c.InitScale, info.InitScaleFrom = DefaultScaler.InitScale, "default"
 		if _, exact := netGrowths(c.InitScale, first, c.GrowthFactor, c.BackoffFactor); !exact {
 			c.InitScale, info.InitScaleFrom = first, "inferred"
-			a.note("the first scale %s is not PyTorch's default init_scale 65536 times a power of two: init_scale taken as %s", report.FormatScale(first), report.FormatScale(first))
+			f.note("the first scale %s is not PyTorch's default init_scale 65536 times a power of two: init_scale taken as %s", report.FormatScale(first), report.FormatScale(first))
 		}
 	}
 	if c.GrowthInterval == 0 {
 		c.GrowthInterval, info.GrowthIntervalFrom = DefaultScaler.GrowthInterval, "default"
-		a.note("growth_interval taken as PyTorch's default 2000: samples cannot show it; a log that states it (grad_scaler in the JSON form, the companion's header) bounds the skipped steps more tightly")
+		f.note("growth_interval taken as PyTorch's default 2000: samples cannot show it; a log that states it (grad_scaler in the JSON form, the companion's header) bounds the skipped steps more tightly")
 	}
 	info.ScalerConfig = c
 	return info
@@ -322,10 +322,10 @@ func netGrowths(prev, s, growth, backoff float64) (int, bool) {
 	return int(n), exact
 }
 
-func stepsOf(a *analysis, idx []int) []int {
+func stepsOf(f *Facts, idx []int) []int {
 	out := make([]int, len(idx))
 	for j, i := range idx {
-		out[j] = a.step(i)
+		out[j] = f.step(i)
 	}
 	return out
 }

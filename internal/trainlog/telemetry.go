@@ -2,9 +2,12 @@ package trainlog
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"strings"
 
+	"fp16audit/checks"
 	"fp16audit/report"
 )
 
@@ -14,16 +17,12 @@ const maxUnderflowModules = 10
 // telemetry reads the companion's per-module gradient telemetry: on the
 // skipped steps after the warm-up and before the first NaN (the collapse
 // window, when the scale collapsed), which module's gradient overflowed
-// fp16 first; on the fully measured lines, which modules lose a share of
-// their gradient to fp16 underflow. It then names those modules in the
+// fp16 first; on the fully measured lines, which modules lose their
+// gradient to fp16 underflow. The analyzers name those modules in the
 // findings they explain.
-func (a *analysis) telemetry() {
-	l := a.run
+func (f *Facts) telemetry() {
+	l := f.run
 	if l.TelemetryModules == 0 && len(l.Telemetry) == 0 {
-		switch a.r.Verdict {
-		case report.ScalesGradientOverflowNaN, report.ScalesPlateauUnderflow:
-			a.notDerived("which module's gradients overflow or underflow: the log carries no per-module gradient telemetry; record the run with the Python companion (python/README.md), whose telemetry names them")
-		}
 		return
 	}
 	ts := &report.TelemetryStats{Modules: l.TelemetryModules, Overflow: []report.ModuleOverflow{}, Underflow: []report.ModuleUnderflow{}}
@@ -36,16 +35,16 @@ func (a *analysis) telemetry() {
 			ts.SkippedLines++
 		}
 	}
-	from, end := a.step(0), a.step(a.n-1)
-	if a.r.Scales != nil {
-		from = a.warmupEnd
+	from, end := f.step(0), f.step(f.n-1)
+	if f.r.Scales != nil {
+		from = f.warmupEnd
 	}
-	if a.nanStep >= 0 {
-		end = a.nanStep - 1
+	if f.nanStep >= 0 {
+		end = f.nanStep - 1
 	}
 	underFrom := from
-	if st := a.r.Scales; a.collapse && st != nil && st.CollapseWindow > 0 {
-		from = max(from, a.nanStep-st.CollapseWindow)
+	if st := f.r.Scales; f.collapse && st != nil && st.CollapseWindow > 0 {
+		from = max(from, f.nanStep-st.CollapseWindow)
 	}
 	ts.OverflowFrom, ts.OverflowTo = from, end
 
@@ -89,15 +88,14 @@ func (a *analysis) telemetry() {
 	}
 	sort.SliceStable(ts.Overflow, func(i, j int) bool { return ts.Overflow[i].Steps > ts.Overflow[j].Steps })
 	if skipped > 0 && len(ts.Overflow) == 0 {
-		a.note("the telemetry of the %d skipped steps in steps %d–%d names no module: the overflow arose outside the watched modules", skipped, from, end)
+		f.note("the telemetry of the %d skipped steps in steps %d–%d names no module: the overflow arose outside the watched modules", skipped, from, end)
 	}
 
-	ts.Underflow = a.underflow(underFrom, end)
+	ts.Underflow = f.underflow(underFrom, end)
 	if ts.FullLines == 0 {
-		a.notDerived("which modules underflow: the telemetry has no fully measured lines (the companion writes them every `every` steps)")
+		f.notDerived("which modules underflow: the telemetry has no fully measured lines (the companion writes them every `every` steps)")
 	}
-	a.r.Telemetry = ts
-	a.nameModules(ts)
+	f.r.Telemetry = ts
 }
 
 // overflowOrigin is the module where a skipped step's overflow began: the
@@ -126,21 +124,49 @@ func overflowOrigin(t TelemetryLine) (*ModuleGrads, string, *GradSummary) {
 	return pick("params", func(m *ModuleGrads) *GradSummary { return m.Params }, t.FirstNonFiniteParams)
 }
 
-// underflow sums, per module and gradient, the elements that flush to zero
-// in fp16 (or, where that cannot be measured because the gradient arrived
-// in fp16 already, those in fp16's subnormal range) over the fully
-// measured lines of steps from..end, and keeps those at or above the
-// threshold.
-func (a *analysis) underflow(from, end int) []report.ModuleUnderflow {
+// Underflow measures, in the order a module's gradient is judged by the
+// first its lines hold.
+const (
+	// MeasureLostMass is the share of the gradient's L2 norm fp16 loses,
+	// lost(S) = ‖fp16(g·S)/S − g‖ / ‖g‖ at the scale S the step used:
+	// flushing and subnormal rounding together (the companion's
+	// lost_mass, the training audit's lost_mass).
+	MeasureLostMass = "lost_mass"
+	// MeasureUnderflow is the share of the nonzero elements fp16 flushes
+	// to zero: logs written before the companion recorded lost_mass.
+	MeasureUnderflow = "underflow"
+	// MeasureSubnormal is the share of the nonzero elements in fp16's
+	// subnormal range, for a gradient that arrived in fp16 already, where
+	// neither loss can be seen.
+	MeasureSubnormal = "subnormal"
+)
+
+// underflow pools, per module and gradient, the fully measured lines of
+// steps from..end by the best measure they hold: the mass lost (the sums
+// of squares of the gradient and of what fp16 loses of it, each divided
+// by the square of the line's scale, so that every step counts by its
+// unscaled gradient), else the elements flushed to zero, else the
+// elements in fp16's subnormal range. It keeps the gradients at or above
+// their measure's threshold, those judged by mass first.
+func (f *Facts) underflow(from, end int) []report.ModuleUnderflow {
 	type acc struct {
 		report.ModuleUnderflow
-		scales []float64
+		// per measure: lines, and the pooled numerator and denominator
+		lines          [3]int
+		num, den       [3]float64
+		count, nonzero [3]int
+		scales         [3][]float64
 	}
+	measures := [3]string{MeasureLostMass, MeasureUnderflow, MeasureSubnormal}
 	byKey := map[string]*acc{}
 	var order []string
-	for _, t := range a.run.Telemetry {
+	for _, t := range f.run.Telemetry {
 		if !t.Full || t.Step < from || t.Step > end {
 			continue
+		}
+		s2 := 1.0
+		if t.Scale > 0 && isFinite(t.Scale) {
+			s2 = t.Scale * t.Scale
 		}
 		for _, m := range t.Modules {
 			for _, g := range []struct {
@@ -150,28 +176,34 @@ func (a *analysis) underflow(from, end int) []report.ModuleUnderflow {
 				if g.s == nil || g.s.Nonzero == nil || *g.s.Nonzero == 0 {
 					continue
 				}
-				measure, cnt := "underflow", g.s.Underflow
-				if cnt == nil {
-					measure, cnt = "subnormal", g.s.Subnormal
-				}
-				if cnt == nil {
-					continue
-				}
 				key := m.Name + "\x00" + g.which
 				u := byKey[key]
 				if u == nil {
-					u = &acc{ModuleUnderflow: report.ModuleUnderflow{Module: m.Name, Type: m.Type, Gradient: g.which, Measure: measure}}
+					u = &acc{ModuleUnderflow: report.ModuleUnderflow{Module: m.Name, Type: m.Type, Gradient: g.which}}
 					byKey[key] = u
 					order = append(order, key)
 				}
-				if u.Measure != measure {
-					continue
+				add := func(k int, num, den float64, count int) {
+					u.lines[k]++
+					u.num[k] += num
+					u.den[k] += den
+					u.count[k] += count
+					u.nonzero[k] += *g.s.Nonzero
+					if t.Scale > 0 {
+						u.scales[k] = append(u.scales[k], t.Scale)
+					}
 				}
-				u.Count += *cnt
-				u.Nonzero += *g.s.Nonzero
-				u.Lines++
-				if t.Scale > 0 {
-					u.scales = append(u.scales, t.Scale)
+				if g.s.SumSq != nil && g.s.LostSumSq != nil && *g.s.SumSq > 0 {
+					cnt := 0
+					if g.s.Underflow != nil {
+						cnt = *g.s.Underflow
+					}
+					add(0, *g.s.LostSumSq/s2, *g.s.SumSq/s2, cnt)
+				}
+				if g.s.Underflow != nil {
+					add(1, 0, 0, *g.s.Underflow)
+				} else if g.s.Subnormal != nil {
+					add(2, 0, 0, *g.s.Subnormal)
 				}
 			}
 		}
@@ -179,100 +211,126 @@ func (a *analysis) underflow(from, end int) []report.ModuleUnderflow {
 	out := []report.ModuleUnderflow{}
 	for _, key := range order {
 		u := byKey[key]
-		u.Fraction = float64(u.Count) / float64(u.Nonzero)
-		if u.Fraction < a.opt.UnderflowFraction || u.Fraction == 0 {
+		k := 0
+		for k < len(measures) && u.lines[k] == 0 {
+			k++
+		}
+		if k == len(measures) {
 			continue
 		}
-		if n := len(u.scales); n > 0 {
-			sort.Float64s(u.scales)
-			u.MedianScale = u.scales[n/2]
+		mu := u.ModuleUnderflow
+		mu.Measure, mu.Lines, mu.Count, mu.Nonzero = measures[k], u.lines[k], u.count[k], u.nonzero[k]
+		mu.Fraction = float64(mu.Count) / float64(mu.Nonzero)
+		if k == 0 {
+			lost := math.Sqrt(u.num[0] / u.den[0])
+			mu.LostMass = &lost
+			if lost < f.opt.LostMassTolerance || lost == 0 {
+				continue
+			}
+		} else if mu.Fraction < f.opt.UnderflowFraction || mu.Fraction == 0 {
+			continue
 		}
-		out = append(out, u.ModuleUnderflow)
+		if sc := u.scales[k]; len(sc) > 0 {
+			sort.Float64s(sc)
+			mu.MedianScale = sc[len(sc)/2]
+		}
+		out = append(out, mu)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Fraction > out[j].Fraction })
+	sort.SliceStable(out, func(i, j int) bool {
+		mi, mj := out[i].LostMass != nil, out[j].LostMass != nil
+		switch {
+		case mi && mj:
+			return *out[i].LostMass > *out[j].LostMass
+		case mi != mj:
+			return mi
+		}
+		return out[i].Fraction > out[j].Fraction
+	})
 	if len(out) > maxUnderflowModules {
 		out = out[:maxUnderflowModules]
 	}
 	return out
 }
 
-// nameModules puts the telemetry's modules into the findings they explain:
-// the module where the overflows began into FP5002 (NaN after a collapse)
-// and FP5009 (many skipped steps), the underflowing modules into FP5005
-// (plateau) and FP5010 (scale pinned low).
-func (a *analysis) nameModules(ts *report.TelemetryStats) {
-	r := a.r
-	var over *report.ModuleOverflow
-	if len(ts.Overflow) > 0 {
-		over = &ts.Overflow[0]
+// overflowModule is the module where most overflows began, nil without
+// telemetry or when it names none.
+func (f *Facts) overflowModule() *report.ModuleOverflow {
+	if ts := f.r.Telemetry; ts != nil && len(ts.Overflow) > 0 {
+		return &ts.Overflow[0]
 	}
-	overText := func() string {
-		o := over
-		which := "gradients"
-		switch o.OutputSteps {
-		case o.Steps:
-			which = gradientWord("output")
-		case 0:
-			which = gradientWord("params")
+	return nil
+}
+
+// underflowModules are the gradients the telemetry shows losing to
+// underflow, nil without telemetry.
+func (f *Facts) underflowModules() []report.ModuleUnderflow {
+	if ts := f.r.Telemetry; ts != nil {
+		return ts.Underflow
+	}
+	return nil
+}
+
+// massLost reports whether the telemetry shows a gradient losing mass to
+// fp16 beyond the tolerance.
+func (f *Facts) massLost() bool {
+	return slices.ContainsFunc(f.underflowModules(), func(u report.ModuleUnderflow) bool { return u.Measure == MeasureLostMass })
+}
+
+// overflowText says where the overflows began.
+func (f *Facts) overflowText() string {
+	ts, o := f.r.Telemetry, f.overflowModule()
+	which := "gradients"
+	switch o.OutputSteps {
+	case o.Steps:
+		which = gradientWord("output")
+	case 0:
+		which = gradientWord("params")
+	}
+	s := fmt.Sprintf("The telemetry names module %s%s: its %s overflowed fp16 first on %d of the %d skipped steps with telemetry in steps %d–%d",
+		o.Module, typeText(o.Type), which, o.Steps, o.OfSteps, ts.OverflowFrom, ts.OverflowTo)
+	if which == "gradients" {
+		s += fmt.Sprintf(" (the output gradient on %d, the parameter gradient alone on %d)", o.OutputSteps, o.Steps-o.OutputSteps)
+	}
+	if o.MaxAbs > 0 {
+		s += fmt.Sprintf("; largest finite scaled gradient %.3g (%.3g unscaled)", o.MaxAbs, o.MaxUnscaled)
+	}
+	return s
+}
+
+// nameUnderflow names the underflowing gradients in fd, with the measure
+// each was judged by.
+func (f *Facts) nameUnderflow(fd *checks.Finding) {
+	us := f.underflowModules()
+	if len(us) == 0 {
+		return
+	}
+	var parts []string
+	for i, u := range us {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(us)-3))
+			break
 		}
-		s := fmt.Sprintf("The telemetry names module %s%s: its %s overflowed fp16 first on %d of the %d skipped steps with telemetry in steps %d–%d",
-			o.Module, typeText(o.Type), which, o.Steps, o.OfSteps, ts.OverflowFrom, ts.OverflowTo)
-		if which == "gradients" {
-			s += fmt.Sprintf(" (the output gradient on %d, the parameter gradient alone on %d)", o.OutputSteps, o.Steps-o.OutputSteps)
+		var what string
+		switch u.Measure {
+		case MeasureLostMass:
+			what = fmt.Sprintf("%.1f%% of its %s's mass (L2 norm) lost to fp16", 100**u.LostMass, gradientWord(u.Gradient))
+		case MeasureSubnormal:
+			what = fmt.Sprintf("%.0f%% of its %s's nonzero elements are fp16 subnormals", 100*u.Fraction, gradientWord(u.Gradient))
+		default:
+			what = fmt.Sprintf("%.0f%% of its %s's nonzero elements flush to zero", 100*u.Fraction, gradientWord(u.Gradient))
 		}
-		if o.MaxAbs > 0 {
-			s += fmt.Sprintf("; largest finite scaled gradient %.3g (%.3g unscaled)", o.MaxAbs, o.MaxUnscaled)
-		}
-		return s
+		parts = append(parts, fmt.Sprintf("%s%s (%s at a median scale %s)", u.Module, typeText(u.Type), what, report.FormatScale(u.MedianScale)))
 	}
-	underText := func() string {
-		var parts []string
-		for i, u := range ts.Underflow {
-			if i == 3 {
-				parts = append(parts, fmt.Sprintf("and %d more", len(ts.Underflow)-3))
-				break
-			}
-			what := "flush to zero"
-			if u.Measure == "subnormal" {
-				what = "are fp16 subnormals"
-			}
-			parts = append(parts, fmt.Sprintf("%s%s (%.0f%% of its %s's nonzero elements %s at a median scale %s)",
-				u.Module, typeText(u.Type), 100*u.Fraction, gradientWord(u.Gradient), what, report.FormatScale(u.MedianScale)))
-		}
-		return "The telemetry shows the modules losing gradient to fp16 underflow: " + strings.Join(parts, ", ")
+	fd.Module = us[0].Module
+	fd.Message += ". The telemetry shows the modules losing gradient to fp16 underflow: " + strings.Join(parts, ", ")
+}
+
+// lossText says what one gradient loses, for the verdict.
+func lossText(u report.ModuleUnderflow) string {
+	if u.Measure == MeasureLostMass {
+		return fmt.Sprintf("loses %.1f%% of its %s's mass to fp16", 100**u.LostMass, gradientWord(u.Gradient))
 	}
-	for i := range r.Findings {
-		f := &r.Findings[i]
-		switch f.Check {
-		case checkGradOverflowNaN.ID:
-			if over == nil {
-				continue
-			}
-			f.Module = over.Module
-			f.Message += ". " + overText() + ": lower the learning rate for that module (its own parameter group), clip its gradients, keep it in fp32 (torch.autocast(enabled=False) around it) or train with to_bf16()"
-		case checkSkipRate.ID:
-			if over == nil {
-				continue
-			}
-			f.Module = over.Module
-			f.Message += ". " + overText()
-		case checkPlateauUnderflow.ID, checkPinnedLow.ID:
-			if len(ts.Underflow) > 0 {
-				f.Module = ts.Underflow[0].Module
-				f.Message += ". " + underText()
-			}
-			if over != nil && f.Check == checkPlateauUnderflow.ID {
-				f.Message += ". " + overText() + ", keeping the scale low"
-			}
-		}
-	}
-	if over != nil && r.Verdict == report.ScalesGradientOverflowNaN {
-		r.VerdictText += fmt.Sprintf("; the overflows begin in module %s", over.Module)
-		r.Fix = fmt.Sprintf("module %s's gradients overflow first: lower its learning rate, clip gradients, keep it in fp32 (torch.autocast(enabled=False) around it), or train with learn.to_bf16() (Ampere or newer) or in fp32", over.Module)
-	}
-	if len(ts.Underflow) > 0 && r.Verdict == report.ScalesPlateauUnderflow {
-		r.VerdictText += fmt.Sprintf("; module %s loses %.0f%% of its %s to underflow", ts.Underflow[0].Module, 100*ts.Underflow[0].Fraction, gradientWord(ts.Underflow[0].Gradient))
-	}
+	return fmt.Sprintf("loses %.0f%% of its %s to underflow", 100*u.Fraction, gradientWord(u.Gradient))
 }
 
 // gradientWord names a telemetry gradient ("output", "params") in prose.

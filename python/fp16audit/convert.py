@@ -2,18 +2,22 @@
 
     python -m fp16audit.convert run.jsonl run.json   # {"losses": [...], "scales": [...], ...}
     python -m fp16audit.convert run.jsonl run.csv    # step,epoch,loss,scale
+    fp16audit-convert run.jsonl run.json             # the same, once installed
 
 Both keep one entry per optimizer step with the scale read after update(),
 the convention of docs/scales.md; the telemetry lines have no place in
-those forms and are dropped.
+those forms and are dropped. Converting needs no torch.
 """
+
+from __future__ import annotations
 
 import csv
 import json
 import math
 import sys
+from typing import List, Optional
 
-from .logfile import read_log
+from .logfile import TrainLog, read_log
 
 
 def _scaler(log):
@@ -29,7 +33,7 @@ def _check_consecutive(log):
             raise ValueError(f"{log.path}: step line {i} has step {s['step']}: the JSON and CSV forms need every step from 0")
 
 
-def to_scales_json(log, out):
+def to_scales_json(log: TrainLog, out: str) -> None:
     """Write the JSON form: losses, scales (when the run had a scaler), steps_per_epoch, grad_scaler."""
     _check_consecutive(log)
     obj = {"losses": [math.nan if s["loss"] is None else s["loss"] for s in log.steps]}
@@ -52,7 +56,7 @@ def _csv_float(x):
     return repr(x)
 
 
-def to_csv(log, out):
+def to_csv(log: TrainLog, out: str) -> None:
     """Write the CSV form: step, epoch (when known), loss, scale (when the run had a scaler)."""
     _check_consecutive(log)
     has_scale = _scaler(log) is not None
@@ -71,7 +75,8 @@ def to_csv(log, out):
             w.writerow(row)
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
+    """The command line: python -m fp16audit.convert LOG.jsonl OUT.json|OUT.csv (or fp16audit-convert); returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or not argv[1].lower().endswith((".json", ".csv")):
         print("usage: python -m fp16audit.convert LOG.jsonl OUT.json|OUT.csv", file=sys.stderr)

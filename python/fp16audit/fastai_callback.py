@@ -25,7 +25,12 @@ from a small stand-in base class with fastai's dispatch rules, so the module
 can be imported, tested and read anywhere.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 from .recorder import AmpRecorder
+from .telemetry import ModuleChoice
 
 try:  # pragma: no cover - depends on the environment
     from fastai.callback.core import Callback as _CallbackBase
@@ -76,15 +81,16 @@ class Fp16AuditCallback(_CallbackBase):
     order = 11  # after MixedPrecision (10): its after_step has called scaler.update()
     run_valid = False  # training steps only
 
-    def __init__(self, fname="fp16audit.jsonl", every=100, modules=None, telemetry=True):
+    def __init__(self, fname: str = "fp16audit.jsonl", every: int = 100, modules: ModuleChoice = None,
+                 telemetry: bool = True) -> None:
         super().__init__()
         # Attribute names chosen not to shadow the learner's: fastai warns
         # when a callback sets a name the learner already has.
         self.fname, self.every, self.watch_modules, self.with_telemetry = fname, every, modules, telemetry
-        self._rec = None
+        self._rec: Optional[AmpRecorder] = None
         self._cancelled = False
 
-    def before_fit(self):
+    def before_fit(self) -> None:
         if self._rec is not None:
             # A previous fit died before after_fit: its hooks must not pile
             # up, and its log stays without an end line.
@@ -112,16 +118,16 @@ class Fp16AuditCallback(_CallbackBase):
         )
         self._cancelled = False
 
-    def after_cancel_step(self):
+    def after_cancel_step(self) -> None:
         self._cancelled = True
 
-    def after_step(self):
+    def after_step(self) -> None:
         learn = self.learn
         self._rec.step(learn.loss, epoch=getattr(learn, "epoch", None), iter=getattr(learn, "iter", None),
                        skipped=self._cancelled)
         self._cancelled = False
 
-    def after_fit(self):
+    def after_fit(self) -> None:
         if self._rec is not None:
             self._rec.close()
             self._rec = None

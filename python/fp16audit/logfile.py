@@ -6,9 +6,13 @@ any JSON parser reads it: non-finite floats, which JSON has no token for, are
 written as the strings "NaN", "Infinity" and "-Infinity".
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import math
+import os
+from typing import Any, Dict, List, Optional, TextIO, Union
 
 FORMAT_NAME = "fp16audit.trainlog"
 FORMAT_VERSION = 1
@@ -21,7 +25,7 @@ FP16_MIN_SUBNORMAL = 2.0**-24
 _NONFINITE_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def encode_float(x):
+def encode_float(x: Optional[float]) -> Union[float, str, None]:
     """A float as the log stores it: a JSON number, or one of the strings NaN, Infinity, -Infinity; None stays None."""
     if x is None:
         return None
@@ -33,7 +37,7 @@ def encode_float(x):
     return "Infinity" if x > 0 else "-Infinity"
 
 
-def decode_float(v):
+def decode_float(v: Union[float, int, str, None]) -> Optional[float]:
     """The inverse of encode_float; also accepts what other writers produce: null (None) and float('nan') from bare tokens."""
     if v is None:
         return None
@@ -59,7 +63,7 @@ class LogWriter:
     or an open text file, which the writer does not close.
     """
 
-    def __init__(self, dest):
+    def __init__(self, dest: Union[str, "os.PathLike[str]", TextIO]) -> None:
         if hasattr(dest, "write"):
             self._f, self._own = dest, False
             self.path = getattr(dest, "name", None)
@@ -73,7 +77,8 @@ class LogWriter:
         # produce a line that strict JSON readers reject.
         self._f.write(json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n")
 
-    def header(self, *, source, grad_scaler, steps_per_epoch=None, telemetry=None, **extra):
+    def header(self, *, source: str, grad_scaler: Optional[Dict[str, Any]], steps_per_epoch: Optional[int] = None,
+               telemetry: Optional[Dict[str, Any]] = None, **extra: Any) -> None:
         """Write the header; `grad_scaler` is a dict (see scaler_config) or None for a run without loss scaling."""
         if self._wrote_header:
             raise RuntimeError("the header was already written")
@@ -92,7 +97,9 @@ class LogWriter:
         self._line(obj)
         self._wrote_header = True
 
-    def step(self, *, step, loss, scale, scale_used, skipped, epoch=None, iter=None):
+    def step(self, *, step: int, loss: Optional[float], scale: Optional[float], scale_used: Optional[float], skipped: bool,
+             epoch: Optional[int] = None, iter: Optional[int] = None) -> None:
+        """Write the step line of one optimizer step (python/README.md, "step")."""
         self._need_header()
         self._line({
             "kind": "step",
@@ -105,7 +112,9 @@ class LogWriter:
             "skipped": bool(skipped),
         })
 
-    def telemetry(self, *, step, reasons, measured, scale_used, modules):
+    def telemetry(self, *, step: int, reasons: List[str], measured: str, scale_used: Optional[float],
+                  modules: List[Dict[str, Any]]) -> None:
+        """Write the telemetry line of the step just written; `modules` as GradTelemetry.collect() returns them."""
         self._need_header()
         def first(which):
             return next((m["name"] for m in modules if m.get(which) and m[which]["nonfinite"] > 0), None)
@@ -121,11 +130,13 @@ class LogWriter:
             "modules": [_encode_module(m) for m in modules],
         })
 
-    def end(self, *, steps, skipped, telemetry_lines):
+    def end(self, *, steps: int, skipped: int, telemetry_lines: int) -> None:
+        """Write the end line of a finished run."""
         self._need_header()
         self._line({"kind": "end", "steps": int(steps), "skipped": int(skipped), "telemetry_lines": int(telemetry_lines)})
 
-    def close(self):
+    def close(self) -> None:
+        """Close a file the writer opened; flush one it was given."""
         if self._own and not self._f.closed:
             self._f.close()
         elif not self._own:
@@ -136,7 +147,7 @@ class LogWriter:
             raise RuntimeError("write the header first")
 
 
-_GRAD_FLOATS = ("max_abs", "underflow_fraction")
+_GRAD_FLOATS = ("max_abs", "underflow_fraction", "sumsq", "lost_sumsq", "lost_mass")
 
 
 def _encode_module(m):
@@ -151,13 +162,16 @@ def _encode_module(m):
 class TrainLog:
     """A log read back: the header dict, the step and telemetry dicts in file order, the end dict or None."""
 
-    def __init__(self, header, steps, telemetry, end, path=None):
+    def __init__(self, header: Dict[str, Any], steps: List[Dict[str, Any]], telemetry: List[Dict[str, Any]],
+                 end: Optional[Dict[str, Any]], path: Optional[str] = None) -> None:
         self.header, self.steps, self.telemetry, self.end, self.path = header, steps, telemetry, end, path
 
-    def losses(self):
+    def losses(self) -> List[Optional[float]]:
+        """The loss of every step, in order (None where not recorded)."""
         return [s["loss"] for s in self.steps]
 
-    def scales(self):
+    def scales(self) -> List[Optional[float]]:
+        """The scale after every step's update(), in order (None without scaling)."""
         return [s["scale"] for s in self.steps]
 
 
@@ -165,7 +179,7 @@ class LogFormatError(ValueError):
     """A malformed log; the message names the file and the line."""
 
 
-def read_log(path):
+def read_log(path: Union[str, "os.PathLike[str]"]) -> TrainLog:
     """Read a log written by LogWriter (or by anyone following the format); floats come back as Python floats."""
     header, steps, tele, end = None, [], [], None
     with open(path, encoding="utf-8") as f:

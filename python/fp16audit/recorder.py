@@ -13,13 +13,19 @@
                 opt.zero_grad(set_to_none=True)
 """
 
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, TextIO, Union
+
 import torch
+from torch import nn
 
 from .logfile import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, LogWriter
-from .telemetry import FULL, OFF, OVERFLOW, GradTelemetry
+from .telemetry import FULL, OFF, OVERFLOW, GradTelemetry, ModuleChoice
 
 
-def scaler_config(scaler):
+def scaler_config(scaler: Any) -> Optional[Dict[str, Any]]:
     """The header's grad_scaler entry: None without a scaler, {"enabled": false} for a disabled one."""
     if scaler is None:
         return None
@@ -61,8 +67,9 @@ class AmpRecorder:
     other step. Extra keyword arguments go into the header.
     """
 
-    def __init__(self, path, scaler=None, model=None, *, every=100, on_skipped=True, steps_per_epoch=None,
-                 modules=None, source="torch", **header_extra):
+    def __init__(self, path: Union[str, "os.PathLike[str]", TextIO], scaler: Any = None, model: Optional[nn.Module] = None, *,
+                 every: int = 100, on_skipped: bool = True, steps_per_epoch: Optional[int] = None,
+                 modules: ModuleChoice = None, source: str = "torch", **header_extra: Any) -> None:
         if every is None or every < 0:
             raise ValueError("every must be 0 (no interval telemetry) or a positive number of steps")
         self.every = int(every)
@@ -111,7 +118,8 @@ class AmpRecorder:
         else:
             self.telemetry.level = OFF
 
-    def step(self, loss, *, epoch=None, iter=None, skipped=None):
+    def step(self, loss: Union[torch.Tensor, float, None], *, epoch: Optional[int] = None, iter: Optional[int] = None,
+             skipped: Optional[bool] = None) -> bool:
         """Record one optimizer step, after scaler.update(); returns whether it was skipped.
 
         A step counts as skipped when the scale went down in update() (a
@@ -149,7 +157,7 @@ class AmpRecorder:
         self._arm()
         return was_skipped
 
-    def close(self):
+    def close(self) -> None:
         """Write the end line, detach the hooks and close the file; a log without an end line is from a run that stopped early."""
         if self._closed:
             return
@@ -160,7 +168,7 @@ class AmpRecorder:
             self.detach()
             self._writer.close()
 
-    def detach(self):
+    def detach(self) -> None:
         """Remove the hooks and the scaler watch without ending the log."""
         if self._watch is not None:
             self._watch.remove()
@@ -168,10 +176,10 @@ class AmpRecorder:
         if self.telemetry is not None:
             self.telemetry.remove()
 
-    def __enter__(self):
+    def __enter__(self) -> AmpRecorder:
         return self
 
-    def abort(self):
+    def abort(self) -> None:
         """Stop without an end line, as for a run that failed: detach the hooks and close the file."""
         if self._closed:
             return
@@ -179,7 +187,7 @@ class AmpRecorder:
         self.detach()
         self._writer.close()
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         # A run that raised gets no end line: readers tell it from a
         # finished one.
         if exc_type is None:

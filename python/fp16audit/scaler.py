@@ -24,9 +24,14 @@ an Inf in an fp16 activation gradient flows on into the parameter gradients,
 and watching the telemetry reproduces that.
 """
 
+from __future__ import annotations
+
 import struct
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
+
+Outputs = Union[torch.Tensor, List[torch.Tensor], Tuple[torch.Tensor, ...]]
 
 
 def _f32(x):
@@ -37,7 +42,8 @@ class _Watch:
     def __init__(self, owner, check):
         self._owner, self.check = owner, check
 
-    def remove(self):
+    def remove(self) -> None:
+        """Stop asking this check."""
         if self in self._owner._watches:
             self._owner._watches.remove(self)
 
@@ -45,8 +51,8 @@ class _Watch:
 class EmulatedGradScaler:
     """GradScaler's interface and update rule, on any device; see the module docstring."""
 
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True, half_check=True):
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True, half_check: bool = True) -> None:
         # The same argument checks as GradScaler: a scaler that cannot back
         # off or grow would make skipped steps invisible in the scale history.
         if not growth_factor > 1.0:
@@ -67,28 +73,34 @@ class EmulatedGradScaler:
         self._per_opt = {}
         self._watches = []
 
-    def is_enabled(self):
+    def is_enabled(self) -> bool:
+        """As GradScaler.is_enabled."""
         return self._enabled
 
-    def get_scale(self):
+    def get_scale(self) -> float:
+        """The current scale (1.0 when disabled), as GradScaler.get_scale."""
         return self._scale if self._enabled else 1.0
 
-    def get_growth_factor(self):
+    def get_growth_factor(self) -> float:
+        """As GradScaler.get_growth_factor."""
         return self._growth_factor
 
-    def get_backoff_factor(self):
+    def get_backoff_factor(self) -> float:
+        """As GradScaler.get_backoff_factor."""
         return self._backoff_factor
 
-    def get_growth_interval(self):
+    def get_growth_interval(self) -> int:
+        """As GradScaler.get_growth_interval."""
         return self._growth_interval
 
-    def watch(self, check):
+    def watch(self, check: Callable[[], bool]) -> _Watch:
         """Also count a step as overflowed when check() returns True at unscale time; returns a handle with remove()."""
         w = _Watch(self, check)
         self._watches.append(w)
         return w
 
-    def scale(self, outputs):
+    def scale(self, outputs: Outputs) -> Outputs:
+        """Multiply by the current scale, as GradScaler.scale."""
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
@@ -97,7 +109,8 @@ class EmulatedGradScaler:
             return type(outputs)(self.scale(o) for o in outputs)
         raise ValueError("outputs must be a Tensor or a list or tuple of Tensors")
 
-    def unscale_(self, optimizer):
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale and note whether any overflowed, as GradScaler.unscale_."""
         if not self._enabled:
             return
         state = self._per_opt.get(id(optimizer))
@@ -123,7 +136,8 @@ class EmulatedGradScaler:
                 found = True
         self._per_opt[id(optimizer)] = {"found_inf": found, "stepped": False}
 
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
+        """Unscale if not done yet and call optimizer.step() unless something overflowed, as GradScaler.step."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         state = self._per_opt.get(id(optimizer))
@@ -137,7 +151,8 @@ class EmulatedGradScaler:
             return None
         return optimizer.step(*args, **kwargs)
 
-    def update(self, new_scale=None):
+    def update(self, new_scale: Optional[float] = None) -> None:
+        """Back off after an overflow, grow after growth_interval clean steps, as GradScaler.update."""
         if not self._enabled:
             return
         if new_scale is not None:
@@ -155,13 +170,15 @@ class EmulatedGradScaler:
                     self._growth_tracker = 0
         self._per_opt = {}
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
+        """As GradScaler.state_dict."""
         if not self._enabled:
             return {}
         return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
                 "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """As GradScaler.load_state_dict."""
         if not state:
             raise RuntimeError("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.")
         self._scale = _f32(state["scale"])

@@ -22,15 +22,27 @@ outputs in a view which a following in-place op (ReLU(inplace=True), common
 in CNNs) refuses to modify. Parameter gradients use tensor hooks on the
 parameters.
 
+The mass a gradient loses to fp16 is lost(S) = ‖fp16(g·S)/S − g‖ / ‖g‖ at
+the scale S the step used (flushing to zero and the rounding of fp16's
+subnormals together), the same measure, under the same name lost_mass, as
+`fp16audit run --loss`'s backward audit and `fp16audit scales`. The hooks
+see the scaled gradient x = g·S, so it is ‖fp16(x) − x‖ / ‖x‖, over the
+elements fp16 holds finite (what overflows is counted by nonfinite).
+
 Measurements are reductions left on the gradient's device; nothing is
 copied to the host until collect() or overflowed() is called, so a step
 whose telemetry is not written costs a few reductions per module and no
 synchronisation.
 """
 
+from __future__ import annotations
+
 import functools
+import math
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
+from torch import nn
 
 from .logfile import FP16_MIN_NORMAL
 
@@ -40,12 +52,23 @@ _NCOUNTS = 6
 _INF = float("inf")
 _FP16_OVERFLOW = 65520.0
 
+# Index of each sum in a sums tensor (see grad_stats).
+_SUMSQ, _LOST_SUMSQ = range(2)
+# The smallest divisor of the prescaled sums per dtype: 1/tiny stays finite
+# and the squares of the prescaled elements do not underflow.
+_TINY = {torch.float32: 2.0**-100, torch.float64: 2.0**-900}
+
 OUTPUT, PARAMS = "output", "params"
 FULL, OVERFLOW, OFF = "full", "overflow", "off"
 
+#: What GradTelemetry's `modules` accepts: None (every module owning
+#: parameters), names from named_modules() or (name, module) pairs, or a
+#: predicate f(name, module).
+ModuleChoice = Union[None, Sequence[Union[str, Tuple[str, nn.Module]]], Callable[[str, nn.Module], bool]]
 
-def grad_stats(grad, full=True):
-    """Measure one gradient tensor; returns (counts int64[6], max_abs float32 0-d), on the gradient's device.
+
+def grad_stats(grad: torch.Tensor, full: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Measure one gradient tensor; returns (counts int64[6], max_abs float32 0-d, sums float64[2]), on its device.
 
     counts, in order: elements Inf/NaN in the fp16 view; elements Inf/NaN
     as delivered; finite nonzero elements as delivered; of those, elements
@@ -54,18 +77,22 @@ def grad_stats(grad, full=True):
     fp16 view differs from them (0 means the gradient was fp16 already, so
     whatever underflowed is already zero and cannot be counted). max_abs:
     the largest |x| over the elements finite as delivered (0 when none).
-    With full=False only the first two counts and max_abs are measured
-    (what overflow needs, at about a third of the cost); the rest are 0.
+    sums, over the elements finite in the fp16 view: Σ x² and Σ (fp16(x) −
+    x)², so that lost_mass is √(sums[1] / sums[0]). With full=False only
+    the first two counts and max_abs are measured (what overflow needs, at
+    about a third of the cost); the rest are 0.
     """
     g = grad.detach()
     if g.dtype not in (torch.float32, torch.float64):
         g = g.float()  # float16 and bfloat16 values are exact in fp32
     n = g.numel()
+    sums = torch.zeros(2, dtype=torch.float64, device=g.device)
     if n == 0:
         return (torch.zeros(_NCOUNTS, dtype=torch.int64, device=g.device),
-                torch.zeros((), dtype=torch.float32, device=g.device))
+                torch.zeros((), dtype=torch.float32, device=g.device), sums)
     a = g.abs()
     finite = a < _INF  # NaN compares false
+    zero = torch.zeros((), dtype=a.dtype, device=a.device)
 
     def count(mask):
         # An int32 sum: a bool sum widens to int64 element by element
@@ -83,37 +110,49 @@ def grad_stats(grad, full=True):
         # builds lack some half kernels.
         ha = a.to(torch.float16).to(a.dtype)
         nonzero = (a > 0) & finite
+        kept = ha < _INF
         parts = [
-            n - count(ha < _INF),
+            n - count(kept),
             n - count(finite),
             count(nonzero),
             count(nonzero & (ha == 0)),
             count((ha > 0) & (ha < FP16_MIN_NORMAL)),
             count(finite & (ha != a)),
         ]
+        # The sums of squares in g's dtype, of the elements divided by the
+        # largest kept one: the squares of a tiny gradient would underflow
+        # (a float64 copy would double the memory), and every prescaled
+        # square is at most 1. The divisor's square is taken out again in
+        # float64.
+        ak = torch.where(kept, a, zero)
+        c = 1 / torch.clamp(ak.amax(), min=_TINY[a.dtype])
+        lost = torch.where(kept, ha, zero).sub_(ak).mul_(c)
+        ak.mul_(c)
+        sums = torch.stack([torch.sum(ak * ak), torch.sum(lost * lost)]).double() / c.double() ** 2
     counts = torch.stack(parts).to(torch.int64)
-    max_abs = torch.where(finite, a, torch.zeros((), dtype=a.dtype, device=a.device)).amax().float()
-    return counts, max_abs
+    max_abs = torch.where(finite, a, zero).amax().float()
+    return counts, max_abs, sums
 
 
 class _Acc:
-    __slots__ = ("dtypes", "counts", "max_abs", "tensors", "numel", "full")
+    __slots__ = ("dtypes", "counts", "max_abs", "sums", "tensors", "numel", "full")
 
-    def __init__(self, dtype, counts, max_abs, numel, full):
-        self.dtypes, self.counts, self.max_abs = [dtype], counts, max_abs
+    def __init__(self, dtype, counts, max_abs, sums, numel, full):
+        self.dtypes, self.counts, self.max_abs, self.sums = [dtype], counts, max_abs, sums
         self.tensors, self.numel, self.full = 1, numel, full
 
-    def add(self, dtype, counts, max_abs, numel, full):
+    def add(self, dtype, counts, max_abs, sums, numel, full):
         self.full = self.full and full
         if dtype not in self.dtypes:
             self.dtypes.append(dtype)
         self.counts = self.counts + counts
         self.max_abs = torch.maximum(self.max_abs, max_abs)
+        self.sums = self.sums + sums
         self.tensors += 1
         self.numel += numel
 
 
-def default_modules(model):
+def default_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
     """The modules that own parameters directly (Linear, Conv, norms, embeddings...), as (name, module) pairs."""
     return [(name or "(model)", m) for name, m in model.named_modules()
             if next(m.parameters(recurse=False), None) is not None]
@@ -148,7 +187,7 @@ def _tensors(obj):
             yield from _tensors(o)
 
 
-def _summary(acc, counts, max_abs):
+def _summary(acc, counts, max_abs, sums):
     out = {
         "dtype": "+".join(acc.dtypes),
         "tensors": acc.tensors,
@@ -160,15 +199,23 @@ def _summary(acc, counts, max_abs):
         "underflow": None,
         "underflow_fraction": None,
         "subnormal": None,
+        "sumsq": None,
+        "lost_sumsq": None,
+        "lost_mass": None,
     }
     if acc.full:
         nonzero = counts[_NONZERO]
         # All finite values already fp16 values: the gradient was computed
         # in fp16 (delivered as float16, or an fp16 GEMM result cast up),
         # and what underflowed there is indistinguishable from a true zero.
-        underflow = None if counts[_INEXACT] == 0 else counts[_UNDERFLOW]
+        exact = counts[_INEXACT] == 0
+        underflow = None if exact else counts[_UNDERFLOW]
+        sumsq = sums[_SUMSQ]
+        lost_sumsq = None if exact else sums[_LOST_SUMSQ]
         out.update(nonzero=nonzero, underflow=underflow, subnormal=counts[_SUBNORMAL],
-                   underflow_fraction=(underflow / nonzero) if (underflow is not None and nonzero) else None)
+                   underflow_fraction=(underflow / nonzero) if (underflow is not None and nonzero) else None,
+                   sumsq=sumsq, lost_sumsq=lost_sumsq,
+                   lost_mass=math.sqrt(lost_sumsq / sumsq) if (lost_sumsq is not None and sumsq > 0) else None)
     return out
 
 
@@ -186,7 +233,7 @@ class GradTelemetry:
     OFF (nothing; the hooks return at once).
     """
 
-    def __init__(self, model, modules=None, params=True, level="full"):
+    def __init__(self, model: nn.Module, modules: ModuleChoice = None, params: bool = True, level: str = FULL) -> None:
         self.watched = _resolve(model, modules)
         self.level = level
         self._types = {name: type(m).__name__ for name, m in self.watched}
@@ -212,16 +259,16 @@ class GradTelemetry:
             return None
         full = self.level == FULL
         with torch.no_grad():
-            counts, max_abs = grad_stats(grad, full)
+            counts, max_abs, sums = grad_stats(grad, full)
         dtype = str(grad.dtype).replace("torch.", "")
         key = (name, which)
         acc = self._stats.get(key)
         if acc is None:
-            self._stats[key] = _Acc(dtype, counts, max_abs, grad.numel(), full)
+            self._stats[key] = _Acc(dtype, counts, max_abs, sums, grad.numel(), full)
             if (name, OUTPUT if which == PARAMS else PARAMS) not in self._stats:
                 self._order.append(name)
         else:
-            acc.add(dtype, counts, max_abs, grad.numel(), full)
+            acc.add(dtype, counts, max_abs, sums, grad.numel(), full)
         # None: the hook observes, the gradient flows on unchanged.
         return None
 
@@ -235,14 +282,15 @@ class GradTelemetry:
         for keys in by_device.values():
             counts = torch.stack([self._stats[k].counts for k in keys]).tolist()
             maxes = torch.stack([self._stats[k].max_abs for k in keys]).tolist()
-            host.update(zip(keys, zip(counts, maxes)))
+            sums = torch.stack([self._stats[k].sums for k in keys]).tolist()
+            host.update(zip(keys, zip(counts, maxes, sums)))
         return host
 
-    def overflowed(self):
+    def overflowed(self) -> bool:
         """True when any watched gradient since reset() held Inf/NaN in fp16."""
-        return any(c[_NONFINITE] > 0 for c, _ in self._to_host().values())
+        return any(c[_NONFINITE] > 0 for c, _, _ in self._to_host().values())
 
-    def collect(self):
+    def collect(self) -> List[Dict[str, Any]]:
         """The measurements since reset(): one dict per module, in the order their first gradient arrived.
 
         Each has name, type, and "output" and "params" summaries (None when
@@ -258,11 +306,12 @@ class GradTelemetry:
             rows.append(row)
         return rows
 
-    def reset(self):
+    def reset(self) -> None:
+        """Forget the measurements so far (the recorder calls it after every step)."""
         self._stats = {}
         self._order = []
 
-    def remove(self):
+    def remove(self) -> None:
         """Detach every hook from the model."""
         for h in self._handles:
             h.remove()

@@ -1,4 +1,7 @@
 import importlib
+import importlib.util
+import os
+import subprocess
 import sys
 import types
 import unittest
@@ -9,6 +12,10 @@ from torch import nn
 
 import fp16audit.fastai_callback as fcb
 from fp16audit import read_log
+
+# The tests pass with and without fastai; the ones that depend on it
+# branch on whether it is there.
+FASTAI_INSTALLED = importlib.util.find_spec("fastai") is not None
 
 
 def fit(path, n_epoch=2, n_train=6, n_valid=2, **cb_kwargs):
@@ -39,9 +46,16 @@ class StandInLearnerTest(unittest.TestCase):
 
 
 class FastaiCallbackTest(support.TempDirMixin, unittest.TestCase):
-    def test_imports_without_fastai(self):
-        self.assertFalse(fcb.HAVE_FASTAI)
-        self.assertNotIn("fastai", sys.modules)
+    def test_base_class_follows_what_is_installed(self):
+        # With fastai the callback is one of fastai's; without it the
+        # module imports all the same, on its stand-in base.
+        self.assertEqual(fcb.HAVE_FASTAI, FASTAI_INSTALLED)
+        if FASTAI_INSTALLED:
+            from fastai.callback.core import Callback
+
+            self.assertTrue(issubclass(fcb.Fp16AuditCallback, Callback))
+        else:
+            self.assertNotIn("fastai", sys.modules)
         self.assertEqual(fcb.Fp16AuditCallback.order, 11)
         self.assertFalse(fcb.Fp16AuditCallback.run_valid)
 
@@ -68,7 +82,7 @@ class FastaiCallbackTest(support.TempDirMixin, unittest.TestCase):
                 else:
                     sys.modules[k] = v
             importlib.reload(fcb)
-        self.assertFalse(fcb.HAVE_FASTAI)
+        self.assertEqual(fcb.HAVE_FASTAI, FASTAI_INSTALLED)
 
     def test_fit_records_every_training_step_and_names_the_planted_module(self):
         learn, mp, log = fit(self.path("run.jsonl"), every=4)
@@ -154,6 +168,21 @@ class FastaiCallbackTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual([s["scale"] for s in log.steps], [65536.0] * 4)
         self.assertIsNone(log.header["telemetry"])
         self.assertEqual(log.telemetry, [])
+
+
+class WhereFastaiIsInstalledTest(unittest.TestCase):
+    @unittest.skipIf(FASTAI_INSTALLED, "fastai is installed: the tests above ran with it")
+    def test_the_callback_tests_pass_with_fastai(self):
+        # The same tests in a process where `import fastai` finds a
+        # stand-in package (stub_fastai/) with fastai's Callback rules: the
+        # callback then derives from fastai's class, as it does for users.
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.join(here, "stub_fastai"), os.environ.get("PYTHONPATH")) if p))
+        r = subprocess.run([sys.executable, "-m", "unittest", "test_fastai.StandInLearnerTest", "test_fastai.FastaiCallbackTest"],
+                           cwd=here, env=env, capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stderr, r"Ran [1-9][0-9]* tests")
+        self.assertNotIn("skipped", r.stderr)
 
 
 if __name__ == "__main__":

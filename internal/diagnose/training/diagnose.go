@@ -134,6 +134,10 @@ func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.B
 		Gradients: []report.GradientReport{}, FP32NonFinite: []string{}, Unsupported: []report.UnsupportedOp{},
 		Fixes: []report.Fix{}, Runs: b.Runs, ElapsedSecs: b.Elapsed,
 	}
+	if ce := b.Res.CrossEntropy; ce != nil {
+		br.CrossEntropy = &report.CrossEntropyReport{ClassAxis: ce.ClassAxis, Classes: ce.Classes, IgnoreIndex: ce.IgnoreIndex,
+			LMShift: ce.Shift, Scored: b.Scored, Targets: b.Targets}
+	}
 	if b.FP32 != nil {
 		br.LossValue = finite(b.FP32.Loss)
 		br.SeedMaxAbs = finite(b.FP32.Grads[b.Output].MaxAbs)

@@ -50,6 +50,9 @@ type Backward struct {
 	Target string
 	// Batch is the index of the batch the backward ran on.
 	Batch int
+	// Scored counts the targets the loss averages over (grad's
+	// Result.ScoredTargets), of Targets in all.
+	Scored, Targets int64
 	// Res is the backward graph with autocast's rounding and summaries;
 	// Scans are its runs by exponent.
 	Res   *grad.Result

@@ -20,6 +20,7 @@ func init() {
 	register(clip, "Clip")
 	register(where, "Where")
 	register(sum, "Sum")
+	register(extremum, "Max", "Min")
 	register(cast, "Cast", "CastLike")
 	register(dropout, "Dropout")
 }
@@ -233,6 +234,37 @@ func sum(c *call) error {
 			return err
 		}
 		c.set(k, c.b.unbroadcast(c.g(), ys, xs))
+	}
+	return nil
+}
+
+// extremum: the elementwise Max or Min of several inputs passes the
+// gradient to the input that holds the result, shared equally where
+// several do (torch's maximum/minimum backward halves it at a tie of two).
+func extremum(c *call) error {
+	y := c.out(0)
+	ys, err := c.shape(y)
+	if err != nil {
+		return err
+	}
+	b := c.b
+	eq := make([]string, len(c.n.Input))
+	for k, in := range c.n.Input {
+		eq[k] = b.op("Cast", []string{b.op("Equal", []string{in, y})}, onnx.AttrInt("to", int64(elemFloat)))
+	}
+	count := eq[0]
+	if len(eq) > 1 {
+		count = b.op("Sum", eq)
+	}
+	for k, in := range c.n.Input {
+		if !c.wants(k) {
+			continue
+		}
+		xs, err := c.shape(in)
+		if err != nil {
+			return err
+		}
+		c.set(k, b.unbroadcast(b.div(b.mul(c.g(), eq[k]), count), ys, xs))
 	}
 	return nil
 }

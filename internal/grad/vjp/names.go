@@ -6,10 +6,13 @@ type Loss string
 
 // Supported losses.
 const (
-	// CrossEntropy is CrossEntropyLossFlat (F.cross_entropy): the output
-	// holds logits [N, C, d...] and the target int64 class indices [N,
-	// d...]; the mean runs over the N·d... positions. Class weights,
-	// label smoothing and ignore_index are not modelled.
+	// CrossEntropy is F.cross_entropy (fastai's CrossEntropyLossFlat):
+	// the output holds logits with a class axis (axis 1, PyTorch's
+	// convention, or the last, a language model's and fastai's) and the
+	// target int64 class indices shaped like the logits without it; the
+	// mean runs over the positions whose target is not the ignored index
+	// (see CrossEntropyOptions). Class weights and label smoothing are not
+	// modelled.
 	CrossEntropy Loss = "cross-entropy"
 	// BCE is BCEWithLogitsLossFlat (F.binary_cross_entropy_with_logits),
 	// fastai's default multi-label loss: the output holds logits and the

@@ -18,6 +18,7 @@ func init() {
 	register(expand, "Expand")
 	register(tile, "Tile")
 	register(pad, "Pad")
+	register(trilu, "Trilu")
 }
 
 // reshapeBack: ops that only relabel the elements take the gradient back to
@@ -324,5 +325,19 @@ func pad(c *call) error {
 	}
 	b := c.b
 	c.set(0, b.op("Slice", []string{c.g(), b.ints(starts...), b.ints(ends...), b.ints(sax...)}))
+	return nil
+}
+
+// trilu keeps the same triangle of the gradient: the elements the forward
+// zeroed get none (torch's tril/triu backward applies the same mask).
+func trilu(c *call) error {
+	if !c.wants(0) {
+		return nil
+	}
+	ins := []string{c.g()}
+	if k := c.in(1); k != "" {
+		ins = append(ins, k)
+	}
+	c.set(0, c.b.op("Trilu", ins, onnx.AttrInt("upper", attrInt(c.n, "upper", 1))))
 	return nil
 }

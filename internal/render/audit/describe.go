@@ -306,6 +306,9 @@ func agreements(r *report.Report) []agreement {
 		if a.WorstRelErr != nil {
 			g.Where = fmt.Sprintf("batch %d, sample %d", a.WorstBatch, a.WorstSample)
 		}
+		if a.RelErr == nil {
+			g.MaxRel = "n/a" // no element finite in both passes
+		}
 		if a.Top1Agreement != nil {
 			g.Top1 = fmt.Sprintf("%d/%d", int64(*a.Top1Agreement*float64(a.Rows)+0.5), a.Rows)
 		}

@@ -33,6 +33,7 @@ func HTML(w io.Writer, r *report.Report) error {
 		Data:     template.JS(data),
 		Emulated: emulatedPasses(r),
 		Hidden:   hiddenConstants(r),
+		Grouped:  shownBlocks(r) != nil,
 		CSS:      template.CSS(markup.PageCSS),
 		Script:   template.JS(htmlScript),
 	}
@@ -54,7 +55,9 @@ type htmlView struct {
 	R *report.Report
 	// Hidden counts the constant-only nodes the table leaves out until
 	// the reader asks for them.
-	Hidden      int
+	Hidden int
+	// Grouped says the node table groups its rows by block.
+	Grouped     bool
 	Findings    []checks.Finding
 	FindingsCut int
 	// Mood is the verdict card's look: ok, caution or fail.
@@ -87,13 +90,16 @@ const (
 // htmlData is the JSON the page's script reads: the passes, the origins'
 // node positions, the positions the chart plots (chartNodes), a table of
 // repeated strings, and per node [index, name, op, module, precision,
-// flags, outputs, provenance], each output [name, shape, stats per pass],
+// flags, outputs, provenance, block], each output [name, shape, stats per pass],
 // each stats [max|x|, nan, +inf, -inf, extra] or null, where extra is the
 // headroom for fp32 and the relative error against fp32 for the other
 // passes (null where there is none). Op, precision, provenance and shape
 // are indexes into the string table. An output name equal to the node name
 // plus "_output_0" (the exporters' default) is sent as "" and rebuilt by
-// the script. For a 20 000-node model this is most of the page.
+// the script. For a 20 000-node model this is most of the page. With
+// repeated blocks the node table's rows are grouped by block: blocks holds
+// [module, nodes, flagged, max|x| held in 16 bit, first NaN/Inf] per group
+// and a node's block is an index into it (absent without blocks).
 func htmlData(r *report.Report) (string, error) {
 	type page struct {
 		Passes  []string `json:"passes"`
@@ -101,6 +107,8 @@ func htmlData(r *report.Report) (string, error) {
 		Chart   []int    `json:"chart"`
 		Strings []string `json:"strings"`
 		Nodes   [][]any  `json:"nodes"`
+		// Blocks are the row groups of the node table (blockGroups).
+		Blocks [][]any `json:"blocks,omitempty"`
 	}
 	p := page{Passes: r.Passes, Origins: append([]int{}, originPositions(r)...), Chart: append([]int{}, chartNodes(r)...),
 		Strings: []string{}, Nodes: make([][]any, len(r.Nodes))}
@@ -134,7 +142,10 @@ func htmlData(r *report.Report) (string, error) {
 				}
 				extra := opt(s.RelErr)
 				if ps == report.PassFP32 {
-					extra = opt(s.HeadroomBits)
+					extra = nil // values held in fp32 have no headroom to lose
+					if heldInHalf(n.Precision) {
+						extra = opt(s.HeadroomBits)
+					}
 				}
 				stats[k] = []any{opt(s.MaxAbs), s.NaN, s.PosInf, s.NegInf, extra}
 			}
@@ -153,6 +164,12 @@ func htmlData(r *report.Report) (string, error) {
 		}
 		p.Nodes[i] = []any{n.Index, n.Name, str(n.OpType), n.Module, str(precisionLabel(n.Precision, n.Provenance, false)), flags, outs,
 			str(provenanceText(n.Provenance, true))}
+	}
+	if groups, of := blockGroups(r); groups != nil {
+		p.Blocks = groups
+		for i := range p.Nodes {
+			p.Nodes[i] = append(p.Nodes[i], of[i])
+		}
 	}
 	b, err := json.Marshal(p)
 	return string(b), err
@@ -215,9 +232,17 @@ var seriesColors = []string{"#1c4f9c", "#e8590c", "#2f9e44", "#ae3ec9", "#1098ad
 // chartSVG draws log2 max|x| of every node in every pass. The plot is a
 // nested <svg> whose user units are (node position, -log2 max|x|) and whose
 // viewBox the script narrows to zoom; strokes do not scale with it.
+//
+// The lines and the axis follow the values held in reduced precision, the
+// ones fp16's range matters to (every value when the policy holds none):
+// a mask constant of -3.4e38 held in fp32, which softmax absorbs, would
+// otherwise stretch the axis to 2^128 and flatten everything else. Values
+// held in fp32 are grey dots at their fp32 max |x|, on the top edge when
+// beyond the axis.
 func chartSVG(r *report.Report) string {
 	plotted := chartNodes(r)
 	n := len(plotted)
+	scaled, axis := chartScaled(r, plotted)
 	// Per plotted node and pass: log2 of the largest max|x| over its
 	// outputs, and whether an output held NaN/Inf. This is a choice of what
 	// to draw, not a new statistic.
@@ -250,7 +275,7 @@ func chartSVG(r *report.Report) string {
 					pt.y = math.Max(pt.y, math.Log2(*s.MaxAbs))
 				}
 			}
-			if !math.IsInf(pt.y, -1) {
+			if !math.IsInf(pt.y, -1) && axis[i] {
 				lo = math.Min(lo, math.Floor(pt.y)-2)
 				hi = math.Max(hi, math.Ceil(pt.y)+1)
 			}
@@ -279,7 +304,15 @@ func chartSVG(r *report.Report) string {
 	fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4.5" fill="#e03131"/><text x="%s" y="22" class="lg">above 65504 in fp32</text>`, markup.Coord(x+6), markup.Coord(x+16))
 	x += 170
 	fmt.Fprintf(&b, `<rect x="%s" y="13" width="16" height="10" fill="#fa5252"/><text x="%s" y="22" class="lg">flagged node (NaN/Inf in some pass)</text>`, markup.Coord(x), markup.Coord(x+22))
-	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">log2 max |x| per node with float outputs, topological order — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft)
+	if slices.Contains(scaled, false) {
+		x += 272
+		fmt.Fprintf(&b, `<circle cx="%s" cy="18" r="4" fill="#868e96"/><text x="%s" y="22" class="lg">held in fp32</text>`, markup.Coord(x+6), markup.Coord(x+16))
+	}
+	note := "log2 max |x| per node with float outputs, topological order"
+	if slices.Contains(scaled, false) {
+		note = "log2 max |x| per node, topological order; the axis follows the values held in 16 bit (top edge: beyond it)"
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="44" class="note">%s — drag to zoom, double-click to reset, click a node for its row</text>`, plotLeft, note)
 
 	// Horizontal grid and y labels every 8 bits.
 	fmt.Fprintf(&b, `<g class="grid">`)
@@ -329,8 +362,8 @@ func chartSVG(r *report.Report) string {
 		var d strings.Builder
 		pen := "M"
 		for i, pt := range series[k] {
-			if !pt.has {
-				continue // a pass without this value: the line goes on to the next
+			if !pt.has || !scaled[i] {
+				continue // a pass without this value, or a value held in fp32: the line goes on to the next
 			}
 			y := pt.y
 			switch {
@@ -338,6 +371,8 @@ func chartSVG(r *report.Report) string {
 				y = yBad
 			case math.IsInf(y, -1):
 				y = lo
+			case y > hi:
+				y = hi + 0.5 // off the axis: on the top edge, marked below
 			}
 			fmt.Fprintf(&d, "%s%d %s", pen, i, markup.Coord(-y))
 			pen = " "
@@ -349,14 +384,25 @@ func chartSVG(r *report.Report) string {
 		fmt.Fprintf(&b, `<path class="series" d="%s" stroke="%s" stroke-width="%s" data-pass="%s"%s/>`, d.String(), seriesColor(k), width, template.HTMLEscapeString(r.Passes[k]), dash(k))
 	}
 	if k := passIndex(r, report.PassFP32); k >= 0 {
-		var d strings.Builder
+		var d, held, off strings.Builder
 		for i, pt := range series[k] {
-			if pt.overflow && !math.IsInf(pt.y, -1) {
+			switch {
+			case math.IsInf(pt.y, -1):
+			case pt.y > hi:
+				fmt.Fprintf(&off, "M%d %sh0", i, markup.Coord(-(hi + 0.5)))
+			case !scaled[i]:
+				fmt.Fprintf(&held, "M%d %sh0", i, markup.Coord(-math.Max(pt.y, lo)))
+			case pt.overflow:
 				fmt.Fprintf(&d, "M%d %sh0", i, markup.Coord(-pt.y))
 			}
 		}
-		if d.Len() > 0 {
-			fmt.Fprintf(&b, `<path class="dots" d="%s"/>`, d.String())
+		for _, p := range []struct {
+			class string
+			d     *strings.Builder
+		}{{"held", &held}, {"offscale", &off}, {"dots", &d}} {
+			if p.d.Len() > 0 {
+				fmt.Fprintf(&b, `<path class="%s" d="%s"/>`, p.class, p.d.String())
+			}
 		}
 	}
 	b.WriteString(`</svg>`)
@@ -383,6 +429,40 @@ func chartSVG(r *report.Report) string {
 	fmt.Fprintf(&b, `<rect id="hit" x="%d" y="%d" width="%s" height="%s"/>`, plotLeft, plotTop, markup.Coord(pw), markup.Coord(ph))
 	b.WriteString(`</svg>`)
 	return b.String()
+}
+
+// chartScaled marks the plotted nodes the lines run through, those held
+// in reduced precision and the origins (every node when none is held in
+// reduced precision: the fp32 policy), and among them the ones that set
+// the axis: the origins and the values that stay finite in every emulated
+// pass. A constant beyond the format's range that the emulation turns
+// into Inf (a -3.4e38 mask fill held in fp16, absorbed by softmax) is on
+// its line but sets no scale: it is drawn on the top edge.
+func chartScaled(r *report.Report, plotted []int) (scaled, axis []bool) {
+	scaled, axis = make([]bool, len(plotted)), make([]bool, len(plotted))
+	some, emulated := false, emulatedPasses(r)
+	for i, pos := range plotted {
+		if heldInHalf(r.Nodes[pos].Precision) {
+			scaled[i], some = true, true
+		}
+	}
+	for i, pos := range plotted {
+		n := r.Nodes[pos]
+		origin := isOrigin(r, n.Index)
+		scaled[i] = scaled[i] || !some || origin
+		axis[i] = scaled[i] && (origin || !slices.ContainsFunc(emulated, func(p string) bool { return nonFiniteInPass(n, p) }))
+	}
+	return scaled, axis
+}
+
+// nonFiniteInPass reports whether an output of n holds NaN/Inf in pass.
+func nonFiniteInPass(n report.NodeReport, pass string) bool {
+	for _, o := range n.Outputs {
+		if s, ok := o.Stats[pass]; ok && s.NonFinite() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func seriesColor(k int) string { return seriesColors[k%len(seriesColors)] }
@@ -436,6 +516,7 @@ var htmlFuncs = template.FuncMap{
 	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 2, 64) },
 
 	"training": trainingHTML, // train.go
+	"blocks":   blocksHTML,   // blocks.go
 }
 
 var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
@@ -482,6 +563,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <h2>Magnitudes per node</h2>
 <div id="chartbox">{{.Chart}}<div id="tip" hidden></div></div>
 </section>
+{{blocks .R}}
 
 {{training .R.Training}}{{if .R.Findings}}<section class="card">
 <h2>Findings ({{len .R.Findings}})</h2>
@@ -497,6 +579,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 <label>op type <select id="f-op"><option value="">all</option></select></label>
 <label><input type="checkbox" id="f-flagged"> flagged only</label>
 {{with .Hidden}}<label title="nodes that compute only from initializers and constants: the exporter's Identity of a shared weight, constant folding leftovers"><input type="checkbox" id="f-const"> constant-only nodes ({{.}})</label>
+{{end}}{{if .Grouped}}<label title="rows under a line per module block, closed until clicked; sorting or filtering lists the rows alone"><input type="checkbox" id="f-group" checked> group by block</label>
 {{end}}<label>name or module <input type="search" id="f-text" placeholder="filter"></label>
 <span id="count"></span>
 </div>
@@ -615,7 +698,17 @@ const htmlScript = `
     var tbody = document.querySelector("#nodes tbody"), count = document.getElementById("count");
     var more = document.getElementById("more"), fop = document.getElementById("f-op");
     var ffl = document.getElementById("f-flagged"), ftx = document.getElementById("f-text");
-    var fco = document.getElementById("f-const");
+    var fco = document.getElementById("f-const"), fgr = document.getElementById("f-group");
+    // Row groups: with repeated blocks the rows sit under a line per
+    // block, closed until clicked, unless a sort or a filter is on.
+    var B = D.blocks || [], open = {}, COLS = 9 + 2 * emu.length;
+    function grouped() { return !!fgr && fgr.checked && sortKey === null && !fop.value && !ffl.checked && !ftx.value; }
+    function groupRow(g) {
+      var b = B[g], o = open[g];
+      return "<tr class=\"blk" + (b[2] ? " fl" : "") + "\" data-blk=\"" + g + "\"><td colspan=\"" + COLS + "\">" + (o ? "▾ " : "▸ ") + esc(b[0]) +
+        " — " + b[1] + (b[1] === 1 ? " node" : " nodes") + (b[2] ? ", " + b[2] + " flagged, first NaN/Inf at " + esc(b[4]) : "") +
+        (b[3] !== null ? ", max |x| held in 16 bit " + mag(b[3]) : "") + "</td></tr>";
+    }
     var ops = {};
     N.forEach(function (nd) { ops[nd[2]] = (ops[nd[2]] || 0) + 1; });
     Object.keys(ops).sort().forEach(function (op) {
@@ -652,9 +745,18 @@ const htmlScript = `
       draw();
     }
     function draw() {
-      var h = [], n = Math.min(shown, view.length);
-      for (var i = 0; i < n; i++) {
+      var h = [], n = 0, i = 0, grp = grouped(), last = -1, groups = 0;
+      for (; i < view.length && n < shown; i++) {
         var r = view[i], nd = N[r.pos], s = st(r.o, ref);
+        if (grp) {
+          if (nd[8] !== last) {
+            last = nd[8];
+            groups++;
+            h.push(groupRow(last));
+          }
+          if (!open[last]) continue;
+        }
+        n++;
         var cls = origins[r.pos] ? "orig" : (nd[5] & FLAGGED ? "fl" : "");
         if (r.pos === hl) cls += " hl";
         // The numbers come right after the node's name and op, so that
@@ -671,12 +773,20 @@ const htmlScript = `
           esc(outName(nd, r.o)) + "\">" + esc(outName(nd, r.o)) + "</div></td><td>" + esc(r.o ? r.o[1] : "") + "</td></tr>");
       }
       tbody.innerHTML = h.join("");
-      count.textContent = "showing " + n + " of " + view.length + " rows" + (view.length < rows.length ? " (" + rows.length + " in all)" : "");
-      more.hidden = n >= view.length;
+      count.textContent = grp ? groups + " block lines, " + n + " of " + view.length + " rows open (click a block to open or close it)" :
+        "showing " + n + " of " + view.length + " rows" + (view.length < rows.length ? " (" + rows.length + " in all)" : "");
+      more.hidden = i >= view.length;
       more.textContent = "show " + Math.min(PAGE * 4, view.length - n) + " more rows";
     }
     more.addEventListener("click", function () { shown += PAGE * 4; draw(); });
-    [fop, ffl, fco].forEach(function (el) { if (el) el.addEventListener("change", refilter); });
+    tbody.addEventListener("click", function (ev) {
+      var tr = ev.target.closest ? ev.target.closest("tr.blk") : null;
+      if (!tr) return;
+      var g = +tr.getAttribute("data-blk");
+      open[g] = !open[g];
+      draw();
+    });
+    [fop, ffl, fco, fgr].forEach(function (el) { if (el) el.addEventListener("change", refilter); });
     ftx.addEventListener("input", refilter);
     Array.prototype.forEach.call(document.querySelectorAll("#nodes th"), function (th) {
       th.addEventListener("click", function () {
@@ -693,6 +803,7 @@ const htmlScript = `
       if (fco && (N[pos][5] & HIDDEN)) fco.checked = true;
       refilter();
       hl = pos;
+      if (B.length) open[N[pos][8]] = true;
       var at = 0;
       while (at < view.length && view[at].pos !== pos) at++;
       shown = Math.max(PAGE, at + 50);

@@ -95,6 +95,7 @@ func Markdown(w io.Writer, r *report.Report) error {
 	}
 
 	trainingMarkdown(&b, r.Training)
+	blocksMarkdown(&b, r, b.Len()+MarkdownLimit/6)
 	// The two tables share what is left; findings may use at most half so
 	// the flagged nodes always show.
 	const reserve = 600
@@ -167,7 +168,11 @@ func markdownNodeRow(n report.NodeReport, o report.ValueReport, passes []string)
 	fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |", n.Index, markup.MDCode(shorten(name, 80)), markup.MDText(n.OpType), markup.MDCode(moduleOrModel(n.Module)),
 		markup.MDText(precisionLabel(n.Precision, n.Provenance, false)), markup.MDCode(shorten(o.Name, 60)))
 	if ref, ok := o.Stats[report.PassFP32]; ok {
-		fmt.Fprintf(&b, " %s | %s |", formatOpt(ref.MaxAbs), headroomText(ref.HeadroomBits))
+		head := ref.HeadroomBits
+		if !heldInHalf(n.Precision) {
+			head = nil // a value held in fp32 has no headroom to lose
+		}
+		fmt.Fprintf(&b, " %s | %s |", formatOpt(ref.MaxAbs), headroomText(head))
 	} else {
 		b.WriteString(" | |")
 	}

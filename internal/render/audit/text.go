@@ -166,8 +166,9 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 	if h := headroomSummary(r.Summary); h != "" {
 		t.para("", h, 2)
 	}
+	t.blocksText(r, pass)
 	t.Printf("\n")
-	t.para("", fmt.Sprintf("per-node statistics (%s pass; headroom against 65504 from fp32):", pass), 0)
+	t.para("", fmt.Sprintf("per-node statistics (%s pass; headroom against 65504 from fp32, of values held in 16 bit):", pass), 0)
 	t.nodeTable(r, pass, opt)
 	if !opt.ConstantNodes && !opt.OnlyFlagged {
 		if note := hiddenNote(hiddenConstants(r)); note != "" {
@@ -200,7 +201,7 @@ func (t *textWriter) nodeTable(r *report.Report, pass string, opt TextOptions) {
 	var full [][]string // unshortened node and output names per row
 	if !onlyFlagged {
 		for _, in := range r.Inputs {
-			rows = append(rows, valueCells("in", in.Name, "input", "", in.ValueReport, pass, false))
+			rows = append(rows, valueCells("in", in.Name, "input", "", in.ValueReport, pass, false, true))
 			full = append(full, []string{in.Name, in.Name})
 		}
 	}
@@ -214,13 +215,13 @@ func (t *textWriter) nodeTable(r *report.Report, pass string, opt TextOptions) {
 		}
 		prec := precisionLabel(n.Precision, n.Provenance, false)
 		if len(n.Outputs) == 0 {
-			row := valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, report.ValueReport{Name: "-"}, pass, n.Flagged)
+			row := valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, report.ValueReport{Name: "-"}, pass, n.Flagged, false)
 			rows = append(rows, row)
 			full = append(full, []string{name, "-"})
 			continue
 		}
 		for _, o := range n.Outputs {
-			rows = append(rows, valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, o, pass, n.Flagged))
+			rows = append(rows, valueCells(fmt.Sprint(n.Index), name, n.OpType, prec, o, pass, n.Flagged, heldInHalf(n.Precision)))
 			full = append(full, []string{name, o.Name})
 		}
 	}
@@ -313,7 +314,10 @@ func fitTable(widths []int, hidden []bool, width int) (gap int) {
 	return gap
 }
 
-func valueCells(index, node, op, prec string, v report.ValueReport, pass string, flagged bool) []cell {
+// valueCells is one row of the node table. headroom says whether the
+// value has a headroom to show: graph inputs (an fp16 op casts them) and
+// values held in 16 bit, not values held in fp32.
+func valueCells(index, node, op, prec string, v report.ValueReport, pass string, flagged, headroom bool) []cell {
 	nodeStyle := ""
 	if flagged {
 		nodeStyle = markup.Red
@@ -331,7 +335,7 @@ func valueCells(index, node, op, prec string, v report.ValueReport, pass string,
 		return row
 	}
 	head, headStyle := "-", ""
-	if ref.HeadroomBits != nil {
+	if ref.HeadroomBits != nil && headroom {
 		head = fmt.Sprintf("%.1f", *ref.HeadroomBits)
 		if *ref.HeadroomBits < 0 {
 			headStyle = markup.Red

@@ -65,12 +65,29 @@ func seedLine(b *report.BackwardReport) string {
 	if b.LossValue != nil {
 		loss = fmt.Sprintf("%.4g", *b.LossValue)
 	}
-	s := fmt.Sprintf("loss %s on %q = %s (fp32)", b.Loss, b.Output, loss)
+	s := fmt.Sprintf("loss %s on %q = %s (fp32)%s", b.Loss, b.Output, loss, crossEntropyText(b.CrossEntropy))
 	if b.SeedMaxAbs != nil {
 		s += fmt.Sprintf("; max |dL/dpred| %.4g, × 2^%d = %.4g against fp16's 65504 (prediction held in %s)",
 			*b.SeedMaxAbs, b.InitExp, math.Ldexp(*b.SeedMaxAbs, b.InitExp), b.OutputPrecision)
 	}
 	return s
+}
+
+// crossEntropyText says what the cross-entropy scored and how it read the
+// logits, or "" for the other losses.
+func crossEntropyText(ce *report.CrossEntropyReport) string {
+	if ce == nil {
+		return ""
+	}
+	axis := "axis 1"
+	if ce.ClassAxis == -1 {
+		axis = "the last axis"
+	}
+	s := fmt.Sprintf(" over %d of %d targets (%d classes on %s", ce.Scored, ce.Targets, ce.Classes, axis)
+	if ce.LMShift {
+		s += ", each position against the next target"
+	}
+	return s + fmt.Sprintf(", ignore_index %d)", ce.IgnoreIndex)
 }
 
 // flushingText lists the modules flushing at one scale, shortened.

@@ -94,6 +94,20 @@ tr.sev-warning td:first-child{color:var(--warn);font-weight:600}
 table.plain td:last-child{white-space:normal}
 ul.batches,ul.notes{margin:2px 0;padding-left:18px}
 button{font:inherit;padding:3px 10px}
+#plot .held{stroke:#868e96;stroke-width:6;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
+#plot .offscale{stroke:#ced4da;stroke-width:6;stroke-linecap:round;fill:none;vector-effect:non-scaling-stroke}
+#growth{width:100%;height:auto;display:block}
+#growth text{font-size:12px;fill:var(--ink)}
+#growth .lg{font-size:13px}
+#growth .note,#growth .xl{fill:var(--mute)}
+#growth .yl{text-anchor:end;fill:var(--mute)}
+#growth .yl.bad,#growth .rl.max{fill:var(--bad);font-weight:600}
+#growth .grid line{stroke:#eceef1}
+#growth line.max{stroke:var(--bad);stroke-width:1.5;stroke-dasharray:7 4}
+#growth .badband{fill:#fff5f5}
+#growth .series{fill:none;stroke-linejoin:round}
+#nodes tr.blk td{background:#f1f3f5;font-weight:600;cursor:pointer}
+#nodes tr.blk.fl td{background:#ffe3e3}
 `
 
 // Coord formats a chart coordinate with at most two decimals.

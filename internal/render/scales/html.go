@@ -462,8 +462,9 @@ var scalesPage = template.Must(template.New("scales").Funcs(scalesFuncs).Parse(`
 <dt>run</dt><dd><code>{{.R.Run.Path}}</code>: {{run .R.Run}}</dd>
 {{with .R.Baseline}}<dt>fp32 baseline</dt><dd><code>{{.Path}}</code>: {{run .}}</dd>
 {{end}}{{with .Scaler}}<dt>GradScaler</dt><dd>{{.}}</dd>
-{{end}}<dt>thresholds</dt><dd>plateau tolerance {{pct .R.Thresholds.PlateauTolerance}}, early NaN within {{.R.Thresholds.EarlySteps}} steps (or the first epoch), skip rate {{pct .R.Thresholds.SkipRate}}, low scale {{scale .R.Thresholds.LowScale}}, pinned after {{.R.Thresholds.PinnedIntervals}} growth intervals, collapse {{.R.Thresholds.CollapseBits}} bits, warm-up {{.R.Thresholds.WarmupSkips}} skips</dd>
-<dt>schema</dt><dd>{{.R.Schema}}</dd>
+{{end}}<dt>thresholds</dt><dd>plateau tolerance {{pct .R.Thresholds.PlateauTolerance}}, early NaN within {{.R.Thresholds.EarlySteps}} steps (or the first epoch), skip rate {{pct .R.Thresholds.SkipRate}}, low scale {{scale .R.Thresholds.LowScale}}, pinned after {{.R.Thresholds.PinnedIntervals}} growth intervals, collapse {{.R.Thresholds.CollapseBits}} bits, warm-up {{.R.Thresholds.WarmupSkips}} skips{{with .R.Thresholds.LostMassTolerance}}, gradient mass lost {{pct .}}{{end}}</dd>
+{{if and .R.Checks (ne .R.Checks "all")}}<dt>checks</dt><dd><code>{{.R.Checks}}</code></dd>
+{{end}}<dt>schema</dt><dd>{{.R.Schema}}</dd>
 </dl>
 </section>
 </main>

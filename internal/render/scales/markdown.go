@@ -35,6 +35,9 @@ func Markdown(w io.Writer, r *report.ScalesReport) error {
 	if g := r.GradScaler; g != nil {
 		fmt.Fprintf(&b, " GradScaler: %s.", markup.MDText(scalerText(g)))
 	}
+	if selected(r) {
+		fmt.Fprintf(&b, " Checks: %s.", markup.MDCode(r.Checks))
+	}
 	b.WriteString("\n")
 
 	// The sparklines are plain text; a code block keeps their columns.

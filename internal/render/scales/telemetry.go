@@ -60,15 +60,20 @@ func telemetryText(p *markup.Writer, r *report.ScalesReport) {
 		if i > 0 {
 			head = "                       "
 		}
-		what := "flush to zero"
-		if u.Measure == "subnormal" {
-			what = "are fp16 subnormals"
-		}
 		which := "output gradient"
 		if u.Gradient == "params" {
 			which = "parameter gradient"
 		}
-		p.Printf("%s%s (%s), %s: %s of its nonzero elements %s (median scale %s, %d lines)\n",
-			head, u.Module, u.Type, which, fmt.Sprintf("%.1f%%", 100*u.Fraction), what, report.FormatScale(u.MedianScale), u.Lines)
+		var what string
+		switch {
+		case u.Measure == "lost_mass" && u.LostMass != nil:
+			what = fmt.Sprintf("%.1f%% of its mass (L2 norm) lost to fp16; %.1f%% of its nonzero elements flush to zero", 100**u.LostMass, 100*u.Fraction)
+		case u.Measure == "subnormal":
+			what = fmt.Sprintf("%.1f%% of its nonzero elements are fp16 subnormals", 100*u.Fraction)
+		default:
+			what = fmt.Sprintf("%.1f%% of its nonzero elements flush to zero", 100*u.Fraction)
+		}
+		p.Printf("%s%s (%s), %s: %s (median scale %s, %d lines)\n",
+			head, u.Module, u.Type, which, what, report.FormatScale(u.MedianScale), u.Lines)
 	}
 }

@@ -15,6 +15,10 @@ import (
 	"fp16audit/report"
 )
 
+// selected reports whether --checks switched some checks off: the report
+// then says which ran.
+func selected(r *report.ScalesReport) bool { return r.Checks != "" && r.Checks != "all" }
+
 // sparkWidth is the most columns a sparkline takes.
 const sparkWidth = 60
 
@@ -33,6 +37,9 @@ func Text(w io.Writer, r *report.ScalesReport, color bool) error {
 	}
 	if b := r.Baseline; b != nil {
 		p.Printf("baseline: %s (%s)\n", b.Path, describeRun(*b))
+	}
+	if selected(r) {
+		p.Printf("checks: %s\n", r.Checks)
 	}
 	p.Printf("\n%s — %s\n", p.Style(markup.Bold+scalesVerdictStyle(r), "verdict: "+r.Verdict), r.VerdictText)
 	if r.Fix != "" {

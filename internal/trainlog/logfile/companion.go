@@ -73,6 +73,8 @@ type (
 		Nonzero      *int     `json:"nonzero"`
 		Underflow    *int     `json:"underflow"`
 		Subnormal    *int     `json:"subnormal"`
+		SumSq        rawValue `json:"sumsq"`
+		LostSumSq    rawValue `json:"lost_sumsq"`
 	}
 	tlEnd struct {
 		Steps   *int `json:"steps"`
@@ -340,8 +342,22 @@ func telemetryLine(line int, t *tlTelemetry) (trainlog.TelemetryLine, error) {
 			if err != nil {
 				return tl, fmt.Errorf("modules[%d].%s.max_abs: %v", i, g.which, err)
 			}
-			*g.dst = &trainlog.GradSummary{Numel: g.src.Numel, NonFinite: g.src.NonFinite, NonFiniteSrc: g.src.NonFiniteSrc, MaxAbs: max,
+			gs := &trainlog.GradSummary{Numel: g.src.Numel, NonFinite: g.src.NonFinite, NonFiniteSrc: g.src.NonFiniteSrc, MaxAbs: max,
 				Nonzero: g.src.Nonzero, Underflow: g.src.Underflow, Subnormal: g.src.Subnormal}
+			for _, sum := range []struct {
+				name string
+				v    rawValue
+				dst  **float64
+			}{{"sumsq", g.src.SumSq, &gs.SumSq}, {"lost_sumsq", g.src.LostSumSq, &gs.LostSumSq}} {
+				x, ok, err := sum.v.float()
+				if err != nil || ok && !(x >= 0 && isFinite(x)) {
+					return tl, fmt.Errorf("modules[%d].%s.%s: want a finite number of zero or more, found %s", i, g.which, sum.name, describeJSON(json.RawMessage(sum.v)))
+				}
+				if ok {
+					*sum.dst = &x
+				}
+			}
+			*g.dst = gs
 		}
 		tl.Modules = append(tl.Modules, mg)
 	}
