@@ -216,8 +216,12 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	switch {
 	case allPrecision(f, origins):
 		d.Verdict = report.VerdictOverflow
-		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, yet rounding to %s loses too much from %s (%s) on: keep it in fp32",
-			f.Main, f.Main, moduleOr(first.Module, first.Node), first.OpType)
+		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
+		if df := f.Passes[f.Main].Diffs[first.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
+			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
+		}
+		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s: keep it in fp32",
+			f.Main, moduleOr(first.Module, first.Node), first.OpType, how)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := firstClass(f, origins, classHalfCast)

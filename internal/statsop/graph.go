@@ -249,11 +249,13 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 	g.Output = append(g.Output, onnx.TensorValueInfo(token, onnx.TensorProto_FLOAT, 1))
 	plan.Token = token
 	for p, ps := range passes {
+		fetched := map[string]bool{} // a graph may list an output twice
 		for _, vi := range ps.Model.Graph.Output {
 			name, ok := made[p][vi.Name]
-			if !ok || !isFloat(elemType(vi.Name)) {
+			if !ok || !isFloat(elemType(vi.Name)) || fetched[vi.Name] {
 				continue
 			}
+			fetched[vi.Name] = true
 			// The copy adds the chain's last token (a 0): it runs after
 			// every Observe node, and ONNX Runtime keeps the order of
 			// the chain instead of computing the graph output's whole
