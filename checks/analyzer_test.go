@@ -36,6 +36,23 @@ func TestRunAnalyzers(t *testing.T) {
 	if ran["FP3001"] || ran["FP4005"] {
 		t.Errorf("a disabled or inapplicable analyzer ran: %v", ran)
 	}
+	// A requirement the facts do not meet keeps its analyzer from running.
+	long := &Requirement[string]{Name: "long facts", Met: func(f string) bool { return len(f) > 5 }}
+	needy := mk("FP2003")
+	needy.Requires = []*Requirement[string]{long}
+	for facts, want := range map[string]string{"facts": "", "more facts": "FP2003"} {
+		ran["FP2003"] = false
+		got, err := RunAnalyzers([]*Analyzer[string]{needy}, facts, Selection{}, "half")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (len(got) == 1) != (want != "") || ran["FP2003"] != (want != "") {
+			t.Errorf("facts %q: findings %v, ran %v; want the analyzer to run only when %s holds", facts, got, ran["FP2003"], long.Name)
+		}
+		if ok, missing := needy.Ready(facts); ok != (want != "") || (!ok && missing != "long facts") {
+			t.Errorf("facts %q: Ready = %v, %q", facts, ok, missing)
+		}
+	}
 	none, err := RunAnalyzers([]*Analyzer[string]{}, "", Selection{}, "half")
 	if err != nil || none == nil || len(none) != 0 {
 		t.Errorf("no analyzers: %#v, %v; want an empty list", none, err)

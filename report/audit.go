@@ -74,11 +74,16 @@ type Report struct {
 // Pass names: the keys of ValueReport.Stats and the entries of
 // Report.Passes. The fp32 reference is always there; an emulated pass is
 // named after the precision it emulates. Fix reruns add a suffix
-// ("fp16+standardized", "fp16+keep-fp32#2").
+// ("fp16+standardized", "fp16+keep-fp32#2"). PassAsWritten is the model
+// run without mixed precision but with its own half casts (plain fp32
+// inference): it runs when the model casts to half itself and the
+// policy's pass fails (or --passes asks for it), and an overflow there
+// too is what makes a verdict explicit-half-cast.
 const (
-	PassFP32 = "fp32"
-	PassFP16 = "fp16"
-	PassBF16 = "bf16"
+	PassFP32      = "fp32"
+	PassFP16      = "fp16"
+	PassBF16      = "bf16"
+	PassAsWritten = "as-written"
 )
 
 // Verdict identifiers, in the order the decision tree tests them.
@@ -120,7 +125,9 @@ type Origin struct {
 	Node  string `json:"node"`
 	Index int    `json:"index"`
 	// Input and Samples name a poisoned graph input and where its NaN/Inf
-	// are (at most 20 samples).
+	// are (at most 20 samples). An fp32 origin at a node (fp32-broken: a
+	// softmax over a row that is -inf everywhere) has Samples too, found
+	// by rerunning the reference on parts of the batch.
 	Input     string   `json:"input,omitempty"`
 	Samples   []Sample `json:"samples,omitempty"`
 	OpType    string   `json:"op_type"`

@@ -51,13 +51,6 @@ const (
 	ScalesHealthy = "healthy"
 )
 
-// ScalesVerdicts lists every verdict identifier of the scales diagnosis in
-// decision order.
-func ScalesVerdicts() []string {
-	return []string{ScalesEarlyNaN, ScalesGradientOverflowNaN, ScalesForwardOverflowNaN, ScalesLateNaN,
-		ScalesPlateauUnderflow, ScalesPlateauUnexplained, ScalesWastedWarmup, ScalesFP16Noise, ScalesHealthy}
-}
-
 // ScalesReport is the finished diagnosis of a training log (`fp16audit
 // scales`). Renderers read it
 // and compute nothing. Steps are numbered as in the log (a CSV's step
@@ -73,7 +66,7 @@ type ScalesReport struct {
 	// Checks is the --checks selection the diagnosis ran ("all" by
 	// default): a check switched off neither reports nor decides.
 	Checks string `json:"checks,omitempty"`
-	// Verdict is one of the identifiers in ScalesVerdicts.
+	// Verdict is one of the Scales* verdict identifiers.
 	Verdict     string `json:"verdict"`
 	VerdictText string `json:"verdict_text"`
 	Fix         string `json:"fix,omitempty"`

@@ -34,8 +34,10 @@ const (
 type whatIf struct {
 	name string
 	// applies returns "" when the pass means something for this audit,
-	// else why it does not (noted when it was asked for).
+	// else why it does not (noted when it was asked for, and under
+	// autocast-fp16 unless quiet).
 	applies func(a *audit) string
+	quiet   bool
 	// wanted is the condition on the main passes' results, and because
 	// says it in the report's note.
 	wanted  func(a *audit) bool
@@ -65,6 +67,28 @@ var whatIfPasses = []whatIf{{
 		bp, _ := precision.PolicyByName("autocast-bf16")
 		ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
 		return execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, ba), Ref: ref}
+	},
+}, {
+	// as-written: the model without mixed precision, its own half casts
+	// kept (plain fp32 inference). Does an overflow happen with to_fp16()
+	// off too? Only then is the model's own cast to blame
+	// (explicit-half-cast); it matters only where the model casts to half
+	// itself and the policy's pass fails.
+	name: diagnose.PassAsWritten,
+	applies: func(a *audit) string {
+		switch {
+		case a.main == "":
+			return fmt.Sprintf("policy %s runs no emulated pass", a.policy.Name)
+		case len(a.halfCast) == 0:
+			return "the model casts nothing to half itself"
+		}
+		return ""
+	},
+	quiet:   true,
+	wanted:  (*audit).mainFails,
+	because: "the model casts to half itself and the policy's pass fails: does it fail without mixed precision too (explicit-half-cast)?",
+	pass: func(a *audit, ref string) execute.Pass {
+		return execute.Pass{Name: diagnose.PassAsWritten, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, diagnose.AsWrittenAssignment(a.static)), Ref: ref}
 	},
 }}
 

@@ -300,7 +300,7 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		why := w.applies(a)
 		switch mode := passMode(a.cfg.Passes, w.name); {
 		case why != "":
-			if slices.Contains(a.cfg.Passes, w.name) || a.main == diagnose.PassFP16 {
+			if slices.Contains(a.cfg.Passes, w.name) || (!w.quiet && a.main == diagnose.PassFP16) {
 				a.report.Notes = append(a.report.Notes, fmt.Sprintf("no %s pass: %s", w.name, why))
 			}
 		case mode == passAsked:
@@ -355,9 +355,17 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 	return nil
 }
 
-// Rerun runs one extra emulated pass (a fix being verified) and returns
-// its results, its graph outputs compared with fp32's.
+// Rerun runs one extra emulated pass (a fix being verified), its graph
+// outputs compared with fp32's, or the fp32 reference on some samples, and
+// returns its results.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
+	if r.Reference {
+		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.up}}, r.Batches)
+		if err != nil {
+			return nil, err
+		}
+		return res[0], nil
+	}
 	up := a.up
 	if len(r.Clamp) > 0 {
 		var err error

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,6 +36,10 @@ type truth struct {
 		OriginModule string   `json:"origin_module"`
 		Raises       any      `json:"raises"`
 		InputAtFault []string `json:"input_at_fault"`
+		OriginBatch  *int     `json:"origin_batch"`
+		// OriginSamples are the samples whose outputs at the origin hold
+		// NaN/Inf.
+		OriginSamples []int64 `json:"origin_samples"`
 		// OutputAgreement is PyTorch's outputs against its fp32 reference.
 		OutputAgreement []truthAgreement `json:"output_agreement"`
 		Tolerance       float64          `json:"tolerance"`
@@ -67,7 +72,8 @@ func readTruth(t *testing.T, dir string) truth {
 // TestTorchTruth audits every real PyTorch export under each policy its
 // truth covers and checks the verdict, whether the run fails (--fail-on
 // error: an error-level finding), the origin node and the input at fault
-// against what PyTorch itself did.
+// against what PyTorch itself did, and for fp32-broken the batch and
+// samples where the NaN start.
 func TestTorchTruth(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
@@ -115,6 +121,17 @@ func TestTorchTruth(t *testing.T) {
 				}
 				if got := o.Node + o.Input; got != want.OriginNode {
 					t.Errorf("origin %s (%s), PyTorch's is %s (%s)", got, o.Module, want.OriginNode, want.OriginModule)
+				}
+				if want.Verdict == report.VerdictFP32Broken && want.OriginBatch != nil {
+					var got []int64
+					for _, s := range o.Samples {
+						if s.Batch == *want.OriginBatch {
+							got = append(got, s.Index)
+						}
+					}
+					if !slices.Equal(got, want.OriginSamples) {
+						t.Errorf("origin samples %v of batch %d, PyTorch's are %v", got, *want.OriginBatch, want.OriginSamples)
+					}
 				}
 			})
 		}

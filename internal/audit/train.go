@@ -169,7 +169,7 @@ func (a *audit) auditTraining(ctx context.Context) error {
 		}
 		f.Backward = b
 	}
-	tr, findings, err := training.Run(f, a, a.cfg.Checks)
+	tr, findings, err := training.Run(ctx, f, a, a.cfg.Checks)
 	if err != nil {
 		return err
 	}
@@ -225,6 +225,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		return nil, err
 	}
 	defer sc32.Close()
+	defer sc32.StopOn(ctx)()
 	if b.FP32, err = sc32.Scan(0); err != nil {
 		return nil, err
 	}
@@ -233,6 +234,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		return nil, err
 	}
 	defer sc.Close()
+	defer sc.StopOn(ctx)()
 	if len(rounding.Values) == 0 && len(rounding.Inputs) == 0 {
 		// Nothing is held in 16 bits (the fp32 policy): one run says so.
 		s, err := sc.Scan(initExp)
@@ -241,7 +243,8 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		}
 		b.Scans = map[int]*grad.Scan{initExp: s}
 	} else if b.Scans, err = backward.Sweep(func(e int) (*grad.Scan, error) {
-		// An interrupt stops the sweep between two runs.
+		// An interrupt stops the run in flight (StopOn) and the sweep
+		// before the next.
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -406,8 +409,9 @@ func exponent(x float64) int {
 }
 
 // BF16 runs the backward with the bf16 policy's rounding at scale 1 (the
-// fix training.Run verifies: learn.to_bf16() trains without loss scaling).
-func (a *audit) BF16() (*grad.Result, *grad.Scan, error) {
+// fix training.Run verifies: learn.to_bf16() trains without loss scaling);
+// ctx ending stops its run.
+func (a *audit) BF16(ctx context.Context) (*grad.Result, *grad.Scan, error) {
 	pol, err := precision.PolicyByName("autocast-bf16")
 	if err != nil {
 		return nil, nil, err
@@ -429,6 +433,7 @@ func (a *audit) BF16() (*grad.Result, *grad.Scan, error) {
 		return nil, nil, err
 	}
 	defer sc.Close()
+	defer sc.StopOn(ctx)()
 	s, err := sc.Scan(0)
 	return res, s, err
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -178,7 +177,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
-	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
+	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails, as-written when the policy's pass fails and the model casts to half itself), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
 	o.thresholds = diagnose.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
@@ -247,7 +246,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		bar = newProgressBar(stderr, terminalWidth(stderr))
 		cfg.Progress = bar.update
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)
 	bar.done()
@@ -334,6 +333,8 @@ func writeOutput(path string, stdout io.Writer, render func(io.Writer) error) er
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
+	addPending(f.Name())
+	defer dropPending(f.Name())
 	defer os.Remove(f.Name())
 	err = render(f)
 	if cerr := f.Close(); err == nil {
@@ -360,15 +361,15 @@ func cmdVersion(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fmt.Fprintf(stdout, "fp16audit %s\n", report.Version)
-	lib, err := onnxrt.FindLibrary(ortLib)
+	lib, err := onnxrt.Locate(ortLib)
 	if err == nil {
-		err = onnxrt.Init(lib)
+		err = onnxrt.Init(lib.Path)
 	}
 	if err != nil {
 		fmt.Fprintf(stdout, "ONNX Runtime: not available (%v)\n", strings.SplitN(err.Error(), "\n", 2)[0])
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "ONNX Runtime %s (%s)\n", onnxrt.Version(), lib)
+	fmt.Fprintf(stdout, "ONNX Runtime %s (%s, from %s)\n", onnxrt.Version(), lib.Path, lib.From)
 	return exitOK
 }
 

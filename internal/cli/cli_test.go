@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -91,6 +92,42 @@ func TestVersion(t *testing.T) {
 	code, out, _ := run(t, "version")
 	if code != 0 || !strings.Contains(out, "fp16audit "+report.Version) || !strings.Contains(out, "ONNX Runtime 1.30") {
 		t.Errorf("version (exit %d):\n%s", code, out)
+	}
+}
+
+// TestVersionFindsVirtualenv runs `fp16audit version` in a child process
+// whose only ONNX Runtime is the real library inside a virtualenv's
+// onnxruntime package, laid out as pip installs it: the version names that
+// library, its version and the virtualenv.
+func TestVersionFindsVirtualenv(t *testing.T) {
+	lib, err := filepath.Abs(os.Getenv("ONNXRUNTIME_LIB"))
+	if os.Getenv("ONNXRUNTIME_LIB") == "" || err != nil {
+		t.Fatalf("ONNXRUNTIME_LIB must name the library (make test sets it): %v", err)
+	}
+	venv := t.TempDir()
+	capi := filepath.Join(venv, "lib", "python3.11", "site-packages", "onnxruntime", "capi")
+	if err := os.MkdirAll(capi, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inVenv := filepath.Join(capi, "libonnxruntime.so.1.30.0")
+	if err := os.Symlink(lib, inVenv); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "--", "version")
+	cmd.Dir = venv
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ONNXRUNTIME_LIB=") && !strings.HasPrefix(kv, "VIRTUAL_ENV=") && !strings.HasPrefix(kv, "CONDA_PREFIX=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "FP16AUDIT_HELPER_PROCESS=1", "VIRTUAL_ENV="+venv)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("version: %v\n%s", err, out)
+	}
+	want := "ONNX Runtime 1.30.0 (" + inVenv + ", from the virtualenv " + venv
+	if !strings.Contains(string(out), want) {
+		t.Errorf("version printed:\n%s\nwant a line with %q", out, want)
 	}
 }
 

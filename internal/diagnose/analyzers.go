@@ -3,7 +3,6 @@ package diagnose
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 
 	"fp16audit/checks"
@@ -17,27 +16,41 @@ import (
 // Analyzer is one dynamic check over the facts of one audit.
 type Analyzer = checks.Analyzer[*Facts]
 
+// Requirement is a fact a dynamic check needs, which the driver tests.
+type Requirement = checks.Requirement[*Facts]
+
+// The dynamic checks' requirements.
+var (
+	needFP32 = &Requirement{Name: "fp32 pass on finite inputs", Met: func(f *Facts) bool {
+		return f.Passes[PassFP32] != nil && !f.poisoned()
+	}}
+	needEmulated = &Requirement{Name: "emulated pass on finite inputs with a clean fp32 pass", Met: func(f *Facts) bool {
+		return f.mainOrigins() != nil
+	}}
+	needClean = &Requirement{Name: "emulated pass whose outputs hold no NaN/Inf and agree with fp32's", Met: (*Facts).cleanMain}
+)
+
 // Analyzers returns every dynamic check in the order its findings are
 // listed: the inputs first, then what the fp32 pass says, the origins of
 // the emulated pass, the warnings of a clean pass and the static facts the
 // emulation depends on.
 func Analyzers() []*Analyzer {
 	return []*Analyzer{
-		{Check: checkPoisonedInput, Requires: "inputs", Run: runPoisonedInput},
-		{Check: checkInputRange, Requires: "inputs", Run: runInputRange},
-		{Check: checkRawPixels, Requires: "inputs", Run: runRawPixels},
-		{Check: checkUnscaledColumns, Requires: "inputs", Run: runUnscaledColumns},
-		{Check: checkUnscaledSignal, Requires: "inputs", Run: runUnscaledSignal},
-		{Check: checkConstantInput, Requires: "inputs", Run: runConstantInput},
-		{Check: checkFP32Broken, Requires: "fp32 pass", Run: runFP32Broken},
-		{Check: lint.CheckConstRange, Requires: "emulated pass", Run: runConstantOrigins},
-		{Check: checkHalfCast, Requires: "emulated pass", Run: originAnalyzer(classHalfCast)},
-		{Check: checkLogits, Requires: "emulated pass", Run: originAnalyzer(classLogits)},
-		{Check: checkOverflow, Requires: "emulated pass", Run: originAnalyzer(classOverflow)},
-		{Check: checkWrongOutputs, Requires: "fp32 and emulated passes", Run: runWrongOutputs},
-		{Check: checkAbsorbed, Requires: "fp32 and emulated passes", Run: runAbsorbed},
-		{Check: checkHeadroom, Requires: "fp32 pass, clean emulated pass", Run: runHeadroom},
-		{Check: checkUnderflow, Requires: "clean emulated pass", Run: runUnderflow},
+		{Check: checkPoisonedInput, Run: runPoisonedInput},
+		{Check: checkInputRange, Run: runInputRange},
+		{Check: checkRawPixels, Run: runRawPixels},
+		{Check: checkUnscaledColumns, Run: runUnscaledColumns},
+		{Check: checkUnscaledSignal, Run: runUnscaledSignal},
+		{Check: checkConstantInput, Run: runConstantInput},
+		{Check: checkFP32Broken, Requires: []*Requirement{needFP32}, Run: runFP32Broken},
+		{Check: lint.CheckConstRange, Requires: []*Requirement{needEmulated}, Run: runConstantOrigins},
+		{Check: checkHalfCast, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classHalfCast)},
+		{Check: checkLogits, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classLogits)},
+		{Check: checkOverflow, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classOverflow)},
+		{Check: checkWrongOutputs, Requires: []*Requirement{needEmulated}, Run: runWrongOutputs},
+		{Check: checkAbsorbed, Requires: []*Requirement{needFP32}, Run: runAbsorbed},
+		{Check: checkHeadroom, Requires: []*Requirement{needClean}, Run: runHeadroom},
+		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
 		static(lint.UnknownOpsAnalyzer),
 	}
 }
@@ -46,7 +59,7 @@ func Analyzers() []*Analyzer {
 // whose fact does not depend on running the model reports the same finding
 // in both commands.
 func static(a *lint.Analyzer) *Analyzer {
-	return &Analyzer{Check: a.Check, Requires: "model", Run: func(f *Facts) ([]checks.Finding, error) { return a.Run(f.Static) }}
+	return &Analyzer{Check: a.Check, Run: func(f *Facts) ([]checks.Finding, error) { return a.Run(f.Static) }}
 }
 
 // inputFinding returns a finding of c about a graph input.
@@ -233,28 +246,41 @@ func (f *Facts) halfCastMessage(o report.Origin) string {
 // runConstantOrigins reports the constants beyond a format's range that
 // the emulated pass writes into reduced-precision values: an error where
 // PyTorch raises or the Inf reaches an output, a warning where it is
-// absorbed.
+// absorbed; and, as a warning, the mask fills of float32's extreme, which
+// are -Inf on purpose there but which PyTorch refuses when they are
+// hard-coded (torch.finfo(torch.float32).min).
 func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, o := range f.mainOrigins() {
 		if o.Cause != report.CauseConstant {
 			continue
 		}
-		n := f.graph().Node[o.Index]
-		p := f.Static.Assign.Node[o.Index]
-		v := *o.ConstantValue
-		consequence := lint.FillAt(n, inputSlot(n, o.Constant)).Consequence(p, v)
-		if dtypeAwareLimit(v) {
-			consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
-		}
-		fd := f.nodeFinding(lint.CheckConstRange, o.Index, o.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
-			moduleOr(o.Module, o.Node), o.OpType, o.Node, o.Constant, fmtConst(v), p, infWord(v), consequence, f.reachText(o)))
+		fd := f.constantFinding(o.Index, o.Constant, *o.ConstantValue, f.reachText(o))
 		if !f.Reaches(o) && !f.Raises(o) {
 			fd.Severity = checks.SevWarning
 		}
 		out = append(out, fd)
 	}
+	for _, w := range f.fills[f.Main] {
+		fd := f.constantFinding(w.node, w.constant, w.value, "it is a mask, carried as -Inf on purpose")
+		fd.Severity = checks.SevWarning
+		out = append(out, fd)
+	}
 	return out, nil
+}
+
+// constantFinding is FP4004 at node ni, which writes constant c (most
+// extreme element v) into a reduced-precision value; reach says what
+// became of it.
+func (f *Facts) constantFinding(ni int, c string, v float64, reach string) checks.Finding {
+	n := f.graph().Node[ni]
+	p := f.Static.Assign.Node[ni]
+	consequence := lint.FillAt(n, inputSlot(n, c)).Consequence(p, v)
+	if dtypeAwareLimit(v) {
+		consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
+	}
+	return f.nodeFinding(lint.CheckConstRange, ni, c, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+		moduleOr(onnx.ModulePath(n), f.nodeName(ni)), n.OpType, f.nodeName(ni), c, fmtConst(v), p, infWord(v), consequence, reach))
 }
 
 // reachText says whether an origin's NaN/Inf reach the outputs.
@@ -269,9 +295,6 @@ func (f *Facts) reachText(o report.Origin) string {
 // finite but beyond the tolerance of fp32's, with the origin whose effect
 // reached them.
 func runWrongOutputs(f *Facts) ([]checks.Finding, error) {
-	if f.mainOrigins() == nil {
-		return nil, nil
-	}
 	res := f.Passes[f.Main]
 	tol := f.tolerance(f.Main)
 	var out []checks.Finding
@@ -306,9 +329,6 @@ func runWrongOutputs(f *Facts) ([]checks.Finding, error) {
 // the fp32 and the emulated pass (constants have FP4004).
 func runAbsorbed(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	if f.poisoned() {
-		return nil, nil
-	}
 	passes := []string{PassFP32}
 	if f.mainOrigins() != nil {
 		passes = append(passes, f.Main)
@@ -354,44 +374,16 @@ func (f *Facts) cleanMain() bool {
 const maxHeadroomFindings = 20
 
 func runHeadroom(f *Facts) ([]checks.Finding, error) {
-	if !f.cleanMain() {
-		return nil, nil
-	}
-	type warn struct {
-		ni   int
-		v    string
-		bits float64
-	}
-	var low []warn
-	g := f.graph()
-	for _, ni := range f.Static.Order {
-		if f.masked()[ni] {
-			continue
-		}
-		for _, v := range g.Node[ni].Output {
-			if h, ok := f.headroom(v); ok && h < f.Thresholds.HeadroomBits {
-				low = append(low, warn{ni, v, h})
-			}
-		}
-	}
-	sort.SliceStable(low, func(i, j int) bool { return low[i].bits < low[j].bits })
 	var out []checks.Finding
-	for k, w := range low {
-		if k == maxHeadroomFindings {
-			f.note(fmt.Sprintf("%d more value(s) with headroom under %.1f bits are not listed", len(low)-maxHeadroomFindings, f.Thresholds.HeadroomBits))
-			break
-		}
-		ref := f.Passes[PassFP32].Stats[w.v]
-		p := f.Static.Assign.Value[w.v]
-		out = append(out, f.nodeFinding(checkHeadroom, w.ni, w.v, PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below %s's %.4g", w.v, ref.MaxAbs, w.bits, p, formatMax(p))))
+	for _, w := range f.lowHeadroom[:min(len(f.lowHeadroom), maxHeadroomFindings)] {
+		ref := f.Passes[PassFP32].Stats[w.value]
+		p := f.Static.Assign.Value[w.value]
+		out = append(out, f.nodeFinding(checkHeadroom, w.node, w.value, PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below %s's %.4g", w.value, ref.MaxAbs, w.bits, p, formatMax(p))))
 	}
 	return out, nil
 }
 
 func runUnderflow(f *Facts) ([]checks.Finding, error) {
-	if !f.cleanMain() {
-		return nil, nil
-	}
 	main := f.Passes[f.Main]
 	g := f.graph()
 	flushes := func(v string) bool {

@@ -17,8 +17,9 @@ type Options struct {
 	// Checks selects the analyzers; a check switched off does not run and
 	// cannot decide the verdict. The zero value selects all.
 	Checks checks.Selection
-	// NoFixes skips the fix reruns (standardized inputs, keep-fp32, removed
-	// casts, constants in range).
+	// NoFixes skips every rerun: the fixes (standardized inputs,
+	// keep-fp32, removed casts, constants in range) and locating the
+	// samples of an fp32 origin.
 	NoFixes bool
 }
 
@@ -36,65 +37,82 @@ type Diagnosis struct {
 	Notes []string
 }
 
-// Run runs the analyzers over f, verifies the fixes the findings call for
-// (reruns through run, over batches) and walks the verdict tree:
+// Run derives the shared facts, runs the analyzers over them, verifies
+// the fixes the findings call for (reruns through run, over batches) and
+// walks the verdict tree. Every verdict but healthy follows from a
+// finding, so a check that --checks switches off cannot decide one:
 //
 //  1. poisoned-input: a batch holds NaN/Inf (FP1001).
-//  2. fp32-broken: the fp32 pass makes NaN/Inf that reach an output (FP2002).
-//  3. explicit-half-cast: the overflowing value is in reduced precision
-//     because of the model's own cast (FP4001).
-//  4. unnormalized-input: the inputs are far from standardized and a rerun
-//     with standardized inputs is clean (or the batch was saved in fp16
-//     beyond its range).
-//  5. oversized-logits: every overflow starts in the final layer (FP2003).
-//  6. overflowing-op: an op overflows (FP2001), or a constant beyond the
-//     format's range written into a reduced-precision value makes NaN/Inf
-//     that reach an output (FP4004), or the outputs are finite but wrong
-//     although nothing overflows (FP2006 with a precision origin).
-//  7. healthy: nothing reaches the outputs and they agree with fp32's
+//  2. unnormalized-input: a batch saved in fp16 holds ±Inf where its
+//     values passed 65504 (FP1002 on that input), and they reach an
+//     output.
+//  3. fp32-broken: the fp32 pass makes NaN/Inf that reach an output
+//     (FP2002); the origin names the samples that hold them.
+//  4. explicit-half-cast: the overflowing value is in reduced precision
+//     because of the model's own cast, and it overflows in the run
+//     without mixed precision too (FP4001).
+//  5. unnormalized-input: an input finding (FP1002, FP1003, FP1004,
+//     FP1006) flags an input and a rerun with it standardized is clean.
+//  6. overflowing-op: a constant beyond the format's range is written
+//     into a reduced-precision value and its NaN/Inf reach an output
+//     (FP4004 at error).
+//  7. overflowing-op: an op overflows (FP2001), even when the final layer
+//     overflows too; or the outputs are finite but wrong although nothing
+//     overflows (FP2006 naming an origin of cause precision).
+//  8. oversized-logits: every overflow starts in the final layer (FP2003).
+//  9. healthy: nothing reaches the outputs and they agree with fp32's
 //     within the tolerance. Warnings may remain, and an error: a fill
 //     PyTorch refuses (FP4004), whose -Inf the emulation's softmax absorbs.
 //
 // An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
-// by leaving them finite but wrong (FP2006): the verdict classes 3–6 are
-// the same for both, and so are the fixes.
+// by leaving them finite but wrong (FP2006): the verdicts 4 to 8 are the
+// same for both, and so are the fixes.
 func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
-	f.consts = constantValues(f.graph(), f.Static.Order)
+	f.prepare()
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
 	if err != nil {
 		return nil, err
 	}
 	d := &Diagnosis{Findings: findings, Origins: []report.Origin{}, Fixes: []report.Fix{}}
-	has := func(c *checks.Check, sev checks.Severity) bool {
-		return slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == c.ID && x.Severity >= sev })
+	if n := len(f.lowHeadroom) - maxHeadroomFindings; n > 0 && has(findings, checkHeadroom, checks.SevWarning) {
+		d.Notes = append(d.Notes, fmt.Sprintf("%d more value(s) with headroom under %.1f bits are not listed", n, f.Thresholds.HeadroomBits))
 	}
 	switch {
-	case has(checkPoisonedInput, checks.SevError):
+	case has(findings, checkPoisonedInput, checks.SevError):
 		d.Verdict = report.VerdictPoisoned
 		o := f.deciding(f.Origins(PassFP32))
 		d.VerdictText = fmt.Sprintf("the batch already holds NaN/Inf (%s): clean the data before looking at precision", inputList(o))
 		d.Origins = o
-	case f.savedHalfOrigins() != nil:
+	case f.savedHalfOrigins(findings) != nil:
 		d.Verdict = report.VerdictUnnormalized
-		d.Origins = f.savedHalfOrigins()
+		d.Origins = f.savedHalfOrigins(findings)
 		d.VerdictText = fmt.Sprintf("%s was saved in float16 and holds Inf where its values passed 65504: the inputs are not normalized; standardize them and save the batch in float32", inputList(d.Origins))
-	case has(checkFP32Broken, checks.SevError):
+	case has(findings, checkFP32Broken, checks.SevError):
 		o := f.deciding(f.Origins(PassFP32))
+		if !opt.NoFixes {
+			note, err := f.locateSamples(ctx, run, batches, o)
+			if err != nil {
+				return nil, err
+			}
+			if note != "" {
+				d.Notes = append(d.Notes, note)
+			}
+		}
 		d.Verdict = report.VerdictFP32Broken
-		d.VerdictText = fmt.Sprintf("the model produces NaN/Inf even in fp32, first at %s (%s): fix the model or data first", o[0].Node, o[0].OpType)
+		d.VerdictText = fmt.Sprintf("the model produces NaN/Inf even in fp32, first at %s (%s)%s: fix the model or data first", o[0].Node, o[0].OpType, samplesWording(o[0].Samples))
 		d.Origins = o
 	case f.Main == "":
 		d.Verdict, d.VerdictText = report.VerdictHealthy, "the fp32 pass is clean (policy fp32: no emulated pass)"
-	case len(f.deciding(f.mainOrigins())) > 0 && (has(lint.CheckConstRange, checks.SevError) || has(checkHalfCast, checks.SevError) ||
-		has(checkLogits, checks.SevError) || has(checkOverflow, checks.SevError) || has(checkWrongOutputs, checks.SevError)):
-		if err := f.overflowVerdict(ctx, d, run, batches, opt, has); err != nil {
+	default:
+		decided, err := f.overflowVerdict(ctx, d, run, batches, opt, findings)
+		if err != nil {
 			return nil, err
 		}
-	default:
-		d.Verdict = report.VerdictHealthy
-		d.VerdictText = f.healthyText(opt)
+		if !decided {
+			d.Verdict = report.VerdictHealthy
+			d.VerdictText = f.healthyText(opt)
+		}
 	}
-	d.Notes = f.notes
 	d.OutputAgreement = f.outputAgreement(d.Fixes)
 	return d, nil
 }
@@ -116,18 +134,50 @@ func (f *Facts) outputAgreement(fixes []report.Fix) []report.OutputAgreement {
 	}
 	add(f.Main)
 	add(PassBF16)
+	add(PassAsWritten)
 	for _, fx := range fixes {
 		add(fx.Pass)
 	}
 	return out
 }
 
+// has reports whether findings hold one of check c at severity sev or
+// above.
+func has(findings []checks.Finding, c *checks.Check, sev checks.Severity) bool {
+	return slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == c.ID && x.Severity >= sev })
+}
+
+// reported returns the origins some error finding of check c names (by
+// node, or by input for an origin at a graph input).
+func reported(findings []checks.Finding, c *checks.Check, origins []report.Origin, f *Facts) []report.Origin {
+	var out []report.Origin
+	for _, o := range origins {
+		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
+			if x.Check != c.ID || x.Severity < checks.SevError {
+				return false
+			}
+			if o.Index < 0 {
+				return x.Value == o.Input
+			}
+			return x.Node == f.nodeName(o.Index)
+		}) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // savedHalfOrigins returns the input origins of data saved in half
-// precision beyond its range, when they reach an output.
-func (f *Facts) savedHalfOrigins() []report.Origin {
+// precision beyond its range, when they reach an output and FP1002 says
+// so.
+func (f *Facts) savedHalfOrigins(findings []checks.Finding) []report.Origin {
 	var out []report.Origin
 	for _, o := range f.deciding(f.Origins(PassFP32)) {
-		if in := f.input(o.Input); o.Cause == report.CauseInput && in != nil && in.SavedHalfInf {
+		in := f.input(o.Input)
+		if o.Cause != report.CauseInput || in == nil || !in.SavedHalfInf {
+			continue
+		}
+		if slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == checkInputRange.ID && x.Value == o.Input }) {
 			out = append(out, o)
 		}
 	}
@@ -148,8 +198,34 @@ func inputList(os []report.Origin) string {
 	return strings.Join(names, ", ")
 }
 
+// samplesWording says where an origin's NaN/Inf are, for the verdict.
+func samplesWording(samples []report.Sample) string {
+	if len(samples) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, s := range limitSamples(samples, 5) {
+		parts = append(parts, fmt.Sprintf("batch %d sample %d", s.Batch, s.Index))
+	}
+	txt := " in " + strings.Join(parts, ", ")
+	if len(samples) > 5 {
+		txt += fmt.Sprintf(" and %d more sample(s)", len(samples)-5)
+	}
+	return txt
+}
+
+func limitSamples(s []report.Sample, n int) []report.Sample {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
 // healthyText says what a clean emulated pass showed.
 func (f *Facts) healthyText(opt Options) string {
+	if n := len(f.deciding(f.Origins(PassFP32))); n > 0 {
+		return fmt.Sprintf("undecided: NaN/Inf of %d origin(s) reach the outputs of the fp32 pass, but --checks %s switched off the checks that report them", n, opt.Checks)
+	}
 	txt := fmt.Sprintf("nothing non-finite reaches the outputs of the %s pass", f.Main)
 	if len(f.Origins(f.Main)) == 0 {
 		txt = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
@@ -162,7 +238,7 @@ func (f *Facts) healthyText(opt Options) string {
 	if bits, _, limit, ok := f.MinHeadroom(); ok {
 		txt += fmt.Sprintf("; smallest headroom %.1f bits below %.4g", bits, limit)
 	}
-	if n := len(f.deciding(f.Origins(f.Main))); n > 0 && f.mainOrigins() != nil {
+	if n := len(f.deciding(f.mainOrigins())); n > 0 {
 		txt += fmt.Sprintf("; %d overflow(s) went unreported because --checks %s switched their checks off", n, opt.Checks)
 	}
 	for _, o := range f.mainOrigins() {
@@ -175,11 +251,21 @@ func (f *Facts) healthyText(opt Options) string {
 }
 
 // overflowVerdict verifies the fixes of an emulated pass whose NaN/Inf
-// decide the outcome and picks the verdict.
-func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, batches []batch.Batch, opt Options, has func(*checks.Check, checks.Severity) bool) error {
+// reach an output and picks the verdict; decided is false when no error
+// finding names a deciding origin (their checks are switched off, or
+// nothing reaches an output).
+func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, batches []batch.Batch, opt Options, findings []checks.Finding) (decided bool, err error) {
 	origins := f.deciding(f.mainOrigins())
+	castOrigins := reported(findings, checkHalfCast, origins, f)
+	constOrigins := reported(findings, lint.CheckConstRange, origins, f)
+	overflows := reported(findings, checkOverflow, origins, f)
+	logits := reported(findings, checkLogits, origins, f)
+	precise := wrongReported(findings, origins)
+	if len(castOrigins)+len(constOrigins)+len(overflows)+len(logits)+len(precise) == 0 {
+		return false, nil
+	}
 	d.Origins = origins
-	before := f.Passes[f.Main].NonFinite(f.Values)
+	before := f.nonFinite(f.Passes[f.Main], f.Main)
 	addFix := func(fix *report.Fix, err error) (*report.Fix, error) {
 		if err != nil || fix == nil {
 			return nil, err
@@ -187,21 +273,20 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		d.Fixes = append(d.Fixes, *fix)
 		return fix, nil
 	}
-	cast := has(checkHalfCast, checks.SevError)
-	constant := !cast && slices.ContainsFunc(origins, func(o report.Origin) bool { return o.Cause == report.CauseConstant })
+	cast, constant := len(castOrigins) > 0, len(castOrigins) == 0 && len(constOrigins) > 0
+	flagged := f.flaggedInputs(findings)
 	var std *report.Fix
 	if !opt.NoFixes {
-		var err error
 		switch {
 		case constant:
 			_, err = addFix(f.fixConstant(ctx, run, batches, origins, before))
 		case cast:
-			_, err = addFix(f.fixRemoveCast(ctx, run, batches, origins, before))
-		case slices.ContainsFunc(f.Inputs, func(in *Input) bool { return in.Flagged && in.chans != nil && !in.SavedHalfInf }):
-			std, err = addFix(f.fixStandardize(ctx, run, batches, before))
+			_, err = addFix(f.fixRemoveCast(ctx, run, batches, castOrigins, before))
+		case len(flagged) > 0:
+			std, err = addFix(f.fixStandardize(ctx, run, batches, flagged, before))
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 	}
 	if fix, ok := f.fixBF16(before); ok {
@@ -209,60 +294,95 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	}
 	if !opt.NoFixes && !constant && !cast && (std == nil || !std.Works) {
 		if _, err := addFix(f.fixKeepFP32(ctx, run, batches, origins, before)); err != nil {
-			return err
+			return false, err
 		}
 	}
-	first := origins[0]
 	switch {
-	case allPrecision(f, origins):
+	case len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0:
+		o := precise[0]
 		d.Verdict = report.VerdictOverflow
 		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
-		if df := f.Passes[f.Main].Diffs[first.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
+		if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
 			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
 		}
 		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s: keep it in fp32",
-			f.Main, moduleOr(first.Module, first.Node), first.OpType, how)
+			f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
-		o := firstClass(f, origins, classHalfCast)
+		o := castOrigins[0]
 		casts := "its own half cast"
 		if o.Provenance != nil && len(o.Provenance.Casts) > 0 {
 			casts = strings.Join(o.Provenance.Casts, ", ")
 		}
-		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast: remove or move the cast",
-			casts, moduleOr(o.Module, o.Node), o.OpType)
+		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): switching to_fp16() off will not help; remove the cast or move it after the op that overflows",
+			casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+		if f.Passes[PassAsWritten] == nil {
+			d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast (without the %s pass it is not known whether it overflows with mixed precision off too): remove the cast or move it after the op that overflows",
+				casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+		}
 	case std != nil && std.Works:
 		d.Verdict = report.VerdictUnnormalized
 		d.VerdictText = fmt.Sprintf("the input %s is not normalized; with it standardized the %s pass is clean", strings.Join(quoted(std.Inputs), ", "), f.Main)
 	case constant:
-		o := firstOf(origins, report.CauseConstant)
+		o := constOrigins[0]
 		d.Verdict = report.VerdictOverflow
 		d.VerdictText = fmt.Sprintf("%s (%s) writes the constant %s = %s into a %s value, and the %s reaches %s: use torch.finfo(x.dtype).min instead of a fixed value",
 			moduleOr(o.Module, o.Node), o.OpType, o.Constant, fmtConst(*o.ConstantValue), o.Precision, infWord(*o.ConstantValue), strings.Join(o.AffectedOutputs, ", "))
-	case !has(checkOverflow, checks.SevError):
-		d.Verdict = report.VerdictLogits
-		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond %s's range (fp32 max |x| %.4g)", moduleOr(first.Module, first.Node), first.Precision, first.FP32MaxAbs)
-	default:
-		o := firstClass(f, origins, classOverflow)
+	case len(overflows) > 0:
+		o := overflows[0]
 		d.Verdict = report.VerdictOverflow
 		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, f.inputsWording(), o.FP32MaxAbs)
+		if o.ExplicitCast && f.Passes[PassAsWritten] != nil {
+			d.VerdictText += "; the model's own cast upstream does not overflow without mixed precision: autocast's lower precision does it"
+		}
+	default:
+		o := logits[0]
+		d.Verdict = report.VerdictLogits
+		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond %s's range (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.Precision, o.FP32MaxAbs)
 	}
 	if w := f.wrongText(f.Passes[f.Main]); w != "" && !slices.ContainsFunc(origins, func(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }) {
 		// Nothing non-finite reaches the outputs: say what does.
 		d.VerdictText += "; " + w
 	}
-	return nil
+	return true, nil
 }
 
-// allPrecision reports whether every origin is a precision one: nothing
-// overflows, the outputs are wrong from rounding alone.
-func allPrecision(f *Facts, os []report.Origin) bool {
-	for _, o := range os {
-		if f.classify(o) != classPrecision {
-			return false
+// wrongReported returns the precision origins (nothing overflows, the
+// outputs are wrong) whose wrong outputs an error finding of FP2006 names.
+func wrongReported(findings []checks.Finding, origins []report.Origin) []report.Origin {
+	var out []report.Origin
+	for _, o := range origins {
+		if o.Cause != report.CausePrecision {
+			continue
+		}
+		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
+			return x.Check == checkWrongOutputs.ID && x.Severity >= checks.SevError && slices.Contains(o.WrongOutputs, x.Value)
+		}) {
+			out = append(out, o)
 		}
 	}
-	return true
+	return out
+}
+
+// inputChecks are the checks that flag an input whose scale can overflow.
+var inputChecks = []*checks.Check{checkInputRange, checkRawPixels, checkUnscaledColumns, checkUnscaledSignal}
+
+// flaggedInputs returns the float inputs an input finding flags, in input
+// order (not data saved in half precision, which standardizing cannot
+// repair).
+func (f *Facts) flaggedInputs(findings []checks.Finding) []*Input {
+	var out []*Input
+	for _, in := range f.Inputs {
+		if in.chans == nil || in.SavedHalfInf {
+			continue
+		}
+		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
+			return x.Value == in.Spec.Name && slices.ContainsFunc(inputChecks, func(c *checks.Check) bool { return c.ID == x.Check })
+		}) {
+			out = append(out, in)
+		}
+	}
+	return out
 }
 
 // inputsWording says what the inputs were, for an overflow verdict: "on
@@ -289,24 +409,6 @@ func (f *Facts) consequence(o report.Origin) string {
 	n := f.graph().Node[o.Index]
 	return lint.FillAt(n, inputSlot(n, o.Constant)).Consequence(f.Static.Assign.Node[o.Index], *o.ConstantValue) +
 		fmt.Sprintf(" (%s, %s writes %s = %s)", moduleOr(o.Module, "model"), o.Node, o.Constant, fmtConst(*o.ConstantValue))
-}
-
-func firstOf(os []report.Origin, cause string) report.Origin {
-	for _, o := range os {
-		if o.Cause == cause {
-			return o
-		}
-	}
-	return os[0]
-}
-
-func firstClass(f *Facts, os []report.Origin, c originClass) report.Origin {
-	for _, o := range os {
-		if f.classify(o) == c {
-			return o
-		}
-	}
-	return os[0]
 }
 
 func quoted(s []string) []string {

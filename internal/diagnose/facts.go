@@ -10,7 +10,6 @@ package diagnose
 import (
 	"math"
 	"sort"
-	"sync"
 
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
@@ -22,9 +21,10 @@ import (
 
 // Pass names, as the report has them.
 const (
-	PassFP32 = report.PassFP32
-	PassFP16 = report.PassFP16
-	PassBF16 = report.PassBF16
+	PassFP32      = report.PassFP32
+	PassFP16      = report.PassFP16
+	PassBF16      = report.PassBF16
+	PassAsWritten = report.PassAsWritten
 )
 
 // Thresholds are the diagnosis's tunable limits; DefaultThresholds documents
@@ -55,8 +55,10 @@ type Thresholds struct {
 var DefaultThresholds = Thresholds{HeadroomBits: 3, UnderflowFraction: 0.10, ColumnScale: 10, FixIterations: 8,
 	OutputTolFP16: 0.05, OutputTolBF16: 0.25}
 
-// Facts is what the dynamic analyzers know about one audit. Origins are
-// computed on first use and shared.
+// Facts is what the dynamic analyzers know about one audit. The caller
+// fills the exported fields; Run derives the rest once (origins, the
+// infinities the model writes on purpose, the values a mask fills) before
+// any analyzer runs, and analyzers only read.
 type Facts struct {
 	// Static holds the model, the policy, the policy's precision
 	// assignment and the topological order: the facts the static lint
@@ -67,8 +69,10 @@ type Facts struct {
 	// Inputs describes every graph input the batches fed, in input order.
 	Inputs []*Input
 	// Passes holds the results of the fp32 reference (PassFP32), the
-	// policy's emulated pass (Main) and, under autocast-fp16, the bf16
-	// pass, when they ran.
+	// policy's emulated pass (Main), under autocast-fp16 the bf16 pass,
+	// and, when the model casts to half itself, the pass without mixed
+	// precision that keeps those casts (PassAsWritten), when they ran
+	// (the what-if passes run on demand).
 	Passes map[string]*observe.PassResult
 	// Main names the policy's emulated pass; "" under the fp32 policy.
 	Main string
@@ -77,25 +81,130 @@ type Facts struct {
 	Values     []string
 	Thresholds Thresholds
 
-	originsMu sync.Mutex
-	origins   map[string][]report.Origin
-	notes     []string
+	derived
+}
+
+// derived is what Run computes from the exported facts before the
+// analyzers run.
+type derived struct {
+	prepared bool
 	// consts marks the values fixed without running the model.
 	consts map[string]bool
-	// maskedNodes caches masked.
-	maskedNodes map[int]bool
+	// assign holds the precision assignment of every pass that ran.
+	assign map[string]*precision.Assignment
+	// origins, deliberate and fills are per pass: the origins of NaN/Inf,
+	// the values whose only non-finite elements are infinities the model
+	// writes on purpose, and where a mask constant beyond the pass's range
+	// is written (see passOrigins).
+	origins    map[string][]report.Origin
+	deliberate map[string]map[string]bool
+	fills      map[string][]fill
+	// masked marks the nodes whose values carry a mask (see prepare).
+	masked map[int]bool
+	// lowHeadroom lists the values of a clean emulated pass below the
+	// headroom threshold, least headroom first.
+	lowHeadroom []headroomValue
 	// agreements holds the output agreement of every compared pass, by
-	// pass name (recordAgreement).
+	// pass name (recordAgreement): the fix reruns add theirs after the
+	// analyzers ran.
 	agreements map[string][]report.OutputAgreement
+}
+
+// headroomValue is a value held in reduced precision close to its
+// format's limit.
+type headroomValue struct {
+	node  int
+	value string
+	bits  float64
+}
+
+// prepare computes the derived facts. Everything an analyzer reads beyond
+// the exported fields is made here, once, so that analyzers run on the
+// same facts in any order and never write.
+func (f *Facts) prepare() {
+	if f.prepared {
+		return
+	}
+	f.prepared = true
+	g := f.graph()
+	f.consts = constantValues(g, f.Static.Order)
+	f.assign = map[string]*precision.Assignment{PassFP32: f.Static.Assign}
+	if f.Main != "" {
+		f.assign[f.Main] = f.Static.Assign
+	}
+	elemType := f.Static.Model.Index.ElemType
+	if _, ok := f.Passes[PassBF16]; ok && f.Main != PassBF16 {
+		bp, _ := precision.PolicyByName("autocast-bf16")
+		f.assign[PassBF16] = precision.Assign(bp, g, f.Static.Order, elemType)
+	}
+	if _, ok := f.Passes[PassAsWritten]; ok {
+		f.assign[PassAsWritten] = AsWrittenAssignment(f.Static)
+	}
+	f.origins, f.deliberate, f.fills = map[string][]report.Origin{}, map[string]map[string]bool{}, map[string][]fill{}
+	for _, p := range f.passNames() {
+		if asg := f.assign[p]; asg != nil {
+			f.origins[p], f.deliberate[p], f.fills[p] = f.passOrigins(p, f.Passes[p], asg)
+		}
+	}
+	f.masked = map[int]bool{}
+	idx := f.Static.Model.Index
+	for _, p := range []string{PassFP32, f.Main} {
+		for v := range f.deliberate[p] {
+			if ni := idx.Producer(v); ni >= 0 {
+				f.masked[ni] = true
+			}
+		}
+		for _, o := range f.origins[p] {
+			if o.Cause != report.CauseConstant || o.Index < 0 {
+				continue
+			}
+			f.masked[o.Index] = true
+			for _, name := range o.Affected {
+				for ni, n := range g.Node {
+					if onnx.NodeName(g, ni) == name && len(n.Output) > 0 && idx.Producer(n.Output[0]) == ni {
+						f.masked[ni] = true
+					}
+				}
+			}
+		}
+	}
+	if f.cleanMain() {
+		for _, ni := range f.Static.Order {
+			if f.masked[ni] {
+				continue
+			}
+			for _, v := range g.Node[ni].Output {
+				if h, ok := f.headroom(v); ok && h < f.Thresholds.HeadroomBits {
+					f.lowHeadroom = append(f.lowHeadroom, headroomValue{ni, v, h})
+				}
+			}
+		}
+		sort.SliceStable(f.lowHeadroom, func(i, j int) bool { return f.lowHeadroom[i].bits < f.lowHeadroom[j].bits })
+	}
+}
+
+// passNames lists the passes that ran, in a fixed order.
+func (f *Facts) passNames() []string {
+	names := make([]string, 0, len(f.Passes))
+	for p := range f.Passes {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// AsWrittenAssignment is the precision of every value when the model runs
+// without mixed precision: fp32, except where the model casts to half
+// itself. The as-written pass emulates it.
+func AsWrittenAssignment(st *lint.Facts) *precision.Assignment {
+	p, _ := precision.PolicyByName("fp32")
+	return precision.Assign(p, st.Model.Proto.GetGraph(), st.Order, st.Model.Index.ElemType)
 }
 
 func (f *Facts) graph() *onnx.GraphProto { return f.Static.Model.Proto.GetGraph() }
 
 // nodeName names node i in findings and origins.
 func (f *Facts) nodeName(i int) string { return onnx.NodeName(f.graph(), i) }
-
-// note records a fact about the diagnosis that the report's notes carry.
-func (f *Facts) note(s string) { f.notes = append(f.notes, s) }
 
 // poisoned reports whether a batch holds NaN/Inf in some input (other
 // than unnormalized data saved in half precision).
@@ -109,25 +218,10 @@ func (f *Facts) poisoned() bool {
 }
 
 // Origins returns every origin of non-finite values in the named pass,
-// under the policy's assignment: those that reach a graph output and those
-// whose NaN/Inf are absorbed on the way (see Reaches).
-func (f *Facts) Origins(pass string) []report.Origin {
-	f.originsMu.Lock()
-	defer f.originsMu.Unlock()
-	if o, ok := f.origins[pass]; ok {
-		return o
-	}
-	if f.origins == nil {
-		f.origins = map[string][]report.Origin{}
-	}
-	res, ok := f.Passes[pass]
-	if !ok {
-		return nil
-	}
-	o := f.passOrigins(pass, res, f.Static.Assign)
-	f.origins[pass] = o
-	return o
-}
+// under that pass's assignment: those that reach a graph output and those
+// whose NaN/Inf are absorbed on the way (see Reaches). Infinities the
+// model writes on purpose (an -inf mask) are never origins.
+func (f *Facts) Origins(pass string) []report.Origin { return f.origins[pass] }
 
 // Reaches reports whether an origin decides the verdict: its NaN/Inf reach
 // a graph output, or its effect leaves a graph output finite but wrong.
@@ -215,12 +309,39 @@ func (f *Facts) classify(o report.Origin) originClass {
 		return classConstant
 	case o.Cause == report.CausePrecision:
 		return classPrecision
-	case o.ExplicitCast:
+	case o.ExplicitCast && f.overflowsAsWritten(o):
 		return classHalfCast
 	case f.isFinalLayer(o.Index) || f.isFinalBias(o.Index):
 		return classLogits
 	}
 	return classOverflow
+}
+
+// overflowsAsWritten reports whether an emulated-pass origin overflows in
+// the run without mixed precision too (the as-written pass: fp32 but for
+// the model's own half casts): that run has an origin reaching an output
+// at the same node or at one of the casts the origin's precision comes
+// from. Only then is the model's cast to blame; an overflow that only
+// autocast's lower precision causes stays an overflowing op, whatever
+// casts lie upstream. Without the as-written pass (--passes none) the
+// provenance alone decides.
+func (f *Facts) overflowsAsWritten(o report.Origin) bool {
+	if o.Index < 0 {
+		return false
+	}
+	if f.Passes[PassAsWritten] == nil {
+		return true
+	}
+	at := map[int]bool{o.Index: true}
+	for _, c := range f.Static.Assign.Casts[o.Value] {
+		at[c] = true
+	}
+	for _, a := range f.deciding(f.Origins(PassAsWritten)) {
+		if a.Index >= 0 && at[a.Index] {
+			return true
+		}
+	}
+	return false
 }
 
 // isFinalBias reports whether node ni is the bias Add of the final layer
@@ -314,40 +435,12 @@ func formatMax(p precision.Precision) float64 {
 	return 0
 }
 
-// masked marks the nodes whose values carry a mask constant: the readers
-// of a constant out of the format's range in the emulated pass and what
-// its ±Inf reached. Their magnitude is the mask's, not the model's, so
-// headroom says nothing about them.
-func (f *Facts) masked() map[int]bool {
-	if f.maskedNodes != nil {
-		return f.maskedNodes
-	}
-	f.maskedNodes = map[int]bool{}
-	idx := f.Static.Model.Index
-	for _, p := range []string{PassFP32, f.Main} {
-		for _, o := range f.Origins(p) {
-			if o.Cause != report.CauseConstant || o.Index < 0 {
-				continue
-			}
-			f.maskedNodes[o.Index] = true
-			for _, name := range o.Affected {
-				for ni, n := range f.graph().Node {
-					if onnx.NodeName(f.graph(), ni) == name && len(n.Output) > 0 && idx.Producer(n.Output[0]) == ni {
-						f.maskedNodes[ni] = true
-					}
-				}
-			}
-		}
-	}
-	return f.maskedNodes
-}
-
 // MinHeadroom is the smallest headroom over the observed values the policy
 // holds in reduced precision (mask values aside), the value that has it and
 // the format's limit; ok is false when there is none.
 func (f *Facts) MinHeadroom() (bits float64, value string, limit float64, ok bool) {
 	for _, v := range f.Values {
-		if p := f.Static.Model.Index.Producer(v); p >= 0 && f.masked()[p] {
+		if p := f.Static.Model.Index.Producer(v); p >= 0 && f.masked[p] {
 			continue
 		}
 		h, found := f.headroom(v)

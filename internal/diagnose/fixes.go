@@ -26,19 +26,25 @@ type Rerun struct {
 	// by their values clamped to ±limit: torch.finfo(dtype).min in place of
 	// a fixed mask value.
 	Clamp map[string]float64
+	// Reference runs the fp32 reference graph (no rounding at all) instead
+	// of an emulated pass; Assign and Clamp are ignored.
+	Reference bool
 }
 
-// Runner reruns the policy's emulated pass, to verify a fix. The audit's
-// execution stage implements it.
+// Runner reruns the policy's emulated pass, to verify a fix, or the fp32
+// reference on some samples, to locate them. The audit's execution stage
+// implements it.
 type Runner interface {
 	Rerun(ctx context.Context, r Rerun) (*observe.PassResult, error)
 }
 
-// verify runs r and returns the fix with its outcome: it works when
-// nothing in the rerun decides a failure (no NaN/Inf and no overflow reach
-// a graph output) and every output is finite and within the tolerance of
-// fp32's on the same inputs.
-func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) (*observe.PassResult, error) {
+// verify runs r and returns the fix with its outcome and the origins of
+// the rerun that reach an output: the fix works when there are none (or a
+// constant origin that raises) and every graph output is finite and
+// within the tolerance of fp32's on the same inputs. Infinities the model
+// writes on purpose count neither as origins nor among the remaining
+// NaN/Inf.
+func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) ([]report.Origin, error) {
 	if r.Assign == nil {
 		r.Assign = f.Static.Assign
 	}
@@ -46,35 +52,49 @@ func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix
 	if err != nil {
 		return nil, err
 	}
+	origins, deliberate, _ := f.passOrigins(f.Main, res, r.Assign)
 	fix.Pass = r.Name
-	fix.NonFiniteAfter = res.NonFinite(f.Values)
-	fix.Works = len(f.deciding(f.passOrigins(f.Main, res, r.Assign))) == 0 && f.outputsAgree(res)
+	fix.NonFiniteAfter = f.countNonFinite(res, deliberate)
+	deciding := f.deciding(origins)
+	fix.Works = len(deciding) == 0 && f.outputsAgree(res)
 	f.recordAgreement(res)
-	return res, nil
+	return deciding, nil
 }
 
 // remains says what is left after a fix that does not work: the NaN/Inf,
-// or outputs that stay finite but wrong.
-func (f *Facts) remains(fix *report.Fix, res *observe.PassResult) string {
-	if fix.NonFiniteAfter > 0 || res == nil {
+// or outputs that stay finite but wrong (from the agreement recorded for
+// the pass the fix was judged by).
+func (f *Facts) remains(fix *report.Fix) string {
+	if fix.NonFiniteAfter > 0 {
 		return fmt.Sprintf("%d non-finite values remain", fix.NonFiniteAfter)
 	}
-	if w := f.wrongText(res); w != "" {
+	if w := wrongTextOf(f.agreements[fix.Pass]); w != "" {
 		return "the " + w
 	}
 	return "an overflow still reaches the outputs"
 }
 
+// countNonFinite counts the NaN/Inf of the observed values of a pass,
+// leaving out the infinities the model writes on purpose.
+func (f *Facts) countNonFinite(res *observe.PassResult, deliberate map[string]bool) int64 {
+	var n int64
+	for _, v := range f.Values {
+		if s, ok := res.Stats[v]; ok && !deliberate[v] {
+			n += s.NonFinite()
+		}
+	}
+	return n
+}
+
+// nonFinite is countNonFinite for a pass that ran with the audit.
+func (f *Facts) nonFinite(res *observe.PassResult, pass string) int64 {
+	return f.countNonFinite(res, f.deliberate[pass])
+}
+
 // fixStandardize re-runs the emulated pass with standardized inputs: each
 // flagged input alone first, so that the fix names the input at fault,
 // then all of them together.
-func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, before int64) (*report.Fix, error) {
-	var flagged []*Input
-	for _, in := range f.Inputs {
-		if in.Flagged && in.chans != nil && !in.SavedHalfInf {
-			flagged = append(flagged, in)
-		}
-	}
+func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.Batch, flagged []*Input, before int64) (*report.Fix, error) {
 	tries := [][]*Input{}
 	for _, in := range flagged {
 		tries = append(tries, []*Input{in})
@@ -96,8 +116,7 @@ func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.
 			fix.Inputs = append(fix.Inputs, in.Spec.Name)
 			names = append(names, fmt.Sprintf("%q", in.Spec.Name))
 		}
-		res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+standardized", Batches: bs}, fix)
-		if err != nil {
+		if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+standardized", Batches: bs}, fix); err != nil {
 			return nil, err
 		}
 		what := "standardizing input " + names[0]
@@ -110,7 +129,7 @@ func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.
 			fix.Summary = what + " removes every overflow; " + adviceText(try)
 			return fix, nil
 		}
-		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s", what, f.remains(fix, res))
+		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s", what, f.remains(fix))
 	}
 	return fix, nil
 }
@@ -137,21 +156,20 @@ func adviceText(inputs []*Input) string {
 // to_bf16() remove the overflow?
 func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 	bf, ok := f.Passes[PassBF16]
-	if !ok {
+	if !ok || f.Main == PassBF16 {
 		return nil, false
 	}
-	bp, _ := precision.PolicyByName("autocast-bf16")
-	asg := precision.Assign(bp, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType)
-	after := bf.NonFinite(f.Values)
+	after := f.nonFinite(bf, PassBF16)
 	fix := &report.Fix{Kind: report.FixBF16, Pass: PassBF16, NonFiniteBefore: before, NonFiniteAfter: after,
-		Works: len(f.deciding(f.passOrigins(PassBF16, bf, asg))) == 0 && f.outputsAgree(bf)}
+		Works: len(f.deciding(f.Origins(PassBF16))) == 0 && f.outputsAgree(bf)}
+	f.recordAgreement(bf)
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
 		if a := f.agreeText(bf); a != "" {
 			fix.Summary += "; its " + a
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", f.remains(fix, bf))
+		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", f.remains(fix))
 	}
 	return fix, true
 }
@@ -161,7 +179,7 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
 	casts := map[int]bool{}
 	for _, o := range origins {
-		if o.Index < 0 || f.classify(o) != classHalfCast {
+		if o.Index < 0 {
 			continue
 		}
 		if f.HalfCasts[o.Index] {
@@ -173,8 +191,7 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	}
 	fix := &report.Fix{Kind: report.FixRemoveCast, NonFiniteBefore: before}
 	asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, casts)
-	res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix)
-	if err != nil {
+	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix); err != nil {
 		return nil, err
 	}
 	for _, c := range sortedKeys(casts) {
@@ -187,7 +204,7 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("without the model's own half cast (%s) every overflow is gone: remove the .half()/.to(torch.float16) in forward, or move it after the op that overflows, or scale before it", list)
 	} else {
-		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %s", list, f.remains(fix, res))
+		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %s", list, f.remains(fix))
 	}
 	return fix, nil
 }
@@ -215,14 +232,13 @@ func (f *Facts) fixConstant(ctx context.Context, run Runner, batches []batch.Bat
 			fix.Modules = append(fix.Modules, o.Module)
 		}
 	}
-	res, err := f.verify(ctx, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix)
-	if err != nil {
+	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix); err != nil {
 		return nil, err
 	}
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("with the constants in range (torch.finfo(scores.dtype).min instead of the fixed value, at %s) nothing non-finite reaches the outputs and nothing raises", strings.Join(readers, ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %s", strings.Join(readers, ", "), f.remains(fix, res))
+		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %s", strings.Join(readers, ", "), f.remains(fix))
 	}
 	return fix, nil
 }
@@ -252,7 +268,6 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 	keep := map[int]bool{}
 	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
 	cur := origins
-	var last *observe.PassResult
 	for it := 1; it <= f.Thresholds.FixIterations && len(cur) > 0; it++ {
 		for _, o := range cur {
 			if o.Index >= 0 {
@@ -260,12 +275,12 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			}
 		}
 		asg := precision.AssignKeepFP32(f.Static.Policy, g, f.Static.Order, f.Static.Model.Index.ElemType, keep)
-		res, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
+		deciding, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
 		if err != nil {
 			return nil, err
 		}
-		fix.Iterations, last = it, res
-		cur = f.deciding(f.passOrigins(f.Main, res, asg))
+		fix.Iterations = it
+		cur = deciding
 	}
 	nodes := sortedKeys(keep)
 	mods := map[string]bool{}
@@ -285,7 +300,7 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			strings.Join(fix.Modules, ", "))
 	} else {
 		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %s",
-			len(fix.Nodes), fix.Iterations, f.remains(fix, last))
+			len(fix.Nodes), fix.Iterations, f.remains(fix))
 	}
 	return fix, nil
 }

@@ -156,16 +156,21 @@ var randomOps = map[string]bool{"RandomNormal": true, "RandomUniform": true, "Ra
 // passOrigins finds the origins of non-finite values in one pass's results
 // under assignment asg, classified: their cause, the fp32 magnitude of each
 // origin's value, the out-of-range constant a constant origin writes, and
-// the precision provenance of an emulated-pass origin.
-func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision.Assignment) []report.Origin {
+// the precision provenance of an emulated-pass origin. It also returns the
+// values whose only non-finite elements are infinities the model writes on
+// purpose (see deliberateValues), which are neither origins nor what an
+// origin spreads to, and where the pass writes a mask constant beyond its
+// format's range. It reads the facts and writes nothing.
+func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision.Assignment) ([]report.Origin, map[string]bool, []fill) {
 	g := f.graph()
 	idx := f.Static.Model.Index
+	deliberate, fills := f.deliberateValues(pass, res, asg)
 	nonFinite := func(name string) bool {
 		if in := f.input(name); in != nil {
 			return in.Stats.NonFinite() > 0
 		}
 		s, ok := res.Stats[name]
-		return ok && s.NonFinite() > 0
+		return ok && s.NonFinite() > 0 && !deliberate[name]
 	}
 	isConst := func(name string) bool { return f.consts[name] }
 	var inputs []string
@@ -204,10 +209,10 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 		out = append(out, or)
 		starts = append(starts, start)
 	}
-	if pass == PassFP32 || res.Outputs == nil {
-		return out
+	if pass != PassFP32 && res.Outputs != nil {
+		out = f.attributeWrong(out, starts, res, asg)
 	}
-	return f.attributeWrong(out, starts, res, asg)
+	return out, deliberate, fills
 }
 
 // values lists the values an origin's NaN/Inf are in: its input or its
@@ -223,6 +228,136 @@ func (o origin) values(g *onnx.GraphProto) []string {
 		vs = append(vs, g.Node[ni].Output...)
 	}
 	return vs
+}
+
+// fill is where a pass writes a mask constant on purpose into a value
+// whose format cannot hold it: ±float32's largest value (what an fp32
+// export of torch.finfo(x.dtype).min looks like) held in fp16 or bf16,
+// where it is ±Inf.
+type fill struct {
+	node     int
+	constant string
+	value    float64
+}
+
+// maskCarriers are the ops that hand a mask's infinities on without
+// making new ones: they move, select, broadcast or add values. An op
+// outside the list that reads such infinities (Softmax, Exp, MatMul) is
+// where a NaN they cause starts.
+var maskCarriers = map[string]bool{"ConstantOfShape": true, "Add": true, "Sub": true, "Mul": true, "Where": true,
+	"Expand": true, "Trilu": true, "Reshape": true, "Unsqueeze": true, "Squeeze": true, "Transpose": true, "Slice": true,
+	"Concat": true, "Cast": true, "CastLike": true, "Identity": true, "Gather": true, "GatherElements": true, "Tile": true,
+	"Max": true, "Min": true, "Flatten": true, "Pad": true, "Split": true}
+
+// infSigns is a set of signs of infinity: 1 for +Inf, 2 for -Inf.
+type infSigns uint8
+
+func signOf(v float64) infSigns {
+	if v < 0 {
+		return 2
+	}
+	return 1
+}
+
+func statSigns(s *observe.Stats) infSigns {
+	var out infSigns
+	if s.PosInf > 0 {
+		out |= 1
+	}
+	if s.NegInf > 0 {
+		out |= 2
+	}
+	return out
+}
+
+// deliberateExtreme reports whether v is a value a model writes on purpose
+// as "minus infinity": an infinity, or float32's extreme
+// (torch.finfo(torch.float32).min, or finfo(x.dtype).min traced in fp32).
+func deliberateExtreme(v float64) bool { return math.IsInf(v, 0) || dtypeAwareLimit(v) }
+
+// deliberateValues returns the values of one pass whose only non-finite
+// elements are infinities the model writes on purpose: a mask constant of
+// -inf or finfo(float32).min — ConstantOfShape of it, an initializer — and
+// what mask-carrying ops make of it (Trilu, Expand, Where, scores + mask)
+// while no NaN and no infinity of another sign appears and no other
+// non-finite value flows in. Softmax of an all -inf row is NaN, so the
+// Softmax is where that NaN starts. It also returns the fills: where such
+// a constant, finite in fp32, is written into a value the pass holds in
+// fp16 or bf16.
+func (f *Facts) deliberateValues(pass string, res *observe.PassResult, asg *precision.Assignment) (map[string]bool, []fill) {
+	g := f.graph()
+	out := map[string]bool{}
+	var fills []fill
+	for _, ni := range f.Static.Order {
+		n := g.Node[ni]
+		if !onnx.IsDefaultDomain(n.Domain) || !maskCarriers[n.OpType] {
+			continue
+		}
+		var signs infSigns
+		var wrote *fill
+		if n.OpType == "ConstantOfShape" {
+			if v, ok := f.fillValue(n); ok && deliberateExtreme(v) {
+				signs |= signOf(v)
+			}
+		}
+		clean := true
+		for _, in := range n.Input {
+			switch {
+			case in == "":
+			case f.consts[in]:
+				v, ok := f.constantExtreme(in)
+				if !ok || !deliberateExtreme(v) {
+					continue
+				}
+				signs |= signOf(v)
+				if !math.IsInf(v, 0) && pass != PassFP32 && overflowAt(f.Static.HeldAtIn(asg, in, ni)) > 0 {
+					wrote = &fill{node: ni, constant: in, value: v}
+				}
+			case out[in]:
+				signs |= statSigns(res.Stats[in])
+			default:
+				if s, ok := res.Stats[in]; ok && s.NonFinite() > 0 {
+					clean = false
+				}
+				if gi := f.input(in); gi != nil && gi.Stats.NonFinite() > 0 {
+					clean = false
+				}
+			}
+		}
+		if !clean || signs == 0 {
+			continue
+		}
+		carried := false
+		for _, v := range n.Output {
+			s, ok := res.Stats[v]
+			if v == "" || !ok || s.NonFinite() == 0 || s.NaN > 0 || statSigns(s)&^signs != 0 {
+				continue
+			}
+			out[v], carried = true, true
+		}
+		if carried && wrote != nil {
+			fills = append(fills, *wrote)
+		}
+	}
+	return out, fills
+}
+
+// fillValue returns the value a ConstantOfShape node writes (0 without a
+// value attribute).
+func (f *Facts) fillValue(n *onnx.NodeProto) (float64, bool) {
+	a := onnx.FindAttr(n, "value")
+	if a == nil || a.GetT() == nil {
+		return 0, true
+	}
+	t, err := onnx.DecodeTensor(a.GetT(), f.Static.Model.Index.BaseDir)
+	if err != nil || !t.DType.IsFloat() {
+		return 0, false
+	}
+	xs, err := t.Float32s()
+	if err != nil || len(xs) == 0 {
+		return 0, false
+	}
+	return float64(xs[0]), true
 }
 
 // castInput returns the graph input that node ni reads in a precision
@@ -315,10 +450,13 @@ func (f *Facts) nodeOrigin(pass string, ni int, res *observe.PassResult, asg *pr
 
 // outOfRangeConstant returns a constant input of node ni that the node
 // holds in a precision too narrow for it (the first such input, its most
-// extreme value): a mask fill of -1e9 or finfo(float32).min in fp16. In the
-// fp32 pass (fp32 set) only ±float32's largest value counts: a mask of
-// finfo(float32).min added to a negative score is -Inf in fp32 as well.
+// extreme value): a mask fill of -1e9 in fp16. In the fp32 pass nothing
+// is out of range (an infinity written on purpose is a mask, see
+// deliberateValues).
 func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool) (string, float64, bool) {
+	if fp32 {
+		return "", 0, false
+	}
 	n := f.graph().Node[ni]
 	for _, in := range n.Input {
 		if in == "" || !f.consts[in] {
@@ -326,12 +464,6 @@ func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool)
 		}
 		v, ok := f.constantExtreme(in)
 		if !ok {
-			continue
-		}
-		if fp32 {
-			if dtypeAwareLimit(v) || math.IsInf(v, 0) {
-				return in, v, true
-			}
 			continue
 		}
 		held := f.Static.HeldAtIn(asg, in, ni)

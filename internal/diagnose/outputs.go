@@ -116,20 +116,22 @@ func (f *Facts) recordAgreement(res *observe.PassResult) {
 // wrongText says how wrong a pass's finite outputs are, from the worst of
 // them: "outputs finite but wrong (rel. error 97 %, top-1 agreement 3/8)";
 // "" when they agree.
-func (f *Facts) wrongText(res *observe.PassResult) string {
-	tol := f.tolerance(res.Name)
-	var worst *observe.OutputDiff
-	for _, d := range res.Outputs {
-		if outputOutcome(d, tol) == report.OutputWrong && (worst == nil || d.Worst.RelErr > worst.Worst.RelErr) {
-			worst = d
+func (f *Facts) wrongText(res *observe.PassResult) string { return wrongTextOf(f.agreement(res)) }
+
+// wrongTextOf is wrongText from a pass's output agreement.
+func wrongTextOf(rows []report.OutputAgreement) string {
+	var worst *report.OutputAgreement
+	for i, a := range rows {
+		if a.Outcome == report.OutputWrong && (worst == nil || *a.WorstRelErr > *worst.WorstRelErr) {
+			worst = &rows[i]
 		}
 	}
 	if worst == nil {
 		return ""
 	}
-	txt := fmt.Sprintf("outputs finite but wrong (rel. error %s in the worst sample against a tolerance of %s", percent(worst.Worst.RelErr), percent(tol))
-	if _, ok := worst.Top1Agreement(); ok {
-		txt += fmt.Sprintf(", top-1 agreement %d/%d", worst.Top1, worst.Rows)
+	txt := fmt.Sprintf("outputs finite but wrong (rel. error %s in the worst sample against a tolerance of %s", percent(*worst.WorstRelErr), percent(worst.Tolerance))
+	if worst.Top1Agreement != nil {
+		txt += fmt.Sprintf(", top-1 agreement %d/%d", int64(math.Round(*worst.Top1Agreement*float64(worst.Rows))), worst.Rows)
 	}
 	return txt + ")"
 }

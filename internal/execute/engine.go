@@ -230,6 +230,8 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		return nil, nil, &createError{fmt.Errorf("passes %s: %w", passNames(passes), err)}
 	}
 	defer sess.Close()
+	// An interrupt stops the run in flight, not only the next batch.
+	defer sess.StopOn(ctx)()
 	if probe := mp.probeBatch(batches); probe != nil {
 		// The shape inference could not size some values (shapes computed
 		// from the data, as exporters write reshapes): two runs of one and
@@ -277,6 +279,7 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 		return &createError{fmt.Errorf("%s pass: %w", p.Name, err)}
 	}
 	defer s.Close()
+	defer s.StopOn(ctx)()
 	for _, b := range batches {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -328,7 +331,7 @@ func passNames(passes []Pass) string {
 // runBatch runs one batch, whole or in the plan's sub-batches, and folds
 // its records into the results.
 func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, mp *MemoryPlan, bi int, b batch.Batch, results []*observe.PassResult, cmp []comparison) error {
-	size := batchSize(b)
+	size := b.Size()
 	step := mp.subBatch(size)
 	if step >= size {
 		if err := run(rt, sess, b.Inputs); err != nil {
@@ -352,7 +355,7 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 	var m *statsop.Merger
 	for lo := int64(0); lo < size; lo += step {
 		n := min(step, size-lo)
-		part, err := sliceBatch(b.Inputs, lo, n)
+		part, err := batch.Cut(b.Inputs, lo, n)
 		if err != nil {
 			return err
 		}
@@ -417,7 +420,7 @@ type shapeProbe struct {
 // runs of one and two samples.
 func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor) (*shapeProbe, error) {
 	shapesOf := func(n int64) ([][]int64, error) {
-		part, err := sliceBatch(inputs, 0, n)
+		part, err := batch.Cut(inputs, 0, n)
 		if err != nil {
 			return nil, err
 		}
@@ -559,30 +562,4 @@ func values(rt *ortcapi.Runtime, inputs []*tensor.Tensor) ([]*ortcapi.Value, err
 		vals = append(vals, v)
 	}
 	return vals, nil
-}
-
-// batchSize is the number of samples of a batch: the first dimension its
-// inputs share (1 for scalar inputs).
-func batchSize(b batch.Batch) int64 {
-	for _, t := range b.Inputs {
-		if len(t.Shape) > 0 {
-			return t.Shape[0]
-		}
-	}
-	return 1
-}
-
-// sliceBatch returns samples [lo, lo+n) of every input along the first
-// axis, sharing the batch's memory.
-func sliceBatch(inputs []*tensor.Tensor, lo, n int64) ([]*tensor.Tensor, error) {
-	out := make([]*tensor.Tensor, len(inputs))
-	for i, t := range inputs {
-		if len(t.Shape) == 0 || t.Shape[0] < lo+n {
-			return nil, fmt.Errorf("input %q of shape %s cannot be cut along its first axis", t.Name, tensor.ShapeString(t.Shape))
-		}
-		per := int64(len(t.Data)) / t.Shape[0]
-		shape := append([]int64{n}, t.Shape[1:]...)
-		out[i] = &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: shape, Data: t.Data[lo*per : (lo+n)*per]}
-	}
-	return out, nil
 }

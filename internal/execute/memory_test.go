@@ -156,7 +156,7 @@ func TestSplitEqualsWhole(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := batchSize(bs[0]); mp.parts != int(want) {
+			if want := bs[0].Size(); mp.parts != int(want) {
 				t.Fatalf("ran in %d parts, want one per sample (%d)", mp.parts, want)
 			}
 			if !strings.Contains(strings.Join(e.Notes(), "\n"), "ran in parts of 1 samples") {

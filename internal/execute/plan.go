@@ -110,7 +110,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		}
 		var known map[string][]int64
 		if probe != nil {
-			known = probe.full(batchSize(b))
+			known = probe.full(b.Size())
 		}
 		sh := shapes.Infer(base, idx, in, known)
 		live, unknown := liveBytes(base, idx, sh)
@@ -123,7 +123,7 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		// the values until the run ends.
 		fetched := int64(len(passes)) * outputBytes(base, sh)
 		if peak := m.weights + inputs + int64(factor*float64(live)) + fetched; peak > m.peak {
-			m.peak, m.samples = peak, batchSize(b)
+			m.peak, m.samples = peak, b.Size()
 		}
 	}
 	m.resident = e.resident
@@ -175,7 +175,7 @@ func (m *MemoryPlan) probeBatch(batches []batch.Batch) *batch.Batch {
 		return nil
 	}
 	for i := range batches {
-		if batchSize(batches[i]) >= 2 {
+		if batches[i].Size() >= 2 {
 			return &batches[i]
 		}
 	}

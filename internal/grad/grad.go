@@ -608,6 +608,3 @@ func defaultOpset(m *onnx.ModelProto) int64 {
 }
 
 const elemFloat = int32(onnx.TensorProto_FLOAT)
-
-// Ops returns the op types that have a gradient rule, sorted.
-func Ops() []string { return vjp.Ops() }

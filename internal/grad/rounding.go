@@ -36,21 +36,6 @@ func (r *Rounding) input(node, slot int) int32 {
 	return r.Inputs[Slot{node, slot}]
 }
 
-// RoundAll returns a Rounding that holds the gradient of every float
-// activation of g in type et: the PyTorch experiment of rounding every
-// module's output gradient in a backward hook, taken to every op.
-func RoundAll(g *onnx.GraphProto, ix *onnx.Index, et int32) *Rounding {
-	r := &Rounding{Values: map[string]int32{}}
-	for _, n := range g.Node {
-		for _, o := range n.Output {
-			if o != "" && ix.ElemType(o) == elemFloat {
-				r.Values[o] = et
-			}
-		}
-	}
-	return r
-}
-
 // AutocastRounding returns the Rounding of autocast's backward for the
 // assignment a (computed on g under an fp16 or bf16 policy): in autograd a
 // tensor's gradient has the tensor's dtype, so every value a holds in half

@@ -8,7 +8,7 @@ import (
 
 // UnknownOpsAnalyzer is FP4002. The dynamic audit runs it too: it emulates
 // the policy over the same ops.
-var UnknownOpsAnalyzer = &Analyzer{Check: checkUnknownOps, Requires: "model", Run: runUnknownOps}
+var UnknownOpsAnalyzer = &Analyzer{Check: checkUnknownOps, Run: runUnknownOps}
 
 var checkUnknownOps = checks.Register(&checks.Check{ID: "FP4002", Title: "ops of unknown precision", Severity: checks.SevInfo, Doc: `The graph contains ops outside the standard ONNX domain or unknown to
 fp16audit's autocast tables. They are emulated as following their inputs'

@@ -72,12 +72,6 @@ func TypedValue(name string, elem int32) *ValueInfoProto {
 		TensorType: &TypeProto_Tensor{ElemType: elem}}}}
 }
 
-// ScalarValue declares a rank-0 tensor value of element type elem.
-func ScalarValue(name string, elem int32) *ValueInfoProto {
-	return &ValueInfoProto{Name: name, Type: &TypeProto{Value: &TypeProto_TensorType{
-		TensorType: &TypeProto_Tensor{ElemType: elem, Shape: &TensorShapeProto{}}}}}
-}
-
 // InternalName names a value fp16audit invents from the value base it
 // derives from and a tag ("up", "raw", "fp16"...). The suffix "::fp16audit"
 // keeps it from ever colliding with a name of the model.

@@ -39,9 +39,31 @@ const ortDir = ".ort"
 
 // installHint tells a user how to get the library; it ends every
 // library-not-found message.
-const installHint = "install it with `make ort` (fetches the official linux-x64 build " +
+const installHint = "install it with `pip install onnxruntime` (into the active virtualenv or conda " +
+	"environment, or with --user) or with `make ort` (fetches the official linux-x64 build " +
 	"from the npm package onnxruntime-node@1.30.0 into .ort/), " +
 	"or set " + EnvLibrary + " or --ort-lib to the path of libonnxruntime.so.1"
+
+// APIVersion is the oldest OrtApi version fp16audit can use: onnxruntime_go
+// v1.27.0 asks for the version of the header it ships (ORT_API_VERSION 24;
+// a test keeps the two equal), ortcapi for 17. OrtApi version N is ONNX
+// Runtime 1.N.
+const APIVersion = 24
+
+// pythonCapi is where a Python install of ONNX Runtime (pip's onnxruntime
+// or onnxruntime-gpu wheel, conda's package) keeps the shared library,
+// below a site-packages folder: onnxruntime/capi/libonnxruntime.so.1.30.0.
+const pythonCapi = "onnxruntime/capi"
+
+// systemSitePackages are the system's site-packages folders, as patterns:
+// Debian's and Ubuntu's dist-packages, then the usual site-packages.
+var systemSitePackages = []string{
+	"/usr/local/lib/python3*/dist-packages",
+	"/usr/lib/python3/dist-packages",
+	"/usr/local/lib/python3*/site-packages",
+	"/usr/lib/python3*/site-packages",
+	"/usr/lib64/python3*/site-packages",
+}
 
 // LibraryNotFoundError reports that no ONNX Runtime library was found. Tried
 // lists every path looked at, in search order.
@@ -60,16 +82,40 @@ func (e *LibraryNotFoundError) Error() string {
 	return b.String()
 }
 
-// FindLibrary returns the path of the ONNX Runtime shared library. It looks,
-// in order, at explicit (the --ort-lib flag; a folder is searched for the
-// library names), the ONNXRUNTIME_LIB environment variable (passed over when
-// it names no file), the .ort/ folder
-// that `make ort` fills (beside the executable or a folder above it, then the
-// working directory or a folder above it), and the usual system folders. An
-// explicit path that does not exist is an error of its own; otherwise a
-// failed search returns a *LibraryNotFoundError.
+// Library is an ONNX Runtime shared library the search found.
+type Library struct {
+	Path string
+	// From says where the search found it, for `fp16audit version`: "the
+	// --ort-lib flag", "the virtualenv /home/me/venv", ...
+	From string
+}
+
+// FindLibrary returns the path of the ONNX Runtime shared library Locate
+// finds.
 func FindLibrary(explicit string) (string, error) {
-	s := search{env: os.Getenv(EnvLibrary), systemDirs: systemLibraryDirs}
+	l, err := Locate(explicit)
+	return l.Path, err
+}
+
+// Locate finds the ONNX Runtime shared library. It looks, in order, at
+// explicit (the --ort-lib flag; a folder is searched for the library
+// names), the ONNXRUNTIME_LIB environment variable (passed over when it
+// names no file), the .ort/ folder that `make ort` fills (beside the
+// executable or a folder above it, then the working directory or a folder
+// above it), the Python installs of ONNX Runtime (the onnxruntime package
+// of the active virtualenv ($VIRTUAL_ENV), of the active conda environment
+// ($CONDA_PREFIX), of the user's site-packages, of the system's), and the
+// usual system folders. An explicit path that does not exist is an error
+// of its own; otherwise a failed search returns a *LibraryNotFoundError.
+func Locate(explicit string) (Library, error) {
+	s := search{env: os.Getenv(EnvLibrary), systemDirs: systemLibraryDirs,
+		virtualEnv: os.Getenv("VIRTUAL_ENV"), condaPrefix: os.Getenv("CONDA_PREFIX"), systemSites: systemSitePackages}
+	s.userBase = os.Getenv("PYTHONUSERBASE")
+	if s.userBase == "" {
+		if home, err := os.UserHomeDir(); err == nil {
+			s.userBase = filepath.Join(home, ".local")
+		}
+	}
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			exe = real
@@ -85,31 +131,35 @@ func FindLibrary(explicit string) (string, error) {
 // search holds the inputs of a library search, so tests can run it against
 // temporary folders.
 type search struct {
-	env        string
-	exeDir     string
-	workDir    string
-	systemDirs []string
-	tried      []string
+	env         string
+	exeDir      string
+	workDir     string
+	virtualEnv  string   // $VIRTUAL_ENV
+	condaPrefix string   // $CONDA_PREFIX
+	userBase    string   // the user's site base: $PYTHONUSERBASE or ~/.local
+	systemSites []string // the system's site-packages folders, as patterns
+	systemDirs  []string
+	tried       []string
 }
 
-func (s *search) find(explicit string) (string, error) {
+func (s *search) find(explicit string) (Library, error) {
 	if explicit != "" {
 		fi, err := os.Stat(explicit)
 		if err != nil {
-			return "", fmt.Errorf("ONNX Runtime library %s (--ort-lib): %w; %s", explicit, pathErr(err), installHint)
+			return Library{}, fmt.Errorf("ONNX Runtime library %s (--ort-lib): %w; %s", explicit, pathErr(err), installHint)
 		}
 		if !fi.IsDir() {
-			return explicit, nil
+			return Library{explicit, "the --ort-lib flag"}, nil
 		}
 		if p, ok := s.inDir(explicit); ok {
-			return p, nil
+			return Library{p, "the --ort-lib flag"}, nil
 		}
-		return "", fmt.Errorf("ONNX Runtime library: folder %s (--ort-lib) holds none of %s; %s",
+		return Library{}, fmt.Errorf("ONNX Runtime library: folder %s (--ort-lib) holds none of %s; %s",
 			explicit, strings.Join(libraryNames, ", "), installHint)
 	}
 	if s.env != "" {
 		if s.isFile(s.env) {
-			return s.env, nil
+			return Library{s.env, "$" + EnvLibrary}, nil
 		}
 	}
 	for _, start := range []string{s.exeDir, s.workDir} {
@@ -118,7 +168,7 @@ func (s *search) find(explicit string) (string, error) {
 		}
 		for dir := start; ; {
 			if p, ok := s.inDir(filepath.Join(dir, ortDir)); ok {
-				return p, nil
+				return Library{p, "the .ort/ folder `make ort` fills"}, nil
 			}
 			parent := filepath.Dir(dir)
 			if parent == dir {
@@ -127,12 +177,90 @@ func (s *search) find(explicit string) (string, error) {
 			dir = parent
 		}
 	}
-	for _, dir := range s.systemDirs {
-		if p, ok := s.inDir(dir); ok {
-			return p, nil
+	pythons := []struct{ sites, from string }{
+		{prefixSites(s.virtualEnv), "the virtualenv " + s.virtualEnv + " ($VIRTUAL_ENV)"},
+		{prefixSites(s.condaPrefix), "the conda environment " + s.condaPrefix + " ($CONDA_PREFIX)"},
+		{prefixSites(s.userBase), "the user's site-packages in " + s.userBase},
+	}
+	for _, py := range pythons {
+		if py.sites == "" {
+			continue
+		}
+		if p, ok := s.inPython(py.sites); ok {
+			return Library{p, py.from}, nil
 		}
 	}
-	return "", &LibraryNotFoundError{Tried: s.tried}
+	for _, sites := range s.systemSites {
+		if p, ok := s.inPython(sites); ok {
+			return Library{p, "the system's site-packages"}, nil
+		}
+	}
+	for _, dir := range s.systemDirs {
+		if p, ok := s.inDir(dir); ok {
+			return Library{p, "the system folder " + dir}, nil
+		}
+	}
+	return Library{}, &LibraryNotFoundError{Tried: s.tried}
+}
+
+// prefixSites is the pattern of the site-packages folders of the Python
+// installed under prefix ("" for none).
+func prefixSites(prefix string) string {
+	if prefix == "" {
+		return ""
+	}
+	return filepath.Join(prefix, "lib", "python3*", "site-packages")
+}
+
+// inPython looks for the onnxruntime package's library in the
+// site-packages folders matching sites: the newest Python first, and in
+// it the library file with the highest version (a wheel ships one,
+// libonnxruntime.so.1.30.0; a package manager may add links).
+func (s *search) inPython(sites string) (string, bool) {
+	pattern := filepath.Join(sites, pythonCapi, "libonnxruntime.so*")
+	if slices.Contains(s.tried, pattern) {
+		return "", false
+	}
+	s.tried = append(s.tried, pattern)
+	matches, _ := filepath.Glob(pattern)
+	slices.SortFunc(matches, func(a, b string) int { return compareVersions(b, a) })
+	for _, p := range matches {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// compareVersions orders paths by the numbers in them, left to right
+// (python3.9 before python3.12, .so.1.9.0 before .so.1.30.0), then as
+// strings.
+func compareVersions(a, b string) int {
+	na, nb := numbers(a), numbers(b)
+	if c := slices.Compare(na, nb); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
+}
+
+// numbers returns the runs of digits in s as numbers.
+func numbers(s string) []int {
+	var out []int
+	n, in := 0, false
+	for _, c := range s {
+		if c >= '0' && c <= '9' {
+			n, in = n*10+int(c-'0'), true
+			continue
+		}
+		if in {
+			out = append(out, n)
+		}
+		n, in = 0, false
+	}
+	if in {
+		out = append(out, n)
+	}
+	return out
 }
 
 // inDir looks for each of libraryNames in dir.
@@ -162,6 +290,9 @@ var env struct {
 	path string // the loaded library; empty until Init succeeds
 }
 
+// TooOldError is an ONNX Runtime library older than fp16audit can use.
+type TooOldError = ortcapi.TooOldError
+
 // Init loads the ONNX Runtime library at libPath and creates the process's
 // environment. An empty libPath means FindLibrary(""). ONNX Runtime allows one
 // environment per process: calling Init again with the same library does
@@ -189,17 +320,35 @@ func Init(libPath string) error {
 	if _, err := os.Stat(abs); err != nil {
 		return fmt.Errorf("ONNX Runtime library %s: %w; %s", abs, pathErr(err), installHint)
 	}
+	if err := checkLibrary(abs); err != nil {
+		return err
+	}
 	ort.SetSharedLibraryPath(abs)
 	// ONNX Runtime's own log lines would interleave with the report on
-	// stderr; every error reaches the caller as a value anyway, and some are
-	// expected (a buffer of the wrong shape that RunWith retries without).
-	err = ortcapi.WithPrivateTempDir(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
+	// stderr; every error reaches the caller as a value anyway.
+	err = ortcapi.WithoutTempFiles(func() error { return ort.InitializeEnvironment(ort.WithLogLevelFatal()) })
 	if err != nil {
 		return fmt.Errorf("load ONNX Runtime library %s: %v (is it an ONNX Runtime 1.x shared library for this platform?)", abs, innermost(err))
 	}
 	// Telemetry stays off: fp16audit runs on private models, offline.
 	ort.DisableTelemetry()
 	env.path = abs
+	return nil
+}
+
+// checkLibrary loads the library at path, without creating an
+// environment, and refuses one that is no ONNX Runtime library or one
+// older than APIVersion, naming its version and the one needed.
+func checkLibrary(path string) error {
+	_, err := ortcapi.Probe(path, APIVersion)
+	var old *TooOldError
+	switch {
+	case errors.As(err, &old):
+		return fmt.Errorf("%w; upgrade it (pip install -U onnxruntime, or `make ort`, which installs 1.30.0 into .ort/), "+
+			"or point --ort-lib or %s at a newer libonnxruntime.so.1", err, EnvLibrary)
+	case err != nil:
+		return fmt.Errorf("%v (is it an ONNX Runtime 1.x shared library for this platform?)", err)
+	}
 	return nil
 }
 

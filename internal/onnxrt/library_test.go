@@ -64,8 +64,8 @@ func TestFindLibraryOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tt.want {
-				t.Errorf("found %s, want %s", got, tt.want)
+			if got.Path != tt.want {
+				t.Errorf("found %s, want %s", got.Path, tt.want)
 			}
 		})
 	}
@@ -76,8 +76,8 @@ func TestFindLibraryNameOrder(t *testing.T) {
 	touch(t, filepath.Join(dir, "libonnxruntime.so"))
 	want := touch(t, filepath.Join(dir, "libonnxruntime.so.1"))
 	s := search{systemDirs: []string{dir}}
-	if got, err := s.find(""); err != nil || got != want {
-		t.Errorf("find = %q, %v; want %s", got, err, want)
+	if got, err := s.find(""); err != nil || got.Path != want {
+		t.Errorf("find = %q, %v; want %s", got.Path, err, want)
 	}
 }
 
@@ -163,7 +163,7 @@ func TestFindLibraryFromWorkingDirectory(t *testing.T) {
 	if exe, err := os.Executable(); err == nil {
 		s := search{exeDir: filepath.Dir(exe)}
 		if p, err := s.find(""); err == nil {
-			want = p
+			want = p.Path
 		}
 	}
 	if got != want {

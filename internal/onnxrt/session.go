@@ -1,6 +1,7 @@
 package onnxrt
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -81,8 +83,10 @@ var optimizationLevels = map[string]ort.GraphOptimizationLevel{
 // Session is a model loaded into ONNX Runtime with fixed input and output
 // names. Run may be called from several goroutines at once.
 type Session struct {
-	mu          sync.RWMutex // Run holds it shared, Close exclusively
+	mu          sync.RWMutex // Run and stop hold it shared, Close exclusively
 	s           *ort.DynamicAdvancedSession
+	ro          *ort.RunOptions // every run's options; stop terminates them
+	stopped     atomic.Pointer[error]
 	inputNames  []string
 	outputNames []string
 	inputTypes  []valueType // declared, in inputNames order
@@ -161,8 +165,14 @@ func NewSession(model []byte, inputNames, outputNames []string, opt SessionOptio
 		}
 		return nil, &RuntimeError{StageCreate, inner}
 	}
+	ro, err := ort.NewRunOptions()
+	if err != nil {
+		ds.Destroy()
+		return nil, &RuntimeError{StageOptions, innermost(err)}
+	}
 	s := &Session{
 		s:           ds,
+		ro:          ro,
 		inputNames:  append([]string(nil), inputNames...),
 		outputNames: append([]string(nil), outputNames...),
 		inputTypes:  make([]valueType, len(inputNames)),
@@ -214,8 +224,38 @@ func (s *Session) Close() error {
 		return nil
 	}
 	err := s.s.Destroy()
-	s.s = nil
+	if rerr := s.ro.Destroy(); err == nil {
+		err = rerr
+	}
+	s.s, s.ro = nil, nil
 	return err
+}
+
+// StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run
+// in flight at its next node (through its run options' terminate flag),
+// and it and every later Run return an error that wraps ctx's cause. The
+// function returned detaches ctx, as context.AfterFunc's does.
+func (s *Session) StopOn(ctx context.Context) (detach func() bool) {
+	return context.AfterFunc(ctx, func() {
+		cause := context.Cause(ctx)
+		s.stopped.CompareAndSwap(nil, &cause)
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		if s.ro != nil {
+			// The flag is only ever set: should setting it fail, the run
+			// finishes and the stopped cause still fails every later one.
+			_ = s.ro.Terminate()
+		}
+	})
+}
+
+// stoppedErr returns the error of a run of a stopped session, nil when the
+// session was not stopped.
+func (s *Session) stoppedErr() error {
+	if c := s.stopped.Load(); c != nil {
+		return fmt.Errorf("run stopped: %w", *c)
+	}
+	return nil
 }
 
 // Run runs the model on inputs (in inputNames order) and returns the outputs
@@ -245,13 +285,16 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 			out[i] = v
 		}
 		allocated := slices.Clone(out)
-		err = s.s.Run(in, out)
+		err = s.s.RunWithOptions(in, out, s.ro)
 		goruntime.KeepAlive(inputs)
 		if err == nil || !errors.Is(err, ort.ZeroShapeLengthError) || !s.learnScalar(allocated, out) {
 			break
 		}
 	}
 	if err != nil {
+		if serr := s.stoppedErr(); serr != nil {
+			return nil, serr
+		}
 		inner := innermost(err)
 		if strings.HasPrefix(err.Error(), "Error creating tensor from ort") {
 			// onnxruntime_go could not copy an output ONNX Runtime allocated:
@@ -274,96 +317,15 @@ func (s *Session) Run(inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	return res, nil
 }
 
-// RunWith is Run with outputs the caller provides: where into[i] is a
-// Float32 tensor of the shape output i will have, ONNX Runtime writes that
-// output straight into into[i].Data (no allocation, no copy) and the result
-// holds into[i] itself; where into[i] is nil, the output is allocated as by
-// Run. into[i].Data must stay valid and unread until RunWith returns. When
-// ONNX Runtime refuses a provided buffer (a wrong shape), RunWith runs again
-// as Run does, so the result never aliases a refused buffer.
-func (s *Session) RunWith(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
-	if len(into) != len(s.outputNames) {
-		return nil, fmt.Errorf("run: want %d output buffers (nil for none), got %d", len(s.outputNames), len(into))
-	}
-	seeded := false
-	for _, t := range into {
-		if t != nil {
-			seeded = true
-			break
-		}
-	}
-	if !seeded {
-		return s.Run(inputs)
-	}
-	res, err := s.runSeeded(inputs, into)
-	if err == nil {
-		return res, nil
-	}
-	var re *RuntimeError
-	if errors.As(err, &re) && re.Stage == StageRun {
-		return s.Run(inputs)
-	}
-	return nil, err
-}
-
-func (s *Session) runSeeded(inputs, into []*tensor.Tensor) ([]*tensor.Tensor, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	in, err := s.inputValues(inputs)
-	if err != nil {
-		return nil, err
-	}
-	defer destroyAll(in)
-	out := make([]ort.Value, len(s.outputNames))
-	defer destroyAll(out)
-	params := bindParams(s.inputTypes, inputs)
-	for i, vt := range s.outputTypes {
-		var v ort.Value
-		var err error
-		if t := into[i]; t != nil {
-			buf := Float32View(t)
-			if len(buf) == 0 || &buf[0] != (*float32)(unsafe.Pointer(&t.Data[0])) {
-				return nil, fmt.Errorf("output %q: a provided buffer must be non-empty aligned float32 data of shape %s", s.outputNames[i], tensor.ShapeString(t.Shape))
-			}
-			v, err = ort.NewTensor(ort.NewShape(t.Shape...), buf)
-		} else {
-			v, err = s.preallocate(i, vt, params)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
-		}
-		out[i] = v
-	}
-	err = s.s.Run(in, out)
-	goruntime.KeepAlive(inputs)
-	goruntime.KeepAlive(into)
-	if err != nil {
-		return nil, &RuntimeError{StageRun, innermost(err)}
-	}
-	res := make([]*tensor.Tensor, len(out))
-	for i, v := range out {
-		if into[i] != nil {
-			res[i] = into[i]
-			continue
-		}
-		t, err := fromValue(v)
-		if err != nil {
-			return nil, fmt.Errorf("output %q: %w", s.outputNames[i], err)
-		}
-		t.Name = s.outputNames[i]
-		res[i] = t
-	}
-	return res, nil
-}
-
-// destroyAll releases the ONNX Runtime side of every value. A failed output
-// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 // inputValues wraps inputs (in inputNames order) as ONNX Runtime values
 // over their own memory; the caller destroys them. It must be called with
 // s.mu held.
 func (s *Session) inputValues(inputs []*tensor.Tensor) ([]ort.Value, error) {
 	if s.s == nil {
 		return nil, errors.New("run: session is closed")
+	}
+	if err := s.stoppedErr(); err != nil {
+		return nil, err
 	}
 	if len(inputs) != len(s.inputNames) {
 		return nil, fmt.Errorf("run: want %d inputs (%s), got %d", len(s.inputNames), strings.Join(s.inputNames, ", "), len(inputs))
@@ -380,6 +342,8 @@ func (s *Session) inputValues(inputs []*tensor.Tensor) ([]ort.Value, error) {
 	return in, nil
 }
 
+// destroyAll releases the ONNX Runtime side of every value. A failed output
+// conversion in onnxruntime_go leaves a typed nil behind, hence reflect.
 func destroyAll(vs []ort.Value) {
 	for _, v := range vs {
 		if v != nil && !reflect.ValueOf(v).IsNil() {

@@ -513,28 +513,3 @@ func TestUntypedFloat16Output(t *testing.T) {
 	}
 	t.Log(err)
 }
-
-// TestRunWith: outputs land in the caller's buffers (the same memory comes
-// back, with the right values); a nil entry is allocated as by Run, and a
-// buffer of the wrong shape falls back to Run.
-func TestRunWith(t *testing.T) {
-	s := newSession(t, addReluMatMul(t), []string{"x", "y"}, []string{"z", "r"}, SessionOptions{Threads: 1})
-	in := []*tensor.Tensor{f32("x", []int64{1, 3}, 1, -2, 3), f32("y", []int64{1, 3}, 1, 1, 1)}
-	z := f32("z", []int64{1, 2}, 0, 0)
-	out, err := s.RunWith(in, []*tensor.Tensor{z, nil})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantFloats(t, out[0], []int64{1, 2}, 22, 28)
-	wantFloats(t, out[1], []int64{1, 3}, 2, 0, 4)
-	if &out[0].Data[0] != &z.Data[0] {
-		t.Error("output z was not written into the provided buffer")
-	}
-	wantFloats(t, z, []int64{1, 2}, 22, 28)
-	wrong := f32("z", []int64{3, 2}, 0, 0, 0, 0, 0, 0)
-	out, err = s.RunWith(in, []*tensor.Tensor{wrong, nil})
-	if err != nil {
-		t.Fatalf("a buffer of the wrong shape: %v, want a fallback to Run", err)
-	}
-	wantFloats(t, out[0], []int64{1, 2}, 22, 28)
-}

@@ -29,6 +29,7 @@ typedef struct OrtStatus OrtStatus;
 typedef struct OrtEnv OrtEnv;
 typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtSession OrtSession;
+typedef struct OrtRunOptions OrtRunOptions;
 typedef struct OrtValue OrtValue;
 typedef struct OrtMemoryInfo OrtMemoryInfo;
 typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
@@ -58,6 +59,8 @@ enum {
 	ortc_CreateCustomOpDomain = 26,
 	ortc_CustomOpDomain_Add = 27,
 	ortc_AddCustomOpDomain = 28,
+	ortc_CreateRunOptions = 39,
+	ortc_RunOptionsSetTerminate = 46,
 	ortc_CreateTensorWithDataAsOrtValue = 49,
 	ortc_GetTensorMutableData = 51,
 	ortc_GetTensorElementType = 60,
@@ -75,6 +78,7 @@ enum {
 	ortc_ReleaseMemoryInfo = 94,
 	ortc_ReleaseSession = 95,
 	ortc_ReleaseValue = 96,
+	ortc_ReleaseRunOptions = 97,
 	ortc_ReleaseTensorTypeAndShapeInfo = 99,
 	ortc_ReleaseSessionOptions = 100,
 	ortc_ReleaseCustomOpDomain = 101,
@@ -113,9 +117,11 @@ typedef OrtStatus *(*ortc_DisableTelemetryEvents_fn)(const OrtEnv *);
 typedef OrtStatus *(*ortc_CreateSessionFromArray_fn)(const OrtEnv *, const void *data, size_t len, const OrtSessionOptions *, OrtSession **out);
 typedef OrtStatus *(*ortc_CreateSessionFromArrayWithPrepackedWeightsContainer_fn)(const OrtEnv *, const void *data, size_t len,
 	const OrtSessionOptions *, OrtPrepackedWeightsContainer *, OrtSession **out);
-typedef OrtStatus *(*ortc_Run_fn)(OrtSession *, const void *run_options, const char *const *in_names, const OrtValue *const *in,
+typedef OrtStatus *(*ortc_Run_fn)(OrtSession *, const OrtRunOptions *run_options, const char *const *in_names, const OrtValue *const *in,
 	size_t n_in, const char *const *out_names, size_t n_out, OrtValue **out);
 typedef OrtStatus *(*ortc_CreateSessionOptions_fn)(OrtSessionOptions **out);
+typedef OrtStatus *(*ortc_CreateRunOptions_fn)(OrtRunOptions **out);
+typedef OrtStatus *(*ortc_RunOptionsSetTerminate_fn)(OrtRunOptions *);
 typedef OrtStatus *(*ortc_SetSessionGraphOptimizationLevel_fn)(OrtSessionOptions *, int level);
 typedef OrtStatus *(*ortc_SetIntraOpNumThreads_fn)(OrtSessionOptions *, int threads);
 typedef OrtStatus *(*ortc_AddSessionConfigEntry_fn)(OrtSessionOptions *, const char *key, const char *value);

@@ -1,7 +1,9 @@
 #include "capi.h"
 
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 // api is the function table, set once by ortc_load; every wrapper below
 // reads it.
@@ -28,9 +30,42 @@ const void *ortc_load(const char *path, const char **version, char *err, size_t 
 	return api;
 }
 
+int ortc_probe(const char *path, uint32_t api_version, int check, const char **version, char *err, size_t errlen) {
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		snprintf(err, errlen, "%s", dlerror());
+		return -1;
+	}
+	const ortc_api_base *(*get_base)(void) = (const ortc_api_base *(*)(void))dlsym(lib, "OrtGetApiBase");
+	if (get_base == NULL) {
+		snprintf(err, errlen, "no symbol OrtGetApiBase: not an ONNX Runtime library");
+		return -1;
+	}
+	const ortc_api_base *base = get_base();
+	*version = base->GetVersionString();
+	// The library stays loaded: it is the one the process goes on to use,
+	// or the process stops with the refusal.
+	return !check || base->GetApi(api_version) != NULL;
+}
+
 const void *ortc_api_table(void) { return api; }
 
 int64_t ortc_empty;
+
+// fail_after counts down to the allocation ortc_fail_allocs asked to fail.
+static atomic_int fail_after;
+
+void ortc_fail_allocs(int n) { atomic_store(&fail_after, n); }
+
+void *ortc_calloc(size_t n, size_t size) {
+	int k = atomic_load(&fail_after);
+	while (k > 0 && !atomic_compare_exchange_weak(&fail_after, &k, k - 1)) {
+	}
+	if (k == 1) {
+		return NULL;
+	}
+	return calloc(n, size);
+}
 
 int ortc_error_code(OrtStatus *st) { return ORTC_FN(api, ortc_GetErrorCode)(st); }
 const char *ortc_error_message(OrtStatus *st) { return ORTC_FN(api, ortc_GetErrorMessage)(st); }
@@ -51,7 +86,6 @@ OrtStatus *ortc_options_threads(OrtSessionOptions *o, int n) { return ORTC_FN(ap
 OrtStatus *ortc_options_level(OrtSessionOptions *o, int level) {
 	return ORTC_FN(api, ortc_SetSessionGraphOptimizationLevel)(o, level);
 }
-
 
 OrtStatus *ortc_options_config(OrtSessionOptions *o, const char *key, const char *value) {
 	return ORTC_FN(api, ortc_AddSessionConfigEntry)(o, key, value);
@@ -77,9 +111,13 @@ OrtStatus *ortc_session_new(OrtEnv *env, const void *data, size_t len, const Ort
 
 void ortc_session_release(OrtSession *s) { ORTC_RELEASE(api, ortc_ReleaseSession)(s); }
 
-OrtStatus *ortc_run(OrtSession *s, const char *const *in_names, const OrtValue *const *in, size_t n_in,
-	const char *const *out_names, size_t n_out, OrtValue **out) {
-	return ORTC_FN(api, ortc_Run)(s, NULL, in_names, in, n_in, out_names, n_out, out);
+OrtStatus *ortc_run_options_new(OrtRunOptions **out) { return ORTC_FN(api, ortc_CreateRunOptions)(out); }
+void ortc_run_options_release(OrtRunOptions *o) { ORTC_RELEASE(api, ortc_ReleaseRunOptions)(o); }
+OrtStatus *ortc_run_options_terminate(OrtRunOptions *o) { return ORTC_FN(api, ortc_RunOptionsSetTerminate)(o); }
+
+OrtStatus *ortc_run(OrtSession *s, const OrtRunOptions *o, const char *const *in_names, const OrtValue *const *in,
+	size_t n_in, const char *const *out_names, size_t n_out, OrtValue **out) {
+	return ORTC_FN(api, ortc_Run)(s, o, in_names, in, n_in, out_names, n_out, out);
 }
 
 OrtStatus *ortc_memory_info_cpu(OrtMemoryInfo **out) {

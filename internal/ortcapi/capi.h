@@ -11,12 +11,25 @@
 // message in err. version receives the library's version string.
 const void *ortc_load(const char *path, const char **version, char *err, size_t errlen);
 
+// ortc_probe opens the library at path and reads its version string into
+// version. When check is set it also asks for the function table of
+// api_version and returns 1 when the library provides it, 0 when not;
+// without check it returns 1. It returns -1, with a message in err, for a
+// file that is no ONNX Runtime library.
+int ortc_probe(const char *path, uint32_t api_version, int check, const char **version, char *err, size_t errlen);
+
 // ortc_api_table returns the table ortc_load fetched.
 const void *ortc_api_table(void);
 
 // ortc_empty is the memory handed to ONNX Runtime for tensors without
 // elements.
 extern int64_t ortc_empty;
+
+// ortc_calloc is calloc, except that it fails (NULL) when a test asked for
+// it with ortc_fail_allocs: a positive n makes the n-th allocation from now
+// fail, 0 none.
+void *ortc_calloc(size_t n, size_t size);
+void ortc_fail_allocs(int n);
 
 // ortc_error_code and ortc_error_message read a non-NULL status;
 // ortc_release_status frees it.
@@ -39,8 +52,15 @@ void ortc_prepacked_release(OrtPrepackedWeightsContainer *c);
 OrtStatus *ortc_session_new(OrtEnv *env, const void *data, size_t len, const OrtSessionOptions *o,
 	OrtPrepackedWeightsContainer *prepacked, OrtSession **out);
 void ortc_session_release(OrtSession *s);
-OrtStatus *ortc_run(OrtSession *s, const char *const *in_names, const OrtValue *const *in, size_t n_in,
-	const char *const *out_names, size_t n_out, OrtValue **out);
+OrtStatus *ortc_run_options_new(OrtRunOptions **out);
+void ortc_run_options_release(OrtRunOptions *o);
+
+// ortc_run_options_terminate makes the runs with o in flight stop at their
+// next node and every later run with o fail at once; ONNX Runtime allows it
+// from any thread.
+OrtStatus *ortc_run_options_terminate(OrtRunOptions *o);
+OrtStatus *ortc_run(OrtSession *s, const OrtRunOptions *o, const char *const *in_names, const OrtValue *const *in,
+	size_t n_in, const char *const *out_names, size_t n_out, OrtValue **out);
 OrtStatus *ortc_memory_info_cpu(OrtMemoryInfo **out);
 OrtStatus *ortc_tensor_new(const OrtMemoryInfo *mi, void *data, size_t len, const int64_t *shape, size_t rank,
 	int elem_type, OrtValue **out);

@@ -14,12 +14,14 @@ package ortcapi
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -85,10 +87,7 @@ func Open(path string) (*Runtime, error) {
 		return nil, fmt.Errorf("load ONNX Runtime library %s: %s", abs, C.GoString(&msg[0]))
 	}
 	rt := &Runtime{path: abs, version: C.GoString(version)}
-	// The official builds write a session file and an empty log into the
-	// temporary folder when the environment is created and never remove
-	// them; a private folder removed afterwards leaves nothing behind.
-	err = WithPrivateTempDir(func() error { return takeStatus(C.ortc_create_env(&rt.env)) })
+	err = WithoutTempFiles(func() error { return takeStatus(C.ortc_create_env(&rt.env)) })
 	if err != nil {
 		return nil, fmt.Errorf("create ONNX Runtime environment: %w", err)
 	}
@@ -99,27 +98,63 @@ func Open(path string) (*Runtime, error) {
 	return rt, nil
 }
 
-// WithPrivateTempDir runs fn with TMPDIR pointing at a new folder that is
-// removed afterwards. The official builds of ONNX Runtime write a session
-// file (.ses) and an empty mat-debug-PID.log into the temporary folder when
-// the environment is created, and never remove them; fp16audit leaves
-// nothing behind. Both bindings create their environment inside it.
-func WithPrivateTempDir(fn func() error) error {
-	dir, err := os.MkdirTemp("", "fp16audit-ort-")
-	if err != nil {
-		return fn()
+// WithoutTempFiles runs fn, which creates ONNX Runtime's environment, and
+// removes the files the official builds' telemetry library writes into
+// the temporary folder meanwhile and never removes: a session file .ses
+// (unless one was there before) and this process's empty
+// mat-debug-PID.log. fp16audit leaves nothing behind, and it changes no
+// process-wide setting (such as TMPDIR) to get there. Both bindings create
+// their environment through it.
+func WithoutTempFiles(fn func() error) error {
+	dir := os.TempDir()
+	ses := filepath.Join(dir, ".ses")
+	_, err := os.Lstat(ses)
+	hadSes := err == nil
+	err = fn()
+	// A file that is not there (another build, an unwritable folder) is
+	// fine: there is nothing to remove.
+	os.Remove(filepath.Join(dir, fmt.Sprintf("mat-debug-%d.log", os.Getpid())))
+	if !hadSes {
+		os.Remove(ses)
 	}
-	defer os.RemoveAll(dir)
-	old, had := os.LookupEnv("TMPDIR")
-	os.Setenv("TMPDIR", dir)
-	defer func() {
-		if had {
-			os.Setenv("TMPDIR", old)
-		} else {
-			os.Unsetenv("TMPDIR")
-		}
-	}()
-	return fn()
+	return err
+}
+
+// TooOldError is an ONNX Runtime library older than the C API version a
+// binding needs.
+type TooOldError struct {
+	Path    string
+	Version string // the library's version string
+	API     int    // the OrtApi version needed: ONNX Runtime 1.API or newer
+}
+
+// Error names the library, its version and the version needed.
+func (e *TooOldError) Error() string {
+	return fmt.Sprintf("ONNX Runtime %s (%s) is too old: fp16audit needs ONNX Runtime 1.%d or newer (C API version %d)", e.Version, e.Path, e.API, e.API)
+}
+
+// Probe loads the library at path, without creating an environment, and
+// returns its version string; a library that does not provide OrtApi
+// version api (ONNX Runtime 1.api or newer) is a *TooOldError.
+func Probe(path string, api int) (string, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	var version *C.char
+	// A 1.x library whose minor version is below api cannot provide it;
+	// asking it would print ONNX Runtime's complaint to stderr.
+	if C.ortc_probe(cpath, C.uint32_t(api), 0, &version, &msg[0], C.size_t(len(msg))) < 0 {
+		return "", fmt.Errorf("load ONNX Runtime library %s: %s", path, C.GoString(&msg[0]))
+	}
+	v := C.GoString(version)
+	var major, minor int
+	if n, _ := fmt.Sscanf(v, "%d.%d", &major, &minor); n == 2 && major == 1 && minor < api {
+		return v, &TooOldError{Path: path, Version: v, API: api}
+	}
+	if C.ortc_probe(cpath, C.uint32_t(api), 1, &version, &msg[0], C.size_t(len(msg))) == 0 {
+		return v, &TooOldError{Path: path, Version: v, API: api}
+	}
+	return v, nil
 }
 
 // Version returns the library's version string, such as "1.30.0".
@@ -232,12 +267,15 @@ type Options struct {
 // names. Run may be called from several goroutines at once.
 type Session struct {
 	rt       *Runtime
-	mu       sync.RWMutex // Run holds it shared, Close exclusively
+	mu       sync.RWMutex // Run and stop hold it shared, Close exclusively
 	p        *C.OrtSession
+	ro       *C.OrtRunOptions // every Run's options; stop terminates them
 	inNames  []string
 	outNames []string
 	cIn      **C.char // C arrays of the names, for every Run
 	cOut     **C.char
+	// stopped holds the cause the session's runs were stopped with.
+	stopped atomic.Pointer[error]
 }
 
 // NewSession creates a session from the bytes of an ONNX model.
@@ -294,6 +332,10 @@ func (rt *Runtime) NewSession(model []byte, inputs, outputs []string, o Options)
 	if err != nil {
 		return nil, err
 	}
+	if err := takeStatus(C.ortc_run_options_new(&s.ro)); err != nil {
+		C.ortc_session_release(s.p)
+		return nil, err
+	}
 	s.cIn = cStrings(inputs)
 	s.cOut = cStrings(outputs)
 	return s, nil
@@ -328,9 +370,46 @@ func (s *Session) Close() {
 		return
 	}
 	C.ortc_session_release(s.p)
-	s.p = nil
+	C.ortc_run_options_release(s.ro)
+	s.p, s.ro = nil, nil
 	freeCStrings(s.cIn, len(s.inNames))
 	freeCStrings(s.cOut, len(s.outNames))
+}
+
+// StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run
+// in flight at its next node (through its run options' terminate flag),
+// and it and every later Run return an error that wraps ctx's cause. The
+// function returned detaches ctx, as context.AfterFunc's does.
+func (s *Session) StopOn(ctx context.Context) (detach func() bool) {
+	return context.AfterFunc(ctx, func() { s.stop(context.Cause(ctx)) })
+}
+
+// stop terminates the runs of s with cause.
+func (s *Session) stop(cause error) {
+	s.stopped.CompareAndSwap(nil, &cause)
+	s.terminate()
+}
+
+// terminate sets the terminate flag of the session's run options.
+func (s *Session) terminate() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.ro != nil {
+		// The flag is only ever set: an error setting it leaves the run to
+		// finish, and the stopped cause still fails every later one.
+		if st := C.ortc_run_options_terminate(s.ro); st != nil {
+			C.ortc_release_status(st)
+		}
+	}
+}
+
+// stoppedErr returns the error of a run of a stopped session, nil when the
+// session was not stopped.
+func (s *Session) stoppedErr() error {
+	if c := s.stopped.Load(); c != nil {
+		return fmt.Errorf("run stopped: %w", *c)
+	}
+	return nil
 }
 
 // Run runs the model on inputs (in input-name order). outputs has one entry
@@ -343,13 +422,19 @@ func (s *Session) Run(inputs, outputs []*Value) error {
 	if s.p == nil {
 		return errors.New("run: session is closed")
 	}
+	if err := s.stoppedErr(); err != nil {
+		return err
+	}
 	if len(inputs) != len(s.inNames) || len(outputs) != len(s.outNames) {
 		return fmt.Errorf("run: want %d inputs and %d outputs, got %d and %d", len(s.inNames), len(s.outNames), len(inputs), len(outputs))
 	}
 	// The value pointer arrays live in C memory: Go memory passed to C
 	// must not hold Go pointers, and ONNX Runtime writes the outputs.
 	n := len(inputs) + len(outputs)
-	arr := (**C.OrtValue)(C.calloc(C.size_t(max(n, 1)), C.size_t(unsafe.Sizeof(uintptr(0)))))
+	arr := (**C.OrtValue)(C.ortc_calloc(C.size_t(max(n, 1)), C.size_t(unsafe.Sizeof(uintptr(0)))))
+	if arr == nil {
+		return fmt.Errorf("run: the %d value pointers: out of memory", n)
+	}
 	defer C.free(unsafe.Pointer(arr))
 	vals := unsafe.Slice(arr, max(n, 1))
 	for i, v := range inputs {
@@ -364,14 +449,17 @@ func (s *Session) Run(inputs, outputs []*Value) error {
 		}
 	}
 	out := (**C.OrtValue)(unsafe.Add(unsafe.Pointer(arr), uintptr(len(inputs))*unsafe.Sizeof(uintptr(0))))
-	err := takeStatus(C.ortc_run(s.p, s.cIn, arr, C.size_t(len(inputs)), s.cOut, C.size_t(len(outputs)), out))
+	err := takeStatus(C.ortc_run(s.p, s.ro, s.cIn, arr, C.size_t(len(inputs)), s.cOut, C.size_t(len(outputs)), out))
 	runtime.KeepAlive(inputs)
 	if err != nil {
+		if serr := s.stoppedErr(); serr != nil {
+			return serr
+		}
 		return err
 	}
 	for i := range outputs {
 		if outputs[i] == nil {
-			outputs[i] = &Value{p: vals[len(inputs)+i]}
+			outputs[i] = newValue(vals[len(inputs)+i], nil)
 		}
 	}
 	return nil
@@ -398,10 +486,46 @@ const (
 )
 
 // Value is an ONNX Runtime tensor: over memory the caller owns (NewTensor)
-// or over memory ONNX Runtime allocated for an output.
+// or over memory ONNX Runtime allocated for an output. Release frees it; a
+// Value dropped without Release is freed when the garbage collector finds
+// it unreachable, never with an abort (an unreleased runtime.Pinner would
+// be one).
 type Value struct {
+	*value
+	cleanup runtime.Cleanup
+}
+
+// value is what a Value owns, apart from the Value itself so that the
+// Value's cleanup can free it.
+type value struct {
 	p   *C.OrtValue
-	pin runtime.Pinner
+	pin *runtime.Pinner // nil for ONNX Runtime's own memory
+}
+
+// collected counts the values freed by their cleanup, for the tests.
+var collected atomic.Int64
+
+// newValue returns a Value owning p and, when pin is not nil, the pinning
+// of the Go memory p's tensor reads.
+func newValue(p *C.OrtValue, pin *runtime.Pinner) *Value {
+	v := &Value{value: &value{p: p, pin: pin}}
+	v.cleanup = runtime.AddCleanup(v, func(o *value) {
+		o.free()
+		collected.Add(1)
+	}, v.value)
+	return v
+}
+
+// free releases the ONNX Runtime side and unpins the memory.
+func (o *value) free() {
+	if o.p != nil {
+		C.ortc_value_release(o.p)
+		o.p = nil
+	}
+	if o.pin != nil {
+		o.pin.Unpin()
+		o.pin = nil
+	}
 }
 
 // NewTensor wraps data, the little-endian elements of a tensor of type t and
@@ -413,59 +537,41 @@ func (rt *Runtime) NewTensor(t ElemType, shape []int64, data unsafe.Pointer, nby
 			return nil, fmt.Errorf("negative dimension in shape %v", shape)
 		}
 	}
-	v := &Value{}
+	var pin *runtime.Pinner
 	if nbytes == 0 || data == nil {
 		// ONNX Runtime wants a non-NULL pointer even for no elements; it
 		// never reads it.
 		data = unsafe.Pointer(&C.ortc_empty)
 		nbytes = 0
 	} else {
-		v.pin.Pin(data)
+		pin = new(runtime.Pinner)
+		pin.Pin(data)
 	}
+	// ONNX Runtime copies the shape: Go memory without pointers serves for
+	// the call.
 	var cshape *C.int64_t
 	if len(shape) > 0 {
-		cs := (*C.int64_t)(C.malloc(C.size_t(8 * len(shape))))
-		defer C.free(unsafe.Pointer(cs))
-		copy(unsafe.Slice((*int64)(unsafe.Pointer(cs)), len(shape)), shape)
-		cshape = cs
+		cshape = (*C.int64_t)(unsafe.Pointer(&shape[0]))
 	}
-	err := takeStatus(C.ortc_tensor_new(rt.cpu, data, C.size_t(nbytes), cshape, C.size_t(len(shape)), C.int(t), &v.p))
+	var p *C.OrtValue
+	err := takeStatus(C.ortc_tensor_new(rt.cpu, data, C.size_t(nbytes), cshape, C.size_t(len(shape)), C.int(t), &p))
+	runtime.KeepAlive(shape)
 	if err != nil {
-		v.pin.Unpin()
+		if pin != nil {
+			pin.Unpin()
+		}
 		return nil, err
 	}
-	return v, nil
-}
-
-// NewTensorOf wraps a Go slice as a tensor of shape without copying.
-func NewTensorOf[T float32 | float64 | int64 | int32 | uint8 | uint16](rt *Runtime, shape []int64, data []T) (*Value, error) {
-	var zero T
-	var t ElemType
-	switch any(zero).(type) {
-	case float32:
-		t = Float32
-	case float64:
-		t = Float64
-	case int64:
-		t = Int64
-	case int32:
-		t = Int32
-	case uint8:
-		t = Uint8
-	case uint16:
-		t = Uint16
-	}
-	return rt.NewTensor(t, shape, unsafe.Pointer(unsafe.SliceData(data)), len(data)*int(unsafe.Sizeof(zero)))
+	return newValue(p, pin), nil
 }
 
 // Release frees the ONNX Runtime side of v and unpins its memory.
 func (v *Value) Release() {
-	if v == nil || v.p == nil {
+	if v == nil || v.value == nil {
 		return
 	}
-	C.ortc_value_release(v.p)
-	v.p = nil
-	v.pin.Unpin()
+	v.cleanup.Stop()
+	v.free()
 }
 
 // Info returns the tensor's element type and shape.
@@ -506,36 +612,6 @@ func (v *Value) Data() (unsafe.Pointer, error) {
 	return p, nil
 }
 
-// Elements returns the tensor's elements as a []T over its memory, after
-// checking the element type; it is valid while v is.
-func Elements[T float32 | float64 | int64](v *Value) ([]T, error) {
-	t, shape, err := v.Info()
-	if err != nil {
-		return nil, err
-	}
-	var zero T
-	var want ElemType
-	switch any(zero).(type) {
-	case float32:
-		want = Float32
-	case float64:
-		want = Float64
-	case int64:
-		want = Int64
-	}
-	if t != want {
-		return nil, fmt.Errorf("tensor of element type %d, want %d", t, want)
-	}
-	n := int64(1)
-	for _, d := range shape {
-		n *= d
-	}
-	if n == 0 {
-		return []T{}, nil
-	}
-	p, err := v.Data()
-	if err != nil {
-		return nil, err
-	}
-	return unsafe.Slice((*T)(p), n), nil
-}
+// failAllocs makes the n-th allocation of the C side from now fail (0:
+// none), so that the tests reach the out-of-memory paths.
+func failAllocs(n int) { C.ortc_fail_allocs(C.int(n)) }

@@ -106,7 +106,11 @@ func (r Reason) Names() []string {
 //     fp32, to any other type NotFloat, under every policy: an explicit cast
 //     is user code that autocast cannot override. A Cast to the type the
 //     model is stored in yields the policy's Params precision. CastLike
-//     yields the precision of its second input.
+//     yields the precision of its second input. One Cast to FLOAT is not
+//     user code: the exporter's promotion of a 16-bit operand that meets a
+//     float32 one (r.half() + proj(r), traced without autocast) follows its
+//     input, and its reader promotes by the policy's types (see
+//     promotionCast).
 //   - A node without float outputs (Shape, Equal, ArgMax, ...) computes in
 //     NotFloat. A node with float outputs but no float inputs
 //     (ConstantOfShape, RandomNormal, Range over ints, windows) produces fp32
@@ -319,6 +323,55 @@ func (s *assigner) onlyBatchNormParam(name string) bool {
 	return len(uses) > 0
 }
 
+// promotingOps are the ops whose operands PyTorch brings to one type:
+// where a 16-bit tensor meets a float32 one in the traced model, the
+// exporter writes the promotion as a Cast to FLOAT of the 16-bit operand.
+var promotingOps = toSet([]string{"Add", "Sub", "Mul", "Div", "Where", "Max", "Min", "Sum", "Mean", "Concat"})
+
+// promotionCast reports whether Cast node i (to FLOAT) is the exporter's
+// type promotion rather than the model's own .float(): its input is 16-bit
+// in the traced graph, and every reader is a promoting op that also reads
+// a float32 tensor. PyTorch promoted there because the other operand was
+// float32 when the model was traced (autocast off); under a policy that
+// holds that operand in 16 bits too, the eager op runs in 16 bits, so the
+// cast follows its input and the reader promotes by the policy's types.
+// (The graph cannot tell this from a hand-written x.float() + y; the
+// exporter's promotion is the common case.)
+func (s *assigner) promotionCast(i int) bool {
+	n := s.g.Node[i]
+	if s.elemType == nil || len(n.Input) == 0 || len(n.Output) != 1 || n.Input[0] == "" {
+		return false
+	}
+	// In a model stored in half the 16-bit values are the checkpoint's own
+	// dtype, and a cast to FLOAT is the model's upcast.
+	if t := s.elemType(n.Input[0]); t != int32(onnx.TensorProto_FLOAT16) && t != int32(onnx.TensorProto_BFLOAT16) || t == s.storage {
+		return false
+	}
+	out := n.Output[0]
+	for _, o := range s.g.Output {
+		if o.GetName() == out {
+			return false
+		}
+	}
+	uses := s.consumers[out]
+	for _, u := range uses {
+		c := s.g.Node[u.node]
+		if !onnx.IsDefaultDomain(c.Domain) || !promotingOps[c.OpType] {
+			return false
+		}
+		fp32 := false
+		for j, in := range c.Input {
+			if j != u.slot && in != "" && in != out && s.elemType(in) == int32(onnx.TensorProto_FLOAT) && !s.zeroDim(in) {
+				fp32 = true
+			}
+		}
+		if !fp32 {
+			return false
+		}
+	}
+	return len(uses) > 0
+}
+
 // prec returns the precision of a value consumed by a node. A value no node
 // in the order produced (an outer-scope value, or an order that is not
 // topological) counts as a source when elemType knows it.
@@ -452,6 +505,9 @@ func (s *assigner) assignNode(i int) {
 				if len(n.Input) > 1 {
 					pr = s.prec(n.Input[1])
 				}
+			}
+			if n.OpType == "Cast" && !stored && to == int32(onnx.TensorProto_FLOAT) && s.promotionCast(i) {
+				pr = s.prec(n.Input[0])
 			}
 			s.finish(i, pr, pr, nil)
 			// A cast to the precision its input already has changes

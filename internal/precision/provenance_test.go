@@ -137,3 +137,42 @@ func TestShapeScalars(t *testing.T) {
 		t.Errorf("x + ConstantOfShape(shape) = %s, want fp32 (a tensor promotes)", a.Value["z"])
 	}
 }
+
+// TestPromotionCast: the exporter writes PyTorch's promotion of r.half() +
+// proj(r) (fp16 + fp32 when traced) as a Cast of the fp16 operand to
+// FLOAT. Under autocast proj is fp16 too and the eager sum stays fp16;
+// without autocast (fp32) it is fp32. A Cast to FLOAT that the model
+// writes itself (its reader is not a promoting op) stays fp32.
+func TestPromotionCast(t *testing.T) {
+	g := graph(nil,
+		castTo("/block/Cast", "x", "skip", onnx.TensorProto_FLOAT16),
+		n("MatMul", "/block/proj/MatMul", "x W", "p"),
+		castTo("/block/Cast_1", "skip", "skip32", onnx.TensorProto_FLOAT),
+		n("Add", "/block/Add", "skip32 p", "y"),
+		castTo("/Cast_2", "skip", "own32", onnx.TensorProto_FLOAT),
+		n("LayerNormalization", "/norm", "own32 b b", "z"),
+	)
+	types := map[string]int32{"x": 1, "W": 1, "b": 1, "skip": 10, "p": 1, "skip32": 1, "y": 1, "own32": 1, "z": 1}
+	elemType := func(name string) int32 { return types[name] }
+	for _, tc := range []struct {
+		policy      string
+		skip32, sum Precision
+		explicit    bool
+	}{
+		{"autocast-fp16", FP16, FP16, true},
+		{"fp32", FP16, FP32, false},
+		{"half", FP16, FP16, false},
+	} {
+		p, _ := PolicyByName(tc.policy)
+		a := Assign(p, g, nil, elemType)
+		if a.Value["skip32"] != tc.skip32 || a.Value["y"] != tc.sum {
+			t.Errorf("%s: promotion cast %s, sum %s; want %s, %s", tc.policy, a.Value["skip32"], a.Value["y"], tc.skip32, tc.sum)
+		}
+		if a.Explicit("y") != tc.explicit {
+			t.Errorf("%s: sum explicit %v, want %v (why %v)", tc.policy, a.Explicit("y"), tc.explicit, a.Why["y"].Names())
+		}
+		if a.Value["own32"] != FP32 {
+			t.Errorf("%s: the model's own .float() before LayerNorm is %s, want fp32", tc.policy, a.Value["own32"])
+		}
+	}
+}

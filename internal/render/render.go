@@ -132,15 +132,6 @@ func (x *formatter) Render(w io.Writer, doc report.Document) error {
 	return fmt.Errorf("render: unknown document type %T", doc)
 }
 
-// Render writes doc in the named format.
-func Render(w io.Writer, doc report.Document, name string, opt Options) error {
-	f, err := New(name, doc.Kind(), opt)
-	if err != nil {
-		return err
-	}
-	return f.Render(w, doc)
-}
-
 // IsFormat reports whether name is a format for documents of kind k.
 func IsFormat(name string, k report.Kind) bool { return slices.Contains(Formats(k), name) }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"fp16audit/checks"
 	"fp16audit/report"
 )
 
@@ -60,4 +61,90 @@ func TestTrainingQuiet(t *testing.T) {
 			t.Errorf("%s: a training section for an eval audit with nothing to say", format)
 		}
 	}
+}
+
+// TestHeadlineStatesBoth: with a training audit the report opens with the
+// forward and the backward verdict, the one that fails the run first; a
+// backward error does not turn the forward verdict into a caution.
+func TestHeadlineStatesBoth(t *testing.T) {
+	load := func() *report.Report {
+		data, err := os.ReadFile(filepath.Join("testdata", "train_deep_mlp.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r *report.Report
+		if err := json.Unmarshal(data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	backwardHealthy := func(r *report.Report) {
+		r.Training.Backward.Verdict, r.Training.Backward.VerdictText = report.BackwardHealthy, "the initial loss scale is clean"
+		var fs []checks.Finding
+		for _, f := range r.Findings {
+			if !strings.HasPrefix(f.Check, "FP6") {
+				fs = append(fs, f)
+			}
+		}
+		r.Findings = fs
+	}
+	forwardFails := func(r *report.Report) {
+		r.Verdict, r.VerdictText = report.VerdictOverflow, "fc0 (MatMul) overflows fp16"
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  []func(*report.Report)
+		first string // the outcome stated first
+		text  []string
+		md    string
+		card  string
+	}{
+		{"backward fails", nil, "backward", []string{"✗ backward: backward-underflow", "✓ forward: healthy"},
+			"## fp16audit: ❌ backward `backward-underflow` · ✅ forward `healthy`", `class="card fail"`},
+		{"both healthy", []func(*report.Report){backwardHealthy}, "forward", []string{"✓ forward: healthy", "✓ backward: healthy"},
+			"## fp16audit: ✅ forward `healthy` · ✅ backward `healthy`", `class="card ok"`},
+		{"both fail", []func(*report.Report){forwardFails}, "forward", []string{"✗ forward: overflowing-op", "✗ backward: backward-underflow"},
+			"## fp16audit: ❌ forward `overflowing-op` · ❌ backward `backward-underflow`", `class="card fail"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := load()
+			for _, e := range tc.edit {
+				e(r)
+			}
+			out := map[string]string{}
+			for _, format := range []string{"text", "markdown", "html"} {
+				var b bytes.Buffer
+				if err := Render(&b, r, format, Options{}); err != nil {
+					t.Fatal(err)
+				}
+				out[format] = b.String()
+			}
+			lines := strings.Split(out["text"], "\n")
+			if len(lines) < 4 || lines[2] != tc.text[0]+" — "+headText(r, tc.first) || !strings.HasPrefix(lines[3], tc.text[1]+" — ") {
+				t.Errorf("text headline:\n%s\nwant %q then %q", strings.Join(lines[:min(4, len(lines))], "\n"), tc.text[0], tc.text[1])
+			}
+			if !strings.HasPrefix(out["markdown"], tc.md+"\n") {
+				t.Errorf("markdown title %q, want %q", strings.SplitN(out["markdown"], "\n", 2)[0], tc.md)
+			}
+			html := out["html"]
+			if !strings.Contains(html, tc.card) || strings.Index(html, "</span> "+tc.first+": ") > strings.Index(html, "</span> "+other(tc.first)+": ") {
+				t.Errorf("html: want %s and the %s outcome first", tc.card, tc.first)
+			}
+		})
+	}
+}
+
+func other(label string) string {
+	if label == "forward" {
+		return "backward"
+	}
+	return "forward"
+}
+
+// headText is the verdict text of the named outcome.
+func headText(r *report.Report, label string) string {
+	if label == "backward" {
+		return r.Training.Backward.VerdictText
+	}
+	return r.VerdictText
 }

@@ -13,6 +13,24 @@ static const void *api;
 
 static OrtStatus *fail(const char *msg) { return ORTC_FN(api, ortc_CreateStatus)(ortc_err_invalid_argument, msg); }
 
+// fail_after counts down to the allocation fa_fail_allocs asked to fail.
+static atomic_int fail_after;
+
+void fa_fail_allocs(int n) { atomic_store(&fail_after, n); }
+
+// failing reports whether this allocation is the one to fail.
+static int failing(void) {
+	int k = atomic_load(&fail_after);
+	while (k > 0 && !atomic_compare_exchange_weak(&fail_after, &k, k - 1)) {
+	}
+	return k == 1;
+}
+
+// fa_malloc is malloc with the tests' failures.
+static void *fa_malloc(size_t n) { return failing() ? NULL : malloc(n); }
+
+void *fa_calloc(size_t n, size_t size) { return failing() ? NULL : calloc(n, size); }
+
 // tile_len is how many elements of each input one tile covers: a few
 // tiles of all inputs stay in the core's L2 cache, so the reference tile
 // read for input 0 is still there when inputs 1..m compare with it.
@@ -113,9 +131,9 @@ static void work(void *user, size_t it) {
 // job_alloc sizes the job; it returns the number of iterations, or -1
 // when out of memory.
 static int64_t job_alloc(job *j) {
-	j->same = calloc((size_t)j->m, sizeof(int));
-	j->kk = calloc((size_t)j->m, sizeof(int64_t));
-	j->base = calloc((size_t)j->m, sizeof(int64_t));
+	j->same = fa_calloc((size_t)j->m, sizeof(int));
+	j->kk = fa_calloc((size_t)j->m, sizeof(int64_t));
+	j->base = fa_calloc((size_t)j->m, sizeof(int64_t));
 	if (j->same == NULL || j->kk == NULL || j->base == NULL) {
 		return -1;
 	}
@@ -130,8 +148,8 @@ static int64_t job_alloc(job *j) {
 			iters += j->kk[i];
 		}
 	}
-	j->parts = malloc(sizeof(fa_stats) * (size_t)slots);
-	j->diffs = malloc(sizeof(fa_diff) * (size_t)slots);
+	j->parts = fa_malloc(sizeof(fa_stats) * (size_t)slots);
+	j->diffs = fa_malloc(sizeof(fa_diff) * (size_t)slots);
 	if (j->parts == NULL || j->diffs == NULL) {
 		return -1;
 	}
@@ -405,7 +423,7 @@ static OrtStatus *create_kernel(const ortc_custom_op *op, const void *api_, cons
 		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
 		return fail("fp16audit Observe: no slot attribute");
 	}
-	op_kernel *k = malloc(sizeof *k);
+	op_kernel *k = fa_malloc(sizeof *k);
 	if (k == NULL) {
 		return fail("fp16audit Observe: out of memory");
 	}
@@ -569,7 +587,7 @@ static OrtStatus *round_create(const ortc_custom_op *op, const void *api_, const
 	if (to != FA_ROUND_FP16 && to != FA_ROUND_BF16) {
 		return fail("fp16audit Round: \"to\" must be FLOAT16 (10) or BFLOAT16 (16)");
 	}
-	round_kernel *k = malloc(sizeof *k);
+	round_kernel *k = fa_malloc(sizeof *k);
 	if (k == NULL) {
 		return fail("fp16audit Round: out of memory");
 	}

@@ -93,57 +93,56 @@ const (
 )
 
 var registered struct {
-	once sync.Once
-	d    *ortcapi.CustomOpDomain
-	err  error
+	mu sync.Mutex
+	d  *ortcapi.CustomOpDomain
 }
 
-// Register creates the custom operator domain of Observe, once per
-// process; pass it in ortcapi.Options.Domains of every session whose model
-// uses it.
+// newDomain creates the domain; the tests replace it to make it fail.
+var newDomain = (*ortcapi.Runtime).NewCustomOpDomain
+
+// Register creates the custom operator domain of Observe and Round, once
+// per process; pass it in ortcapi.Options.Domains of every session whose
+// model uses it. A failure is not kept: the next call tries again.
 func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
-	registered.once.Do(func() {
-		var ops [2]unsafe.Pointer
-		C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
-		registered.d, registered.err = rt.NewCustomOpDomain(Domain, ops[:]...)
-	})
-	return registered.d, registered.err
+	registered.mu.Lock()
+	defer registered.mu.Unlock()
+	if registered.d != nil {
+		return registered.d, nil
+	}
+	var ops [2]unsafe.Pointer
+	C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
+	d, err := newDomain(rt, Domain, ops[:]...)
+	if err != nil {
+		return nil, err
+	}
+	registered.d = d
+	return d, nil
 }
 
 // DefaultChunk is the chunk length audit's passes cut values into today
 // (passRun.observe); see Options.Chunk.
 const DefaultChunk = C.fa_chunk_len
 
-// Observe computes, on the calling goroutine, the statistics of y (the
-// flat values of one tensor of batch number batch) exactly as the Observe
-// operator does with chunks of chunk elements (0: DefaultChunk).
-func Observe(y []float32, batch, chunk int) Stats {
-	recs := observeRecords(chunk, y)
-	return recs[0].Stats(batch)
-}
-
-// ObserveDiff computes the statistics of y and its comparison with ref
-// exactly as the Observe operator does for an emulated value y and its
-// reference ref.
-func ObserveDiff(y, ref []float32, batch, chunk int) (Stats, Diff) {
-	recs := observeRecords(chunk, ref, y)
-	d, _ := recs[1].Diff()
-	return recs[1].Stats(batch), d
-}
-
-func observeRecords(chunk int, xs ...[]float32) []Record {
+// observeRecords computes, on the calling goroutine, the records the
+// Observe operator makes of the values xs (xs[0] the reference) with chunks
+// of chunk elements (0: DefaultChunk): the tests compare the operator's
+// kernels with package observe's through it.
+func observeRecords(chunk int, xs ...[]float32) ([]Record, error) {
 	if chunk <= 0 {
 		chunk = DefaultChunk
 	}
 	m := len(xs)
-	ptrs := (*[64]*C.float)(C.calloc(C.size_t(m), C.size_t(unsafe.Sizeof(uintptr(0)))))
-	defer C.free(unsafe.Pointer(ptrs))
+	if m == 0 {
+		return nil, nil
+	}
+	// The array of data pointers is Go memory handed to C: every pointer
+	// in it must be pinned for the call.
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	var empty [1]float32
+	ptrs := make([]*C.float, m)
 	n := make([]C.int64_t, m)
 	for i, x := range xs {
-		// The pointers are stored in C memory for the call: pinned.
 		p := &empty[0]
 		if len(x) > 0 {
 			p = &x[0]
@@ -154,14 +153,18 @@ func observeRecords(chunk int, xs ...[]float32) []Record {
 	}
 	rec := make([]int64, m*RecordLen)
 	if C.fa_observe(C.int(m), &ptrs[0], &n[0], C.int64_t(chunk), (*C.int64_t)(unsafe.Pointer(&rec[0]))) != 0 {
-		panic(fmt.Sprintf("statistics of %d values: out of memory", m))
+		return nil, fmt.Errorf("statistics of %d values: out of memory", m)
 	}
 	out := make([]Record, m)
 	for i := range out {
 		out[i] = Record(rec[i*RecordLen : (i+1)*RecordLen])
 	}
-	return out
+	return out, nil
 }
+
+// failAllocs makes the n-th allocation of the operators' C code from now
+// fail (0: none), so that the tests reach the out-of-memory paths.
+func failAllocs(n int) { C.fa_fail_allocs(C.int(n)) }
 
 // setSIMD turns the AVX2 kernels on or off (tests compare both with Go)
 // and returns whether they were on.
@@ -173,16 +176,16 @@ func setSIMD(on bool) bool {
 	return C.fa_set_simd(v) != 0
 }
 
-// Round rounds src to the element type to (FLOAT16 or BFLOAT16) and back
-// into dst, on the calling goroutine, exactly as the Round operator does.
-func Round(dst, src []float32, to int32) {
-	if len(dst) != len(src) {
-		panic("statsop.Round: dst and src differ in length")
-	}
-	if len(src) == 0 {
+// round rounds src to the element type to (FLOAT16 or BFLOAT16) and back
+// into dst, on the calling goroutine, exactly as the Round operator does:
+// the tests compare the operator's loops with ONNX Runtime's casts through
+// it. It rounds as many elements as the shorter slice holds.
+func round(dst, src []float32, to int32) {
+	n := min(len(dst), len(src))
+	if n == 0 {
 		return
 	}
-	C.fa_round((*C.float)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(len(src)), C.int(to))
+	C.fa_round((*C.float)(unsafe.Pointer(&dst[0])), (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(n), C.int(to))
 }
 
 // setRoundSIMD turns the vector rounding loops on or off and returns

@@ -79,6 +79,13 @@ void fa_sink_free(int64_t id);
 // two operators, Observe and Round, as OrtCustomOp pointers into ops[0:2].
 void fa_ops_init(const void *api, const void **ops);
 
+// fa_fail_allocs makes the n-th allocation of the operators from now fail
+// (returning NULL), for the tests of the out-of-memory paths; 0 makes none
+// fail. fa_calloc is calloc with those failures, for the Go side's record
+// buffers.
+void fa_fail_allocs(int n);
+void *fa_calloc(size_t n, size_t size);
+
 // fa_observe writes the records of the m values x[i][0:n[i]] (x[0] the
 // reference) on the calling thread, chunked (chunk elements; see
 // fa_chunk_len) and tiled exactly as the operator does; it returns -1 when

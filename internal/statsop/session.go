@@ -5,6 +5,7 @@ package statsop
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -39,7 +40,7 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
 	ss := &Session{plan: plan}
 	n := max(plan.Records, 1) * RecordLen
-	ss.buf = C.calloc(C.size_t(n), 8)
+	ss.buf = C.fa_calloc(C.size_t(n), 8)
 	if ss.buf == nil {
 		return nil, fmt.Errorf("records of %d values: out of memory", plan.Records)
 	}
@@ -113,12 +114,25 @@ func (s *Session) Fetched(i int) ([]float32, []int64, error) {
 		return nil, nil, fmt.Errorf("output %q of pass %d: not fetched", s.plan.Fetch[i].Value, s.plan.Fetch[i].Pass)
 	}
 	v := s.fetched[i]
-	_, shape, err := v.Info()
+	t, shape, err := v.Info()
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := ortcapi.Elements[float32](v)
-	return data, shape, err
+	if t != ortcapi.Float32 {
+		return nil, nil, fmt.Errorf("output %q: element type %d, want FLOAT", s.plan.Fetch[i].Value, t)
+	}
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	if n == 0 {
+		return []float32{}, shape, nil
+	}
+	p, err := v.Data()
+	if err != nil {
+		return nil, nil, err
+	}
+	return unsafe.Slice((*float32)(p), n), shape, nil
 }
 
 // release frees the outputs of the last Run.
@@ -150,6 +164,11 @@ func (s *Session) InOrder() bool {
 	}
 	return true
 }
+
+// StopOn stops the session's runs when ctx ends (ortcapi.Session.StopOn):
+// the run in flight ends at its next node, with ctx's cause. The function
+// returned detaches ctx.
+func (s *Session) StopOn(ctx context.Context) (detach func() bool) { return s.s.StopOn(ctx) }
 
 // Plan returns the plan the session runs.
 func (s *Session) Plan() *Plan { return s.plan }

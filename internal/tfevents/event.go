@@ -32,8 +32,7 @@ const (
 	fMetaPluginData = 1 // PluginData
 	fMetaDataClass  = 4 // DataClass enum
 	// SummaryMetadata.PluginData.
-	fPluginName    = 1 // string
-	fPluginContent = 2 // bytes
+	fPluginName = 1 // string
 
 	// TensorProto (tensor.proto).
 	fTensorDType   = 1  // DataType enum

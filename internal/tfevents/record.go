@@ -1,4 +1,4 @@
-// Package tfevents reads and writes TensorBoard event files
+// Package tfevents reads TensorBoard event files
 // (events.out.tfevents.*), where most PyTorch training loops log their loss
 // and loss scale through torch.utils.tensorboard.SummaryWriter.
 //
@@ -148,14 +148,4 @@ func (r *Reader) Next() ([]byte, error) {
 	r.off += headerLen + int64(length) + footerLen
 	r.n++
 	return data, nil
-}
-
-// AppendRecord appends data framed as one TFRecord to b.
-func AppendRecord(b, data []byte) []byte {
-	var hdr [headerLen]byte
-	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))
-	binary.LittleEndian.PutUint32(hdr[8:], maskedCRC(hdr[:8]))
-	b = append(b, hdr[:]...)
-	b = append(b, data...)
-	return binary.LittleEndian.AppendUint32(b, maskedCRC(data))
 }

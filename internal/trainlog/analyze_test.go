@@ -18,6 +18,21 @@ import (
 	"fp16audit/report"
 )
 
+// scalesVerdicts lists every verdict identifier of the scales diagnosis in
+// decision order.
+var scalesVerdicts = []string{report.ScalesEarlyNaN, report.ScalesGradientOverflowNaN, report.ScalesForwardOverflowNaN,
+	report.ScalesLateNaN, report.ScalesPlateauUnderflow, report.ScalesPlateauUnexplained, report.ScalesWastedWarmup,
+	report.ScalesFP16Noise, report.ScalesHealthy}
+
+// renderAs writes the diagnosis r in the named format.
+func renderAs(w io.Writer, r *report.ScalesReport, format string) error {
+	f, err := render.New(format, r.Kind(), render.Options{})
+	if err != nil {
+		return err
+	}
+	return f.Render(w, r)
+}
+
 // TestFixtureVerdicts runs every simulated log, in both formats, and checks
 // the verdict, the findings and the key numbers against the values the
 // simulator counted.
@@ -154,10 +169,10 @@ func TestGolden(t *testing.T) {
 		}
 		r := analyze(t, run, base, trainlog.DefaultOptions)
 		var txt, js bytes.Buffer
-		if err := render.Render(&txt, r, "text", render.Options{}); err != nil {
+		if err := renderAs(&txt, r, "text"); err != nil {
 			t.Fatal(err)
 		}
-		if err := render.Render(&js, r, "json", render.Options{}); err != nil {
+		if err := renderAs(&js, r, "json"); err != nil {
 			t.Fatal(err)
 		}
 		golden(t, filepath.Join("testdata", "golden", name+".txt"), txt.Bytes())
@@ -266,13 +281,13 @@ func TestTinyLogs(t *testing.T) {
 	for _, l := range logs {
 		for _, b := range []*trainlog.Log{nil, base} {
 			r := analyze(t, l, b, trainlog.DefaultOptions)
-			if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
+			if !slices.Contains(scalesVerdicts, r.Verdict) {
 				t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 			}
-			if err := render.Render(io.Discard, r, "json", render.Options{}); err != nil {
+			if err := renderAs(io.Discard, r, "json"); err != nil {
 				t.Errorf("%s: %v", l.Path, err)
 			}
-			if err := render.Render(io.Discard, r, "text", render.Options{}); err != nil {
+			if err := renderAs(io.Discard, r, "text"); err != nil {
 				t.Errorf("%s: %v", l.Path, err)
 			}
 		}
@@ -309,7 +324,7 @@ func TestAnalyzersCoverTheChecks(t *testing.T) {
 	}
 	for _, a := range trainlog.Analyzers() {
 		got = append(got, a.Check.ID)
-		if a.Requires == "" {
+		if len(a.Requires) == 0 {
 			t.Errorf("%s: no Requires", a.Check.ID)
 		}
 	}

@@ -18,19 +18,32 @@ type Analyzer = checks.Analyzer[*Facts]
 // nothing but its finding and the verdict it would decide.
 func Analyzers() []*Analyzer {
 	return []*Analyzer{
-		{Check: checkEarlyNaN, Requires: "losses or scales", Run: runEarlyNaN},
-		{Check: checkGradOverflowNaN, Requires: "scales", Run: runGradOverflowNaN},
-		{Check: checkForwardOverflowNaN, Requires: "scales", Run: runForwardOverflowNaN},
-		{Check: checkLateNaN, Requires: "losses", Run: runLateNaN},
-		{Check: checkPlateauUnderflow, Requires: "losses, scales, baseline", Run: runPlateauUnderflow},
-		{Check: checkPlateauUnexplained, Requires: "losses, baseline", Run: runPlateauUnexplained},
-		{Check: checkNoise, Requires: "losses, baseline", Run: runNoise},
-		{Check: checkWastedWarmup, Requires: "scales", Run: runWastedWarmup},
-		{Check: checkSkipRate, Requires: "scales", Run: runSkipRate},
-		{Check: checkPinnedLow, Requires: "scales", Run: runPinnedLow},
-		{Check: checkMassLost, Requires: "telemetry with the mass lost", Run: runMassLost},
+		{Check: checkEarlyNaN, Requires: []*Requirement{needLossesOrScales}, Run: runEarlyNaN},
+		{Check: checkGradOverflowNaN, Requires: []*Requirement{needScales}, Run: runGradOverflowNaN},
+		{Check: checkForwardOverflowNaN, Requires: []*Requirement{needScales}, Run: runForwardOverflowNaN},
+		{Check: checkLateNaN, Requires: []*Requirement{needLosses}, Run: runLateNaN},
+		{Check: checkPlateauUnderflow, Requires: []*Requirement{needComparison, needScales}, Run: runPlateauUnderflow},
+		{Check: checkPlateauUnexplained, Requires: []*Requirement{needComparison}, Run: runPlateauUnexplained},
+		{Check: checkNoise, Requires: []*Requirement{needComparison}, Run: runNoise},
+		{Check: checkWastedWarmup, Requires: []*Requirement{needScales}, Run: runWastedWarmup},
+		{Check: checkSkipRate, Requires: []*Requirement{needScales}, Run: runSkipRate},
+		{Check: checkPinnedLow, Requires: []*Requirement{needScales}, Run: runPinnedLow},
+		{Check: checkMassLost, Requires: []*Requirement{needTelemetry}, Run: runMassLost},
 	}
 }
+
+// Requirement is a fact a training-log check needs, which the driver
+// tests.
+type Requirement = checks.Requirement[*Facts]
+
+// The training-log checks' requirements.
+var (
+	needLosses         = &Requirement{Name: "losses", Met: func(f *Facts) bool { return f.run.Losses != nil }}
+	needScales         = &Requirement{Name: "scales", Met: func(f *Facts) bool { return f.r.Scales != nil }}
+	needLossesOrScales = &Requirement{Name: "losses or scales", Met: func(f *Facts) bool { return f.run.Losses != nil || f.r.Scales != nil }}
+	needComparison     = &Requirement{Name: "losses and a baseline", Met: func(f *Facts) bool { return f.r.Comparison != nil }}
+	needTelemetry      = &Requirement{Name: "telemetry", Met: func(f *Facts) bool { return f.r.Telemetry != nil }}
+)
 
 // one returns a single finding of c, as the analyzers' Run wants it.
 func one(c *checks.Check, format string, args ...any) ([]checks.Finding, error) {
@@ -57,7 +70,7 @@ func runLateNaN(f *Facts) ([]checks.Finding, error) {
 }
 
 func runGradOverflowNaN(f *Facts) ([]checks.Finding, error) {
-	if !f.lateNaN() || f.r.Scales == nil || !f.collapse {
+	if !f.lateNaN() || !f.collapse {
 		return nil, nil
 	}
 	fd := checkGradOverflowNaN.Finding(fmt.Sprintf("%s %s step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
@@ -70,7 +83,7 @@ func runGradOverflowNaN(f *Facts) ([]checks.Finding, error) {
 }
 
 func runForwardOverflowNaN(f *Facts) ([]checks.Finding, error) {
-	if !f.lateNaN() || f.r.Scales == nil || f.collapse {
+	if !f.lateNaN() || f.collapse {
 		return nil, nil
 	}
 	return one(checkForwardOverflowNaN, "%s %s step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
@@ -102,7 +115,7 @@ func runPlateauUnexplained(f *Facts) ([]checks.Finding, error) {
 
 func runNoise(f *Facts) ([]checks.Finding, error) {
 	cmp := f.r.Comparison
-	if cmp == nil || !(cmp.Gap > 0) || f.gapOver || f.nanIdx >= 0 {
+	if !(cmp.Gap > 0) || f.gapOver || f.nanIdx >= 0 {
 		return nil, nil
 	}
 	return one(checkNoise, "final loss %.4g (mean of the last %d of %d steps) is %.1f%% above the fp32 baseline's %.4g, within the %.1f%% tolerance: normal fp16 noise",

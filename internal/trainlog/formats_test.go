@@ -22,9 +22,8 @@ import (
 	"time"
 
 	"fp16audit/internal/batch"
-	"fp16audit/internal/render"
 	"fp16audit/internal/tensor"
-	"fp16audit/internal/tfevents"
+	"fp16audit/internal/testutil/eventfile"
 	"fp16audit/internal/trainlog"
 	"fp16audit/internal/trainlog/logfile"
 	"fp16audit/report"
@@ -183,12 +182,12 @@ func companion(sc scenario, ss []sample) []byte {
 
 // tensorboard writes samples as a TensorBoard event file with the given
 // tags, in one of the scalar encodings.
-func tensorboard(t *testing.T, dir string, ss []sample, lossTag, scaleTag string, enc tfevents.ScalarEncoding) string {
+func tensorboard(t *testing.T, dir string, ss []sample, lossTag, scaleTag string, enc eventfile.ScalarEncoding) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w, err := tfevents.Create(dir, time.Unix(1700000000, 0), "host")
+	w, err := eventfile.Create(dir, time.Unix(1700000000, 0), "host")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,11 +305,11 @@ var forms = []form{
 	}},
 	{"tfevents-simple-value", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		d := filepath.Join(dir, sc.name)
-		tensorboard(t, d, ss, "train/loss", "amp/loss_scale", tfevents.SimpleValue)
+		tensorboard(t, d, ss, "train/loss", "amp/loss_scale", eventfile.SimpleValue)
 		return d, logfile.ReadOptions{}
 	}},
 	{"tfevents-tensor-tagged", 1, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
-		return tensorboard(t, dir, ss, "Loss/objective", "scaler", tfevents.TensorContent), logfile.ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
+		return tensorboard(t, dir, ss, "Loss/objective", "scaler", eventfile.TensorContent), logfile.ReadOptions{Columns: map[string]string{"loss": "Loss/objective", "scale": "scaler"}}
 	}},
 	{"csv-every-10", 10, func(t *testing.T, dir string, sc scenario, ss []sample) (string, logfile.ReadOptions) {
 		names := map[string]string{"step": "step", "epoch": "epoch", "loss": "loss"}
@@ -647,7 +646,7 @@ func TestTensorBoardTags(t *testing.T) {
 	dir := t.TempDir()
 	sc := scenarioByName(t, "healthy")
 	ss := samples(sc, sc.run(), 1, 0)
-	path := tensorboard(t, dir, ss, "objective", "amp_state", tfevents.TensorFloatVal)
+	path := tensorboard(t, dir, ss, "objective", "amp_state", eventfile.TensorFloatVal)
 	_, err := logfile.Read(path, logfile.ReadOptions{})
 	var pe *logfile.ParseError
 	if !errors.As(err, &pe) || !strings.Contains(err.Error(), `"amp_state", "objective", "train/lr"`) || !strings.Contains(err.Error(), "--tag loss=TAG,scale=TAG") {
@@ -662,15 +661,15 @@ func TestTensorBoardTags(t *testing.T) {
 	if err := os.MkdirAll(rdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w1, _ := tfevents.Create(rdir, time.Unix(1700000000, 0), "a")
-	w2, _ := tfevents.Create(rdir, time.Unix(1700000100, 0), "a")
+	w1, _ := eventfile.Create(rdir, time.Unix(1700000000, 0), "a")
+	w2, _ := eventfile.Create(rdir, time.Unix(1700000100, 0), "a")
 	for _, s := range ss[:700] {
-		if err := w1.AddScalar("loss", int64(s.step), 0, 9, tfevents.SimpleValue); err != nil {
+		if err := w1.AddScalar("loss", int64(s.step), 0, 9, eventfile.SimpleValue); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, s := range ss[500:] {
-		if err := w2.AddScalar("loss", int64(s.step), 0, float32(s.loss), tfevents.SimpleValue); err != nil {
+		if err := w2.AddScalar("loss", int64(s.step), 0, float32(s.loss), eventfile.SimpleValue); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -694,7 +693,7 @@ func TestTensorBoardTags(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(empty, "run1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	tensorboard(t, filepath.Join(empty, "run1"), ss[:5], "loss", "scale", tfevents.SimpleValue)
+	tensorboard(t, filepath.Join(empty, "run1"), ss[:5], "loss", "scale", eventfile.SimpleValue)
 	if _, err := logfile.Read(empty, logfile.ReadOptions{}); err == nil || !strings.Contains(err.Error(), "run1") || !strings.Contains(err.Error(), "pass one of them") {
 		t.Errorf("a log directory of runs: %v", err)
 	}
@@ -832,13 +831,13 @@ func TestTinySampledLogs(t *testing.T) {
 	}
 	for _, l := range logs {
 		r := analyze(t, l, nil, trainlog.DefaultOptions)
-		if !slices.Contains(report.ScalesVerdicts(), r.Verdict) {
+		if !slices.Contains(scalesVerdicts, r.Verdict) {
 			t.Errorf("%s: verdict %q", l.Path, r.Verdict)
 		}
 		if _, err := json.Marshal(r); err != nil {
 			t.Errorf("%s: %v", l.Path, err)
 		}
-		if err := render.Render(io.Discard, r, "text", render.Options{}); err != nil {
+		if err := renderAs(io.Discard, r, "text"); err != nil {
 			t.Errorf("%s: %v", l.Path, err)
 		}
 	}

@@ -19,17 +19,29 @@ type Analyzer = checks.Analyzer[*Facts]
 // listed: the forward mode, then the backward from the loss backwards.
 func Analyzers() []*Analyzer {
 	return []*Analyzer{
-		{Check: checkBNStats, Requires: "eval mode, fp32 pass", Run: runBNStats},
-		{Check: checkFoldedBN, Requires: "train mode", Run: runFoldedBN},
-		{Check: checkFP32Backward, Requires: "backward", Run: runFP32Backward},
-		{Check: checkSeedOverflow, Requires: "backward", Run: runInitOverflow(true)},
-		{Check: checkBackwardOverflow, Requires: "backward", Run: runInitOverflow(false)},
-		{Check: checkOverflowEveryScale, Requires: "backward", Run: runOverflowEveryScale},
-		{Check: checkUnderflowEveryScale, Requires: "backward", Run: runUnderflowEveryScale},
-		{Check: checkUnderflowAtInit, Requires: "backward", Run: runUnderflowAtInit},
-		{Check: checkNoGradRule, Requires: "backward", Run: runNoGradRule},
+		{Check: checkBNStats, Requires: []*Requirement{needEval}, Run: runBNStats},
+		{Check: checkFoldedBN, Requires: []*Requirement{needTrain}, Run: runFoldedBN},
+		{Check: checkFP32Backward, Requires: []*Requirement{needFP32Backward}, Run: runFP32Backward},
+		{Check: checkSeedOverflow, Requires: []*Requirement{needSweep}, Run: runInitOverflow(true)},
+		{Check: checkBackwardOverflow, Requires: []*Requirement{needSweep}, Run: runInitOverflow(false)},
+		{Check: checkOverflowEveryScale, Requires: []*Requirement{needSweep}, Run: runOverflowEveryScale},
+		{Check: checkUnderflowEveryScale, Requires: []*Requirement{needSweep}, Run: runUnderflowEveryScale},
+		{Check: checkUnderflowAtInit, Requires: []*Requirement{needSweep}, Run: runUnderflowAtInit},
+		{Check: checkNoGradRule, Requires: []*Requirement{needBackward}, Run: runNoGradRule},
 	}
 }
+
+// Requirement is a fact a training check needs, which the driver tests.
+type Requirement = checks.Requirement[*Facts]
+
+// The training checks' requirements.
+var (
+	needEval         = &Requirement{Name: "eval mode", Met: func(f *Facts) bool { return f.Mode == rewrite.ModeEval }}
+	needTrain        = &Requirement{Name: "train mode", Met: func(f *Facts) bool { return f.Mode == rewrite.ModeTrain }}
+	needBackward     = &Requirement{Name: "backward", Met: func(f *Facts) bool { return f.Backward != nil }}
+	needFP32Backward = &Requirement{Name: "fp32 backward", Met: func(f *Facts) bool { return f.Backward != nil && f.Backward.FP32 != nil }}
+	needSweep        = &Requirement{Name: "backward sweep with a finite fp32 loss", Met: (*Facts).backwardReady}
+)
 
 func (f *Facts) finding(c *checks.Check, node int, value, msg string) checks.Finding {
 	fd := c.Finding(msg)
@@ -66,9 +78,6 @@ func (f *Facts) untrainedBN() []report.BatchNormReport {
 }
 
 func runBNStats(f *Facts) ([]checks.Finding, error) {
-	if f.Mode != rewrite.ModeEval {
-		return nil, nil
-	}
 	bns := f.untrainedBN()
 	if len(bns) == 0 {
 		return nil, nil
@@ -116,7 +125,7 @@ func (f *Facts) foldedConvs() []int {
 
 func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 	convs := f.foldedConvs()
-	if f.Mode != rewrite.ModeTrain || len(convs) == 0 {
+	if len(convs) == 0 {
 		return nil, nil
 	}
 	var names []string
@@ -130,9 +139,6 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 
 func runFP32Backward(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
-	if b == nil || b.FP32 == nil {
-		return nil, nil
-	}
 	if isNaNOrInf(b.FP32.Loss) {
 		return []checks.Finding{f.finding(checkFP32Backward, -1, b.Res.Loss, fmt.Sprintf("the fp32 %s loss on %q is %g: every gradient is NaN/Inf; check the prediction and the target (range, dtype, class indices within the number of classes)", b.Loss, b.Output, b.FP32.Loss))}, nil
 	}
@@ -198,9 +204,6 @@ func (e *entry) describe() string {
 
 func runInitOverflow(seed bool) func(*Facts) ([]checks.Finding, error) {
 	return func(f *Facts) ([]checks.Finding, error) {
-		if !f.backwardReady() {
-			return nil, nil
-		}
 		b, t := f.Backward, f.gradients()
 		maxClean, _, _ := t.window()
 		init := b.Scans[b.InitExp]
@@ -237,9 +240,6 @@ func runInitOverflow(seed bool) func(*Facts) ([]checks.Finding, error) {
 }
 
 func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	if !f.backwardReady() {
-		return nil, nil
-	}
 	b, t := f.Backward, f.gradients()
 	if maxClean, _, _ := t.window(); maxClean != nil {
 		return nil, nil
@@ -256,9 +256,6 @@ func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
 }
 
 func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	if !f.backwardReady() {
-		return nil, nil
-	}
 	b, t := f.Backward, f.gradients()
 	maxClean, _, under := t.window()
 	if maxClean == nil {
@@ -320,9 +317,6 @@ func (t *table) freeAbove(b *Backward, i int) *int {
 }
 
 func runUnderflowAtInit(f *Facts) ([]checks.Finding, error) {
-	if !f.backwardReady() {
-		return nil, nil
-	}
 	b, t := f.Backward, f.gradients()
 	maxClean, flushFree, under := t.window()
 	init := b.Scans[b.InitExp]
@@ -379,7 +373,7 @@ func mustReading(e *entry, s *grad.Scan) grad.Reading {
 
 func runNoGradRule(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
-	if b == nil || len(b.Res.Unsupported) == 0 {
+	if len(b.Res.Unsupported) == 0 {
 		return nil, nil
 	}
 	var parts []string

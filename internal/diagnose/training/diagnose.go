@@ -1,6 +1,7 @@
 package training
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -69,11 +70,11 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 }
 
 // Run runs the training analyzers that sel enables, verifies the bf16 fix
-// through run when the verdict calls for it, and returns the training
+// through run when the verdict calls for it (ctx ending stops that run), and returns the training
 // report and its findings. The report is nil when it has nothing to say:
 // an eval-mode audit without a loss of a model with no BatchNormalization
 // or Dropout node and no note.
-func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []checks.Finding, error) {
+func Run(ctx context.Context, f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []checks.Finding, error) {
 	findings, err := checks.RunAnalyzers(Analyzers(), f, sel, f.Policy.Name)
 	if err != nil {
 		return nil, nil, err
@@ -87,7 +88,7 @@ func Run(f *Facts, run Runner, sel checks.Selection) (*report.TrainingReport, []
 	}
 	tr.Notes = f.modeNotes()
 	if f.Backward != nil {
-		br, err := f.backwardReport(findings, run)
+		br, err := f.backwardReport(ctx, findings, run)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -123,7 +124,7 @@ func (f *Facts) modeNotes() []string {
 // backwardReport assembles the backward audit from the table and the
 // findings: the verdict follows the findings, so a check switched off
 // cannot decide it.
-func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.BackwardReport, error) {
+func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, run Runner) (*report.BackwardReport, error) {
 	b := f.Backward
 	t := f.gradients()
 	br := &report.BackwardReport{
@@ -220,7 +221,7 @@ func (f *Facts) backwardReport(findings []checks.Finding, run Runner) (*report.B
 	}
 	f.verdict(br, findings)
 	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale) && run != nil {
-		fix, err := f.bf16Fix(run, br)
+		fix, err := f.bf16Fix(ctx, run, br)
 		if err != nil {
 			return nil, err
 		}
@@ -320,8 +321,8 @@ func indexOf(scales []report.ScaleReport, exp int) int {
 // bf16Fix verifies learn.to_bf16(): the backward with the bf16 policy's
 // rounding at scale 1 (fastai trains bf16 without a GradScaler) must be
 // finite and flush at most the threshold in the modules fp16 fails.
-func (f *Facts) bf16Fix(run Runner, br *report.BackwardReport) (report.Fix, error) {
-	res, scan, err := run.BF16()
+func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardReport) (report.Fix, error) {
+	res, scan, err := run.BF16(ctx)
 	if err != nil {
 		return report.Fix{}, fmt.Errorf("bf16 backward: %w", err)
 	}

@@ -10,6 +10,7 @@
 package training
 
 import (
+	"context"
 	"math"
 	"sort"
 	"sync"
@@ -74,9 +75,10 @@ type Backward struct {
 
 // Runner verifies a fix by running the backward again: BF16 runs it with
 // the rounding of the bf16 policy (learn.to_bf16(), which trains without
-// loss scaling) at scale 1, returning the graph and its scan.
+// loss scaling) at scale 1, returning the graph and its scan; ctx ending
+// stops the run.
 type Runner interface {
-	BF16() (*grad.Result, *grad.Scan, error)
+	BF16(ctx context.Context) (*grad.Result, *grad.Scan, error)
 }
 
 // entry is one gradient the policy holds in reduced precision: the

@@ -1,6 +1,7 @@
 package backward
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -86,6 +87,11 @@ func NewSession(res *grad.Result, opt onnxrt.SessionOptions, outputs []string) (
 
 // Close releases the session.
 func (s *Session) Close() error { return s.s.Close() }
+
+// StopOn stops the session's runs when ctx ends (onnxrt.Session.StopOn):
+// the run in flight ends at its next node, with ctx's cause. The function
+// returned detaches ctx.
+func (s *Session) StopOn(ctx context.Context) (detach func() bool) { return s.s.StopOn(ctx) }
 
 // Outputs holds one run's outputs by name.
 type Outputs map[string]*tensor.Tensor

@@ -1,6 +1,7 @@
 package backward
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -32,6 +33,10 @@ func NewScanner(res *grad.Result, opt onnxrt.SessionOptions, inputs []*tensor.Te
 
 // Close releases the session.
 func (sc *Scanner) Close() error { return sc.s.Close() }
+
+// StopOn stops the scanner's runs when ctx ends: the run in flight ends at
+// its next node, with ctx's cause. The function returned detaches ctx.
+func (sc *Scanner) StopOn(ctx context.Context) (detach func() bool) { return sc.s.StopOn(ctx) }
 
 // Scan runs forward and backward at loss scale 2^exp.
 func (sc *Scanner) Scan(exp int) (*grad.Scan, error) {

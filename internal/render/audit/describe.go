@@ -272,16 +272,17 @@ func optional(x *float64, f func(float64) string) string {
 	return f(*x)
 }
 
-// verdictMood is how a report's verdict card looks: "ok" for a healthy
+// verdictMood is how a report's forward verdict looks: "ok" for a healthy
 // verdict, "fail" for any other, and "caution" for a healthy verdict
-// beside an error-level finding (a masked_fill PyTorch would refuse whose
-// -Inf the softmax absorbs), which fails --fail-on error though nothing
-// reaches the outputs.
+// beside an error-level finding of the forward audit (a masked_fill
+// PyTorch would refuse whose -Inf the softmax absorbs), which fails
+// --fail-on error though nothing reaches the outputs. The training audit's
+// findings (FP6xxx) belong to the backward outcome.
 func verdictMood(r *report.Report) string {
 	switch {
 	case r.Verdict != report.VerdictHealthy:
 		return "fail"
-	case r.MaxSeverity() >= checks.SevError:
+	case maxSeverity(r, false) >= checks.SevError:
 		return "caution"
 	}
 	return "ok"
@@ -342,4 +343,75 @@ func wrongOutputsText(o report.Origin) string {
 		return ""
 	}
 	return "; finite but wrong: " + strings.Join(o.WrongOutputs, ", ")
+}
+
+// maxSeverity is the highest severity among the findings of the training
+// audit (training) or of the forward audit (the others), -1 for none.
+func maxSeverity(r *report.Report, training bool) checks.Severity {
+	max := checks.Severity(-1)
+	for _, f := range r.Findings {
+		if strings.HasPrefix(f.Check, "FP6") == training && f.Severity > max {
+			max = f.Severity
+		}
+	}
+	return max
+}
+
+// outcome is one verdict a report's headline states: the forward audit's
+// or the backward's.
+type outcome struct {
+	// Label is "verdict" when the forward verdict is the only one,
+	// "forward" or "backward" when both are stated.
+	Label, Verdict, Text string
+	// Mood is ok, caution or fail (see verdictMood).
+	Mood string
+}
+
+// Mark is the outcome's sign: ✓, ! or ✗.
+func (o outcome) Mark() string {
+	switch o.Mood {
+	case "ok":
+		return "✓"
+	case "caution":
+		return "!"
+	}
+	return "✗"
+}
+
+// headline lists the outcomes a report opens with: the forward verdict
+// and, when the training audit ran the backward, the backward verdict,
+// the one that fails the run (exit 1) first.
+func headline(r *report.Report) []outcome {
+	fwd := outcome{Label: "verdict", Verdict: r.Verdict, Text: r.VerdictText, Mood: verdictMood(r)}
+	if r.Training == nil || r.Training.Backward == nil {
+		return []outcome{fwd}
+	}
+	b := r.Training.Backward
+	bwd := outcome{Label: "backward", Verdict: b.Verdict, Text: b.VerdictText, Mood: "ok"}
+	switch {
+	case b.Verdict != report.BackwardHealthy:
+		bwd.Mood = "fail"
+	case maxSeverity(r, true) >= checks.SevError:
+		bwd.Mood = "caution"
+	}
+	fwd.Label = "forward"
+	if moodRank[bwd.Mood] > moodRank[fwd.Mood] {
+		return []outcome{bwd, fwd}
+	}
+	return []outcome{fwd, bwd}
+}
+
+// moodRank orders moods from ok to fail.
+var moodRank = map[string]int{"ok": 0, "caution": 1, "fail": 2}
+
+// overallMood is the worst mood of the headline's outcomes: the look of
+// the whole report.
+func overallMood(r *report.Report) string {
+	mood := "ok"
+	for _, o := range headline(r) {
+		if moodRank[o.Mood] > moodRank[mood] {
+			mood = o.Mood
+		}
+	}
+	return mood
 }

@@ -28,7 +28,8 @@ func HTML(w io.Writer, r *report.Report) error {
 	}
 	v := htmlView{
 		R:        r,
-		Mood:     verdictMood(r),
+		Mood:     overallMood(r),
+		Headline: headline(r),
 		Chart:    template.HTML(chartSVG(r)),
 		Data:     template.JS(data),
 		Emulated: emulatedPasses(r),
@@ -60,8 +61,10 @@ type htmlView struct {
 	Grouped     bool
 	Findings    []checks.Finding
 	FindingsCut int
-	// Mood is the verdict card's look: ok, caution or fail.
+	// Mood is the verdict card's look: ok, caution or fail, the worst of
+	// the Headline's outcomes.
 	Mood     string
+	Headline []outcome
 	Chart    template.HTML
 	Data     template.JS
 	Emulated []string
@@ -519,21 +522,14 @@ var htmlFuncs = template.FuncMap{
 	"blocks":   blocksHTML,   // blocks.go
 }
 
-var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>fp16audit: {{.R.Verdict}} — {{.R.Model.Path}}</title>
-<style>{{.CSS}}</style>
-</head>
-<body>
-<header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>
-<main>
-<section id="verdict" class="card {{.Mood}}">
-<h2><span class="badge">{{if eq .Mood "ok"}}✓{{else if eq .Mood "caution"}}!{{else}}✗{{end}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
+var htmlPage = markup.Page("page", htmlFuncs, `fp16audit: {{.R.Verdict}} — {{.R.Model.Path}}`,
+	`<header><h1>fp16audit report</h1><p class="sub"><code>{{.R.Model.Path}}</code> · policy <b>{{.R.Policy}}</b> · fp16audit {{.R.Tool.Version}}</p></header>`,
+	`<section id="verdict" class="card {{.Mood}}">
+{{if eq (len .Headline) 1}}<h2><span class="badge">{{(index .Headline 0).Mark}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
-{{range .R.Origins}}<div class="origin-box">
+{{else}}{{range .Headline}}<h2 class="{{.Mood}}"><span class="badge">{{.Mark}}</span> {{.Label}}: <span{{if eq .Label "forward"}} id="verdict-id"{{end}}>{{.Verdict}}</span></h2>
+<p class="vtext">{{.Text}}</p>
+{{end}}{{end}}{{range .R.Origins}}<div class="origin-box">
 <h3>{{originTitle .}}</h3>
 <dl class="kv">
 {{if isInput .}}<dt>input</dt><dd><code>{{.Input}}</code>{{inputShape $.R .Input}}</dd>
@@ -614,12 +610,7 @@ var htmlPage = template.Must(template.New("page").Funcs(htmlFuncs).Parse(`<!DOCT
 </dl>
 {{if .R.Notes}}<ul class="notes">{{range .R.Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
 </section>
-</main>
-<script type="application/json" id="fp16audit-data">{{.Data}}</script>
-<script>{{.Script}}</script>
-</body>
-</html>
-`))
+`)
 
 // htmlScript builds the node table from the embedded JSON and makes the
 // chart interactive. It marks <body> with data-ready="1" when it finished

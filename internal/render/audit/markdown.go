@@ -19,9 +19,21 @@ const MarkdownLimit = 60000
 // over MarkdownLimit are cut, and a note says how many.
 func Markdown(w io.Writer, r *report.Report) error {
 	var b strings.Builder
-	mark := map[string]string{"ok": "✅", "caution": "⚠️", "fail": "❌"}[verdictMood(r)]
-	fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", mark, r.Verdict)
-	fmt.Fprintf(&b, "**%s**\n\n", markup.MDText(r.VerdictText))
+	marks := map[string]string{"ok": "✅", "caution": "⚠️", "fail": "❌"}
+	outcomes := headline(r)
+	if len(outcomes) == 1 {
+		fmt.Fprintf(&b, "## fp16audit: %s `%s`\n\n", marks[outcomes[0].Mood], r.Verdict)
+		fmt.Fprintf(&b, "**%s**\n\n", markup.MDText(r.VerdictText))
+	} else {
+		var title []string
+		for _, o := range outcomes {
+			title = append(title, fmt.Sprintf("%s %s `%s`", marks[o.Mood], o.Label, o.Verdict))
+		}
+		fmt.Fprintf(&b, "## fp16audit: %s\n\n", strings.Join(title, " · "))
+		for _, o := range outcomes {
+			fmt.Fprintf(&b, "**%s%s:** %s\n\n", strings.ToUpper(o.Label[:1]), o.Label[1:], markup.MDText(o.Text))
+		}
+	}
 	fmt.Fprintf(&b, "Model %s: %d nodes, producer %s %s, opsets %s. Policy `%s`, passes %s, %d batch(es), ONNX Runtime %s on %s, fp16audit %s.\n",
 		markup.MDCode(r.Model.Path), r.Model.NodeCount, markup.MDText(r.Model.Producer), markup.MDText(r.Model.ProducerVersion), markup.MDText(opsetString(r.Model.Opsets)),
 		r.Policy, markup.MDText(strings.Join(r.Passes, ", ")), len(r.Batches), markup.MDText(r.Tool.ORTVersion), markup.MDText(r.Tool.Device), markup.MDText(r.Tool.Version))

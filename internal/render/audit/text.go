@@ -73,14 +73,10 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 	t := &textWriter{Writer: markup.NewWriter(w, opt.Color), width: opt.Width}
 	t.Printf("%s\n\n", t.Style(markup.Bold, fmt.Sprintf("fp16audit %s — %s", r.Tool.Version, r.Model.Path)))
 
-	mark, col := "✗", markup.Red
-	switch verdictMood(r) {
-	case "ok":
-		mark, col = "✓", markup.Green
-	case "caution":
-		mark, col = "!", markup.Yellow
+	for _, o := range headline(r) {
+		col := map[string]string{"ok": markup.Green, "caution": markup.Yellow, "fail": markup.Red}[o.Mood]
+		t.para(t.Style(markup.Bold+col, o.Mark()+" "+o.Label+": "+o.Verdict)+" — ", o.Text, 2)
 	}
-	t.para(t.Style(markup.Bold+col, mark+" verdict: "+r.Verdict)+" — ", r.VerdictText, 2)
 	for _, o := range r.Origins {
 		if originCause(o) == report.CauseInput {
 			t.para("  origin (the batch): ", fmt.Sprintf("input %s%s", t.Style(markup.Bold, fmt.Sprintf("%q", o.Input)), inputShape(r, o.Input)), 10)

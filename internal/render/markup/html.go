@@ -1,9 +1,35 @@
 package markup
 
 import (
+	"html/template"
 	"strconv"
 	"strings"
 )
+
+// Page parses an HTML page of the renderers: the opening every page shares
+// (doctype, the head with the title template title and the style sheet
+// .CSS, <body>), the page's own header and main, then the shared closing
+// (the page's data as JSON in .Data, which its inline script .Script
+// reads). The view it executes with has fields CSS, Data and Script.
+func Page(name string, funcs template.FuncMap, title, header, main string) *template.Template {
+	return template.Must(template.New(name).Funcs(funcs).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>` + title + `</title>
+<style>{{.CSS}}</style>
+</head>
+<body>
+` + header + `
+<main>
+` + main + `</main>
+<script type="application/json" id="fp16audit-data">{{.Data}}</script>
+<script>{{.Script}}</script>
+</body>
+</html>
+`))
+}
 
 // PageCSS is the style sheet both HTML pages (the audit's and the scales
 // diagnosis's) start from.

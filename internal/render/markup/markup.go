@@ -1,8 +1,9 @@
 // Package markup holds what the renderers of every document share, so that
 // none exists twice: a writer that remembers its first error and styles
 // text with ANSI codes, Markdown escaping, and the pieces both HTML pages
-// use (the style sheet they start from, chart coordinates). Like the
-// renderers, it imports only report and checks.
+// use (the page frame around their content, the style sheet they start
+// from, chart coordinates). Like the renderers, it imports only report and
+// checks.
 package markup
 
 import (

@@ -403,18 +403,9 @@ var scalesFuncs = template.FuncMap{
 	"hasRows": func(rows [][2]string) bool { return len(rows) > 0 },
 }
 
-var scalesPage = template.Must(template.New("scales").Funcs(scalesFuncs).Parse(`<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>fp16audit scales: {{.R.Verdict}} — {{.R.Run.Path}}</title>
-<style>{{.CSS}}</style>
-</head>
-<body>
-<header><h1>fp16audit training-log report</h1><p class="sub"><code>{{.R.Run.Path}}</code> · {{run .R.Run}}{{with .R.Baseline}} · fp32 baseline <code>{{.Path}}</code>{{end}}</p></header>
-<main>
-<section id="verdict" class="card {{.Class}}">
+var scalesPage = markup.Page("scales", scalesFuncs, `fp16audit scales: {{.R.Verdict}} — {{.R.Run.Path}}`,
+	`<header><h1>fp16audit training-log report</h1><p class="sub"><code>{{.R.Run.Path}}</code> · {{run .R.Run}}{{with .R.Baseline}} · fp32 baseline <code>{{.Path}}</code>{{end}}</p></header>`,
+	`<section id="verdict" class="card {{.Class}}">
 <h2><span class="badge">{{.Badge}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
 {{with .R.Fix}}<p><b>Fix:</b> {{.}}</p>{{end}}
@@ -467,12 +458,7 @@ var scalesPage = template.Must(template.New("scales").Funcs(scalesFuncs).Parse(`
 {{end}}<dt>schema</dt><dd>{{.R.Schema}}</dd>
 </dl>
 </section>
-</main>
-<script type="application/json" id="fp16audit-data">{{.Data}}</script>
-<script>{{.Script}}</script>
-</body>
-</html>
-`))
+`)
 
 const scalesCSS = `
 .chartbox{position:relative}

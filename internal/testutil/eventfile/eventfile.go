@@ -1,8 +1,16 @@
-package tfevents
+// Package eventfile writes TensorBoard event files, as PyTorch's
+// SummaryWriter and TensorFlow's summary writers do, for the tests of the
+// readers (internal/tfevents, the training-log readers). Only tests import
+// it. It encodes by hand with protowire from the field numbers of
+// TensorBoard's .proto files (tensorboard/compat/proto), the same facts
+// package tfevents decodes with; tfevents' tests check its output against
+// records assembled byte by byte.
+package eventfile
 
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math"
 	"os"
@@ -10,7 +18,65 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"fp16audit/internal/tfevents"
 )
+
+// Field numbers from TensorBoard's .proto files (tensorboard/compat/proto).
+const (
+	// Event (event.proto).
+	fEventWallTime    = 1 // double
+	fEventStep        = 2 // int64
+	fEventFileVersion = 3 // string, oneof what
+	fEventSummary     = 5 // Summary, oneof what
+
+	// Summary (summary.proto).
+	fSummaryValue = 1 // repeated Value
+
+	// Summary.Value.
+	fValueTag         = 1 // string
+	fValueSimpleValue = 2 // float, oneof value
+	fValueTensor      = 8 // TensorProto, oneof value
+	fValueMetadata    = 9 // SummaryMetadata
+
+	// SummaryMetadata.
+	fMetaPluginData = 1 // PluginData
+	fMetaDataClass  = 4 // DataClass enum
+	// SummaryMetadata.PluginData.
+	fPluginName = 1 // string
+
+	// TensorProto (tensor.proto).
+	fTensorDType   = 1  // DataType enum
+	fTensorShape   = 2  // TensorShapeProto
+	fTensorContent = 4  // bytes
+	fTensorFloat   = 5  // repeated float, packed
+	fTensorDouble  = 6  // repeated double, packed
+	fTensorHalf    = 13 // repeated int32, packed: fp16/bf16 bits
+
+	// TensorShapeProto (tensor_shape.proto).
+	fShapeDim         = 2 // repeated Dim
+	fShapeUnknownRank = 3 // bool
+	// TensorShapeProto.Dim.
+	fDimSize = 1 // int64
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// maskedCRC is the TFRecord checksum of b: CRC-32C rotated right by 15 bits
+// plus 0xa282ead8.
+func maskedCRC(b []byte) uint32 {
+	c := crc32.Checksum(b, castagnoli)
+	return ((c >> 15) | (c << 17)) + 0xa282ead8
+}
+
+// appendRecord appends data framed as one TFRecord to b: its length, the
+// length's checksum, the data and the data's checksum.
+func appendRecord(b, data []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(data)))
+	b = binary.LittleEndian.AppendUint32(b, maskedCRC(b[len(b)-8:]))
+	b = append(b, data...)
+	return binary.LittleEndian.AppendUint32(b, maskedCRC(data))
+}
 
 // ScalarEncoding chooses how Writer.AddScalar stores a number: the three
 // forms found in the wild.
@@ -32,7 +98,7 @@ const (
 // MarshalEvent serializes e as an Event protobuf. Values with a Tensor are
 // written with the tensor's fields; values with HasSimple as simple_value;
 // Other values cannot be written.
-func MarshalEvent(e Event) ([]byte, error) {
+func MarshalEvent(e tfevents.Event) ([]byte, error) {
 	var b []byte
 	if e.WallTime != 0 {
 		b = protowire.AppendTag(b, fEventWallTime, protowire.Fixed64Type)
@@ -62,7 +128,7 @@ func MarshalEvent(e Event) ([]byte, error) {
 	return b, nil
 }
 
-func marshalValue(v Value) ([]byte, error) {
+func marshalValue(v tfevents.Value) ([]byte, error) {
 	var b []byte
 	if v.Tag != "" {
 		b = protowire.AppendTag(b, fValueTag, protowire.BytesType)
@@ -97,7 +163,7 @@ func marshalValue(v Value) ([]byte, error) {
 	return b, nil
 }
 
-func marshalTensor(t *Tensor) []byte {
+func marshalTensor(t *tfevents.Tensor) []byte {
 	var b []byte
 	if t.DType != 0 {
 		b = protowire.AppendTag(b, fTensorDType, protowire.VarintType)
@@ -154,18 +220,18 @@ func marshalTensor(t *Tensor) []byte {
 
 // ScalarValue builds the Summary.Value that stores value under tag in the
 // given encoding.
-func ScalarValue(tag string, value float32, enc ScalarEncoding) (Value, error) {
+func ScalarValue(tag string, value float32, enc ScalarEncoding) (tfevents.Value, error) {
 	switch enc {
 	case SimpleValue:
-		return Value{Tag: tag, HasSimple: true, Simple: value}, nil
+		return tfevents.Value{Tag: tag, HasSimple: true, Simple: value}, nil
 	case TensorFloatVal:
-		return Value{Tag: tag, Plugin: "scalars", Tensor: &Tensor{DType: DTFloat, FloatVal: []float32{value}}}, nil
+		return tfevents.Value{Tag: tag, Plugin: "scalars", Tensor: &tfevents.Tensor{DType: tfevents.DTFloat, FloatVal: []float32{value}}}, nil
 	case TensorContent:
 		content := binary.LittleEndian.AppendUint32(nil, math.Float32bits(value))
-		return Value{Tag: tag, Plugin: "scalars", DataClass: DataClassScalar,
-			Tensor: &Tensor{DType: DTFloat, Shape: []int64{}, Content: content}}, nil
+		return tfevents.Value{Tag: tag, Plugin: "scalars", DataClass: tfevents.DataClassScalar,
+			Tensor: &tfevents.Tensor{DType: tfevents.DTFloat, Shape: []int64{}, Content: content}}, nil
 	}
-	return Value{}, fmt.Errorf("unknown scalar encoding %d", enc)
+	return tfevents.Value{}, fmt.Errorf("unknown scalar encoding %d", enc)
 }
 
 // Writer writes an event file: TFRecord-framed Events, starting with the
@@ -180,7 +246,7 @@ type Writer struct {
 // Writer for the events that follow.
 func NewWriter(w io.Writer, wallTime float64) (*Writer, error) {
 	ew := &Writer{w: w}
-	if err := ew.WriteEvent(Event{WallTime: wallTime, FileVersion: FileVersion}); err != nil {
+	if err := ew.WriteEvent(tfevents.Event{WallTime: wallTime, FileVersion: tfevents.FileVersion}); err != nil {
 		return nil, err
 	}
 	return ew, nil
@@ -222,13 +288,13 @@ func (w *Writer) Close() error {
 
 // WriteRecord writes data as one TFRecord.
 func (w *Writer) WriteRecord(data []byte) error {
-	w.buf = AppendRecord(w.buf[:0], data)
+	w.buf = appendRecord(w.buf[:0], data)
 	_, err := w.w.Write(w.buf)
 	return err
 }
 
 // WriteEvent serializes e and writes it as one record.
-func (w *Writer) WriteEvent(e Event) error {
+func (w *Writer) WriteEvent(e tfevents.Event) error {
 	data, err := MarshalEvent(e)
 	if err != nil {
 		return err
@@ -243,5 +309,5 @@ func (w *Writer) AddScalar(tag string, step int64, wallTime float64, value float
 	if err != nil {
 		return err
 	}
-	return w.WriteEvent(Event{WallTime: wallTime, Step: step, Values: []Value{v}})
+	return w.WriteEvent(tfevents.Event{WallTime: wallTime, Step: step, Values: []tfevents.Value{v}})
 }
