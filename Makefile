@@ -21,7 +21,7 @@ BIN     := bin/fp16audit
 PYTHON_TORCH ?= /usr/bin/python3
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test demo bench proto fixtures fuzz conformance vet staticcheck clean
+.PHONY: all ort build test demo bench llama-bench proto fixtures fuzz conformance vet staticcheck clean
 
 all: build
 
@@ -82,11 +82,23 @@ demo: ort build
 # same models and batches in the same run: time, peak memory, and a batch
 # over --max-memory (see docs/performance.md), then the training audit
 # against the forward audit of the same models.
-bench: ort
+bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
 	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
 	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
+	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
+
+# llama-bench generates the large-model benchmark (BenchmarkLLM): a ~600 M
+# parameter Llama-style decoder with 2.4 GB of external data, into the
+# git-ignored fixtures/bench/llama/ (a few minutes and ~8 GB of memory,
+# once). Without torch the benchmark says how to make it and is skipped.
+LLAMA_BENCH := fixtures/bench/llama/model.onnx
+llama-bench:
+	@if [ -f $(LLAMA_BENCH) ]; then :; \
+	elif $(PYTHON_TORCH) -c 'import torch, onnx' 2>/dev/null; then \
+	  echo "$(PYTHON_TORCH) fixtures/bench/llama_export.py"; $(PYTHON_TORCH) fixtures/bench/llama_export.py; \
+	else echo "make bench: $(PYTHON_TORCH) has no torch and onnx, so BenchmarkLLM is skipped (apt-get install python3-torch python3-onnx)"; fi
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

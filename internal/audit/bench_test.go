@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"fp16audit/internal/batch"
+	"fp16audit/internal/execute"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
@@ -51,6 +52,8 @@ type benchInput struct {
 	dir     string
 	batches []*tensor.Tensor
 	outputs []string
+	// input names the model's one input when it is not "x".
+	input string
 }
 
 // prepare writes c's batches under dir and reads c's model.
@@ -97,7 +100,11 @@ func initRuntime(b testing.TB) {
 // plainInference is one plain inference over every batch: session creation,
 // then each batch run once. It returns the time of the runs alone.
 func plainInference(b testing.TB, in *benchInput) time.Duration {
-	s, err := onnxrt.NewSession(in.data, []string{"x"}, in.outputs, onnxrt.SessionOptions{})
+	var inputs []string
+	for _, t := range in.batches[:1] {
+		inputs = append(inputs, t.Name)
+	}
+	s, err := onnxrt.NewSession(in.data, inputs, in.outputs, onnxrt.SessionOptions{ExternalDataDir: filepath.Dir(in.model)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -174,6 +181,7 @@ const (
 	childBatch  = "FP16AUDIT_CHILD_BATCH"
 	childMemory = "FP16AUDIT_CHILD_MAX_MEMORY"
 	childPlain  = "FP16AUDIT_CHILD_PLAIN"
+	childInput  = "FP16AUDIT_CHILD_INPUT"
 )
 
 // TestBenchChild is not a test: BenchmarkMemory runs the test binary with
@@ -199,7 +207,11 @@ func TestBenchChild(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			x.Name = "x"
+			// The single input of the model: "x", or the file's name.
+			x.Name = os.Getenv(childInput)
+			if x.Name == "" {
+				x.Name = "x"
+			}
 			in.batches = append(in.batches, x)
 		}
 		plainInference(t, in)
@@ -210,6 +222,10 @@ func TestBenchChild(t *testing.T) {
 			t.Fatal(err)
 		}
 		notes = r.Notes
+		fmt.Printf("verdict %s\n", r.Verdict)
+		for _, o := range r.Origins {
+			fmt.Printf("origin %s\n", o.Node)
+		}
 	}
 	fmt.Printf("elapsed_ms %d\n", time.Since(start).Milliseconds())
 	// The parent cannot use its wait4 rusage: Linux counts the parent's
@@ -236,6 +252,9 @@ func child(b *testing.B, in *benchInput, plain bool, maxMem int64) (time.Duratio
 	cmd.Env = append(os.Environ(), childModel+"="+in.model, childBatch+"="+in.dir, childMemory+"="+strconv.FormatInt(maxMem, 10))
 	if plain {
 		cmd.Env = append(cmd.Env, childPlain+"="+strings.Join(in.outputs, ","))
+	}
+	if in.input != "" {
+		cmd.Env = append(cmd.Env, childInput+"="+in.input)
 	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -316,4 +335,74 @@ func BenchmarkBudget(b *testing.B) {
 	b.ReportMetric(float64(tWhole.Milliseconds())/float64(b.N), "ms-unbounded")
 	b.ReportMetric(float64(tBound.Milliseconds())/float64(b.N), "ms-bounded")
 	b.ReportMetric(float64(tBound)/float64(tWhole), "bounded/unbounded")
+}
+
+// BenchmarkLLM audits the Llama-style decoder fixtures/bench/llama_export.py
+// generates (make bench does when it is missing: ~600 M parameters, 2.4 GB
+// of external data, one MLP channel planted to overflow fp16 in layers.3)
+// on one batch of 1 x 64 token ids, each job in a child process of its own:
+// plain ONNX Runtime inference (library, session, the batch), the audit
+// with the default budget, and the audit with --max-memory at 60 % of the
+// weights, which must run out of core. Targets: rss-audit/rss-plain ≤
+// 1.25 and audit/plain ≤ 1.5 in time; rss-bounded/budget ≤ 1.1 with the
+// same verdict and origin.
+func BenchmarkLLM(b *testing.B) {
+	dir := filepath.Join("..", "..", "fixtures", "bench", "llama")
+	model := filepath.Join(dir, "model.onnx")
+	if _, err := os.Stat(model); err != nil {
+		b.Skipf("%s is missing: make bench generates it (/usr/bin/python3 fixtures/bench/llama_export.py)", model)
+	}
+	in := &benchInput{model: model, dir: filepath.Join(dir, "batches"), outputs: []string{"logits"}, input: "input_ids"}
+	m, err := onnx.Load(model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var weights int64
+	for _, t := range m.Proto.Graph.Initializer {
+		weights += onnx.TensorBytes(t)
+	}
+	budget := weights * 6 / 10
+	var tPlain, tAudit, tBound time.Duration
+	var rssPlain, rssAudit, rssBound int64
+	for b.Loop() {
+		t, rss, _ := child(b, in, true, 0)
+		tPlain += t
+		rssPlain = max(rssPlain, rss)
+		t, rss, whole := child(b, in, false, 0)
+		tAudit += t
+		rssAudit = max(rssAudit, rss)
+		t, rss, bound := child(b, in, false, budget)
+		tBound += t
+		rssBound = max(rssBound, rss)
+		if !strings.Contains(bound, "blocks of consecutive nodes") {
+			b.Errorf("the audit under a budget of %s did not run in blocks:\n%s", execute.FormatSize(budget), bound)
+		}
+		if v, w := verdictLines(bound), verdictLines(whole); v != w || !strings.Contains(w, "origin /model/layers.3/mlp/down_proj/MatMul") {
+			b.Errorf("verdict under the budget:\n%s\nwithout:\n%s", v, w)
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(mb(weights), "MB-weights")
+	b.ReportMetric(float64(tPlain.Milliseconds())/n, "ms-plain")
+	b.ReportMetric(float64(tAudit.Milliseconds())/n, "ms-audit")
+	b.ReportMetric(float64(tBound.Milliseconds())/n, "ms-bounded")
+	b.ReportMetric(float64(tAudit)/float64(tPlain), "audit/plain")
+	b.ReportMetric(float64(tBound)/float64(tPlain), "bounded/plain")
+	b.ReportMetric(mb(rssPlain), "MB-rss-plain")
+	b.ReportMetric(mb(rssAudit), "MB-rss-audit")
+	b.ReportMetric(float64(rssAudit)/float64(rssPlain), "rss-audit/rss-plain")
+	b.ReportMetric(mb(budget), "MB-budget")
+	b.ReportMetric(mb(rssBound), "MB-rss-bounded")
+	b.ReportMetric(float64(rssBound)/float64(budget), "rss-bounded/budget")
+}
+
+// verdictLines are the verdict and origin lines a child printed.
+func verdictLines(out string) string {
+	var keep []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "verdict ") || strings.HasPrefix(line, "origin ") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }

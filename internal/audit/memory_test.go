@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"fp16audit/fixtures"
+	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/shapes"
 	"fp16audit/internal/rewrite"
@@ -23,20 +24,33 @@ func shapeCases() []*fixtures.Fixture {
 }
 
 // TestInferShapesMatchRuntime compares the inferred shape of every observed
-// value with the shape ONNX Runtime produced, in every pass graph.
+// value with the shape ONNX Runtime produced, in every pass graph: on the
+// fixtures, miniature versions of the benchmark models, and real PyTorch
+// exports whose reshapes and masks are computed from Shape (a Llama-style
+// decoder, GPT, ViT), which the inference must follow without a probe.
 func TestInferShapesMatchRuntime(t *testing.T) {
 	dir := t.TempDir()
+	type shapeCase struct{ name, model, batch string }
+	var cases []shapeCase
 	for _, f := range shapeCases() {
-		t.Run(f.Name, func(t *testing.T) {
-			model, batchFile := writeFixture(t, f, dir)
-			r, err := Run(context.Background(), Config{ModelPath: model, Inputs: []string{batchFile}, NoFixes: true})
+		model, batchFile := writeFixture(t, f, dir)
+		cases = append(cases, shapeCase{f.Name, model, batchFile})
+	}
+	for _, c := range []string{"bench/llama_tiny/model.onnx:bench/llama_tiny/batches", "torch/cases/gpt_mask_additive_finfo/model.onnx:torch/cases/gpt_mask_additive_finfo/batches",
+		"torch/cases/vit_tiny/model.onnx:torch/cases/vit_tiny/batches", "torch/cases/token_transformer_overflow/model.onnx:torch/cases/token_transformer_overflow/batches"} {
+		model, batches, _ := strings.Cut(c, ":")
+		cases = append(cases, shapeCase{model, filepath.Join("..", "..", "fixtures", model), filepath.Join("..", "..", "fixtures", batches)})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := Run(context.Background(), Config{ModelPath: c.model, Inputs: []string{c.batch}, NoFixes: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if strings.Contains(strings.Join(r.Notes, "\n"), "probe") {
 				t.Errorf("shapes needed a probe: %v", r.Notes)
 			}
-			m, err := onnx.Load(model)
+			m, err := onnx.Load(c.model)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,8 +62,12 @@ func TestInferShapesMatchRuntime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			bs, _, err := batch.Load(batch.Specs(m.Proto.Graph, m.Index), batch.Options{Args: []string{c.batch}})
+			if err != nil {
+				t.Fatal(err)
+			}
 			in := map[string][]int64{}
-			for _, x := range f.Batches[0].Inputs {
+			for _, x := range bs[0].Inputs {
 				in[x.Name] = x.Shape
 			}
 			inferred := shapes.Infer(up.Graph, idx, in, nil)

@@ -263,7 +263,7 @@ func (a *audit) plan(device string) error {
 		Session: onnxrt.SessionOptions{Threads: a.cfg.Threads, Device: device, ExternalDataDir: a.model.Dir, Optimization: Optimization},
 		Order:   a.static.Order, Nodes: len(g.Node),
 		Observe: names, ElemType: upIdx.ElemType,
-		MaxMemory: a.cfg.MaxMemory, Progress: a.cfg.Progress,
+		MaxMemory: a.cfg.MaxMemory, Progress: a.cfg.Progress, ModelFile: a.model.Path,
 	}
 	return nil
 }

@@ -189,7 +189,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
 	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
-	fs.StringVar(&o.maxMem, "max-memory", "", fmt.Sprintf("memory the audit may take, the process as a whole, e.g. 512M or 4G; above it each batch runs in parts of fewer samples (default %.0f%% of available memory)", 100*execute.DefaultMemoryFraction))
+	fs.StringVar(&o.maxMem, "max-memory", "", fmt.Sprintf("memory the audit may take, the process as a whole, e.g. 512M or 4G; above it each batch runs in parts of fewer samples, and a model whose weights do not fit runs in blocks of consecutive layers (default %.0f%% of available memory)", 100*execute.DefaultMemoryFraction))
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
 	}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"unsafe"
 
@@ -55,14 +56,21 @@ type Engine struct {
 	// MaxMemory bounds the process's memory while the passes run, in
 	// bytes; 0 plans for DefaultMemoryFraction of the available memory.
 	MaxMemory int64
+	// ModelFile is the model's file, in Session.ExternalDataDir. When set,
+	// the large weights the model stores inline are handed to ONNX
+	// Runtime over the loaded model's memory (statsop.HandsOver), so that
+	// the process holds them once.
+	ModelFile string
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
 	Progress Progress
 
 	notes []string
 	// forceStep, when set (by tests only), runs every batch in parts of
-	// this many samples whatever the budget.
-	forceStep int64
+	// this many samples whatever the budget; forceBlocks cuts the model
+	// into this many blocks of about equal numbers of nodes.
+	forceStep   int64
+	forceBlocks int
 	// probe holds the shapes measured during the current Run, once known;
 	// resident is the process's memory when the Run started.
 	probe    *shapeProbe
@@ -212,6 +220,9 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		return nil, nil, err
 	}
 	cmp := comparisons(plan, outRef, results)
+	if e.handsOver() {
+		plan.Declared = filepath.Base(e.ModelFile)
+	}
 	// What the process holds before the session (the library, the model,
 	// the batches) counts against the budget; the plan made again after a
 	// probe must not count the session's own memory twice.
@@ -220,6 +231,12 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	mp, err := e.memoryPlan(passes, batches, nil)
 	if err != nil {
 		return nil, nil, err
+	}
+	if mp.blocks != nil {
+		if err := e.runBlocks(ctx, rt, plan, mp, batches, results, cmp); err != nil {
+			return nil, nil, err
+		}
+		return results, mp, nil
 	}
 	opts, err := e.options()
 	if err != nil {
@@ -302,6 +319,18 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 	return nil
 }
 
+// handsOver reports whether sessions hand the model's inline weights to
+// ONNX Runtime over the loaded model's memory: the model's file must be in
+// the external-data folder the sessions are told.
+func (e *Engine) handsOver() bool {
+	if e.ModelFile == "" || e.Session.ExternalDataDir == "" {
+		return false
+	}
+	a, err1 := filepath.Abs(filepath.Dir(e.ModelFile))
+	b, err2 := filepath.Abs(e.Session.ExternalDataDir)
+	return err1 == nil && err2 == nil && a == b
+}
+
 // options are the session options of a combined graph.
 // Every run keeps ONNX Runtime's memory arena: a run in parts reuses the
 // arena its first part grew, where allocating every value afresh would
@@ -312,8 +341,14 @@ func (e *Engine) options() (ortcapi.Options, error) {
 	if err != nil {
 		return ortcapi.Options{}, err
 	}
+	// Prepacking is off: a MatMul of the fp32 pass would keep a repacked
+	// copy of its weight while the emulated passes round the original, so
+	// the process would hold the weights twice. Unpacked, every pass reads
+	// the one copy ONNX Runtime maps from the model's external data (MLAS
+	// packs per call, as it does for the emulated passes' rounded weights
+	// anyway).
 	o := ortcapi.Options{Threads: e.Session.Threads, Level: level,
-		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+		Config: map[string]string{"session.intra_op.allow_spinning": "0", "session.disable_prepacking": "1"}}
 	if e.Session.ExternalDataDir != "" {
 		o.Config["session.model_external_initializers_file_folder_path"] = e.Session.ExternalDataDir
 	}
@@ -383,6 +418,16 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			return fmt.Errorf("samples %d to %d: %w", lo, lo+n-1, err)
 		}
 	}
+	if err := mergeInto(plan, m, results); err != nil {
+		return err
+	}
+	e.note("batches larger than %d samples ran in parts of %d samples to stay within the memory budget (%s); their maxima and counts merge exactly, their sums round per part", step, step, FormatSize(mp.budget))
+	return nil
+}
+
+// mergeInto folds a batch's merged records of plan's values into the
+// results.
+func mergeInto(plan *statsop.Plan, m *statsop.Merger, results []*observe.PassResult) error {
 	for i, o := range plan.Outputs {
 		for row, p := range o.Passes {
 			l, err := m.Result(i, row)
@@ -399,7 +444,6 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			}
 		}
 	}
-	e.note("batches larger than %d samples ran in parts of %d samples to stay within the memory budget (%s); their maxima and counts merge exactly, their sums round per part", step, step, FormatSize(mp.budget))
 	return nil
 }
 
@@ -407,9 +451,25 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 // value: its shape for one sample and its batch axis (-1 when the value
 // does not depend on the number of samples).
 type shapeProbe struct {
-	plan *statsop.Plan
-	one  [][]int64
-	axis []int
+	one  map[string][]int64
+	axis map[string]int
+}
+
+func newShapeProbe() *shapeProbe {
+	return &shapeProbe{one: map[string][]int64{}, axis: map[string]int{}}
+}
+
+// add records value's shapes for one and for two samples: the axis that
+// doubles is its batch axis.
+func (p *shapeProbe) add(value string, one, two []int64) {
+	p.one[value] = one
+	p.axis[value] = -1
+	for a := range one {
+		if a < len(two) && two[a] == 2*one[a] && one[a] > 0 {
+			p.axis[value] = a
+			break
+		}
+	}
 }
 
 // probeShapes runs the first sample of inputs and then its first two: the
@@ -420,6 +480,7 @@ type shapeProbe struct {
 // runs of one and two samples.
 func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, inputs []*tensor.Tensor) (*shapeProbe, error) {
 	shapesOf := func(n int64) ([][]int64, error) {
+		// Shapes do not depend on the data: the first samples serve.
 		part, err := batch.Cut(inputs, 0, n)
 		if err != nil {
 			return nil, err
@@ -445,15 +506,9 @@ func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan,
 	if err != nil {
 		return nil, err
 	}
-	p := &shapeProbe{plan: plan, one: one, axis: make([]int, len(one))}
-	for i := range one {
-		p.axis[i] = -1
-		for a := range one[i] {
-			if a < len(two[i]) && two[i][a] == 2*one[i][a] && one[i][a] > 0 {
-				p.axis[i] = a
-				break
-			}
-		}
+	p := newShapeProbe()
+	for i, o := range plan.Outputs {
+		p.add(o.Value, one[i], two[i])
 	}
 	return p, nil
 }
@@ -462,12 +517,12 @@ func probeShapes(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan,
 // samples.
 func (p *shapeProbe) full(size int64) map[string][]int64 {
 	out := map[string][]int64{}
-	for i, o := range p.plan.Outputs {
-		sh := slices.Clone(p.one[i])
-		if a := p.axis[i]; a >= 0 {
+	for v, one := range p.one {
+		sh := slices.Clone(one)
+		if a := p.axis[v]; a >= 0 {
 			sh[a] *= size
 		}
-		out[o.Value] = sh
+		out[v] = sh
 	}
 	return out
 }

@@ -96,7 +96,10 @@ func engineFor(t *testing.T, model, batchFile string) (*Engine, []Pass, []batch.
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := onnx.Load(filepath.Join("..", "..", "fixtures", model))
+	if !filepath.IsAbs(model) {
+		model = filepath.Join("..", "..", "fixtures", model)
+	}
+	m, err := onnx.Load(model)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +131,7 @@ func engineFor(t *testing.T, model, batchFile string) (*Engine, []Pass, []batch.
 		}
 	}
 	e := &Engine{Library: lib, Inputs: batch.Names(specs), Order: order, Nodes: len(m.Proto.Graph.Node),
-		Observe: names, ElemType: upIdx.ElemType, MaxMemory: 1 << 40,
+		Observe: names, ElemType: upIdx.ElemType, MaxMemory: 1 << 40, ModelFile: m.Path,
 		Session: onnxrt.SessionOptions{ExternalDataDir: m.Dir, Optimization: "none", Threads: 1}}
 	passes := []Pass{{Name: "fp32", Model: up}, {Name: "fp16", Model: rewrite.Emulate(up, m.Proto.Graph, a), Ref: "fp32"}}
 	return e, passes, bs
@@ -193,7 +196,8 @@ func TestSplitEqualsWhole(t *testing.T) {
 }
 
 // TestBudgetSplits: a budget below the estimate of one run makes the batch
-// run in parts; one below a single sample is refused.
+// run in parts; one below the weights and a single sample makes the model
+// run in blocks.
 func TestBudgetSplits(t *testing.T) {
 	e, passes, bs := engineFor(t, "torch/cases/resnet_raw_pixels/model.onnx", "torch/cases/resnet_raw_pixels/batches")
 	mp, err := e.memoryPlan(passes, bs, nil)
@@ -202,19 +206,20 @@ func TestBudgetSplits(t *testing.T) {
 	}
 	defer func(f func() (int64, bool)) { memResident = f }(memResident)
 	memResident = func() (int64, bool) { return 0, false }
-	per := int64(partMargin * float64((mp.peak-mp.weights)/mp.samples))
-	e.MaxMemory = mp.weights + 2*per
-	if _, mp, err = e.Run(context.Background(), passes, bs); err != nil || mp.step != 2 {
+	per := int64(partMargin * float64((mp.peak-mp.weights-mp.rounded)/mp.samples))
+	e.MaxMemory = mp.weights + mp.rounded + 2*per
+	if _, mp, err = e.Run(context.Background(), passes, bs); err != nil || mp.step != 2 || mp.blocks != nil {
 		t.Fatalf("budget for 2 samples: %v, %v", mp, err)
 	}
 	if n := mp.Note(); !strings.Contains(n, "parts of 2 samples") || !strings.Contains(n, "--max-memory") {
 		t.Errorf("note %q", n)
 	}
-	e.MaxMemory = mp.weights + per/2
-	_, _, err = e.Run(context.Background(), passes, bs)
-	var be *BudgetError
-	if !errors.As(err, &be) || !strings.Contains(err.Error(), "one sample") {
-		t.Errorf("budget below one sample: %v", err)
+	e.MaxMemory = mp.weights + mp.rounded + per/2
+	if _, mp, err = e.Run(context.Background(), passes, bs); err != nil || mp.blocks == nil {
+		t.Fatalf("budget below the weights and one sample: %v, %v", mp, err)
+	}
+	if n := mp.Note(); !strings.Contains(n, "blocks of consecutive nodes") {
+		t.Errorf("note %q", n)
 	}
 }
 
@@ -234,12 +239,36 @@ func TestFixedBatchRefused(t *testing.T) {
 	}
 }
 
-// TestProbeCompletesEstimate: the benchmark transformer (a PyTorch export)
-// computes its attention reshapes from the data, so shape inference cannot
-// size the attention scores and the estimate is partial. Under a budget,
-// two runs of one and two samples measure them: the estimate grows to
-// count them, the batch runs in parts, and the note says the estimate is
-// complete.
+// padAttention writes a model whose attention-like values the shape
+// inference cannot size: x [N, 256, 64] → Pad (an op it does not know) →
+// scores p·pᵀ [N, 256, 256] → Softmax → ·p; it returns the model's path.
+func padAttention(t *testing.T, dir string) string {
+	g := &onnx.GraphProto{
+		Name: "pad_attention",
+		Node: []*onnx.NodeProto{
+			onnx.Node("Pad", "/Pad", []string{"x", "pads"}, []string{"p"}),
+			onnx.Node("Transpose", "/Transpose", []string{"p"}, []string{"pt"}, onnx.AttrInts("perm", 0, 2, 1)),
+			onnx.Node("MatMul", "/MatMul", []string{"p", "pt"}, []string{"s"}),
+			onnx.Node("Softmax", "/Softmax", []string{"s"}, []string{"sm"}, onnx.AttrInt("axis", -1)),
+			onnx.Node("MatMul", "/MatMul_1", []string{"sm", "p"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.Int64Tensor("pads", []int64{6}, make([]int64, 6))},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, "batch", 256, 64)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, "batch", 256, 64)},
+	}
+	path := filepath.Join(dir, "pad_attention.onnx")
+	if err := onnx.Save(onnx.NewModel(g, 17), path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestProbeCompletesEstimate: a model whose attention scores the shape
+// inference cannot size (they follow an op it does not know, as values
+// computed from the data would) makes the estimate partial. Under a
+// budget, two runs of one and two samples measure them: the estimate grows
+// to count them, the batch runs in parts, and the note says the estimate
+// is complete.
 func TestProbeCompletesEstimate(t *testing.T) {
 	x := make([]float32, 8*256*64)
 	for i := range x {
@@ -249,11 +278,12 @@ func TestProbeCompletesEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "x.npy")
+	dir := t.TempDir()
+	file := filepath.Join(dir, "x.npy")
 	if err := os.WriteFile(file, npy, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e, passes, bs := engineFor(t, "bench/transformer.onnx", file)
+	e, passes, bs := engineFor(t, padAttention(t, dir), file)
 	partial, err := e.memoryPlan(passes, bs, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -280,5 +310,163 @@ func TestProbeCompletesEstimate(t *testing.T) {
 	}
 	if n := mp.Note(); strings.Contains(n, "partial") || !strings.Contains(n, "parts of") {
 		t.Errorf("note %q", n)
+	}
+}
+
+// TestBlocksEqualWhole: the model cut into blocks of consecutive nodes,
+// each in a session of its own with the values crossing a cut handed on,
+// gives every pass's statistics of every value bit for bit as one session
+// does, whole batches and batches in parts alike (the last model's values
+// need the shape probe to merge parts).
+func TestBlocksEqualWhole(t *testing.T) {
+	dir := t.TempDir()
+	x := make([]float32, 3*256*64)
+	for i := range x {
+		x[i] = float32(i%11)/11 - 0.5
+	}
+	npy, err := batch.EncodeNPY(tensor.FromFloat32s("x", []int64{3, 256, 64}, x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "x.npy"), npy, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"models/mlp_dynamic.onnx", "batches/mlp_dynamic_b5.npy"}, {"models/torch_resnetish.onnx", "batches/torch_resnetish.npy"},
+		{"torch/cases/token_transformer_overflow/model.onnx", "torch/cases/token_transformer_overflow/batches"},
+		{"torch/cases/gpt_mask_additive_finfo/model.onnx", "torch/cases/gpt_mask_additive_finfo/batches"},
+		{"torch/cases/two_inputs_metadata/model.onnx", "torch/cases/two_inputs_metadata/batches"}, {"torch/cases/vit_tiny/model.onnx", "torch/cases/vit_tiny/batches"},
+		{padAttention(t, dir), filepath.Join(dir, "x.npy")}} {
+		t.Run(c[0], func(t *testing.T) {
+			e, passes, bs := engineFor(t, c[0], c[1])
+			for _, step := range []int64{0, 1} {
+				e.forceStep, e.forceBlocks = step, 0
+				whole, _, err := e.Run(context.Background(), passes, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.forceBlocks = 3
+				blocks, mp, err := e.Run(context.Background(), passes, bs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if mp.blocks == nil || len(mp.blocks.starts) != 3 {
+					t.Fatalf("step %d: ran in blocks %+v, want 3", step, mp.blocks)
+				}
+				if n := mp.Note(); !strings.Contains(n, "ran in 3 blocks") {
+					t.Errorf("the note does not say the model ran in blocks: %q", n)
+				}
+				for p := range passes {
+					if len(blocks[p].Stats) != len(whole[p].Stats) {
+						t.Errorf("step %d, %s: %d values in blocks, %d whole", step, passes[p].Name, len(blocks[p].Stats), len(whole[p].Stats))
+					}
+					for v, w := range whole[p].Stats {
+						if g := blocks[p].Stats[v]; *g != *w {
+							t.Errorf("step %d, %s %s: in blocks %+v, whole %+v", step, passes[p].Name, v, *g, *w)
+						}
+						if g, w := fmt.Sprint(blocks[p].Shapes[v]), fmt.Sprint(whole[p].Shapes[v]); g != w {
+							t.Errorf("step %d, %s %s: shape %s in blocks, %s whole", step, passes[p].Name, v, g, w)
+						}
+					}
+					for v, w := range whole[p].Diffs {
+						if g := blocks[p].Diffs[v]; *g != *w {
+							t.Errorf("step %d, %s %s: diff in blocks %+v, whole %+v", step, passes[p].Name, v, *g, *w)
+						}
+					}
+					// The graph outputs come back from the last block and
+					// compare with fp32's as they do in one session.
+					if passes[p].Ref != "" && (len(whole[p].Outputs) == 0 || len(blocks[p].Outputs) != len(whole[p].Outputs)) {
+						t.Errorf("step %d, %s: %d outputs compared in blocks, %d whole", step, passes[p].Name, len(blocks[p].Outputs), len(whole[p].Outputs))
+						continue
+					}
+					for k, w := range whole[p].Outputs {
+						if g := blocks[p].Outputs[k]; *g != *w || w.Samples == 0 {
+							t.Errorf("step %d, %s output %s: in blocks %+v, whole %+v", step, passes[p].Name, w.Name, *g, *w)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBudgetBelowWeights: a Llama-style decoder (4 layers, weights in an
+// external data file) under a budget of 60 % of its weights runs in blocks
+// cut between its layers, with the statistics of one session, and a budget
+// below its largest single node is refused naming both sizes.
+func TestBudgetBelowWeights(t *testing.T) {
+	e, passes, bs := engineFor(t, "bench/llama_tiny/model.onnx", "bench/llama_tiny/batches/input_ids.npy")
+	whole, _, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func() (int64, bool)) { memResident = f }(memResident)
+	memResident = func() (int64, bool) { return 0, false }
+	mp, err := e.memoryPlan(passes, bs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.MaxMemory = mp.weights * 6 / 10
+	blocks, mp, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mp.blocks == nil || len(mp.blocks.starts) < 2 {
+		t.Fatalf("a budget of %s for %s of weights ran in blocks %+v", FormatSize(e.MaxMemory), FormatSize(mp.weights), mp.blocks)
+	}
+	g := passes[0].Model.Graph
+	for b, s := range mp.blocks.starts[1:] {
+		name := g.Node[mp.prof.order[s]].Name
+		if !strings.Contains(name, "/input_layernorm/") && !strings.Contains(name, "/post_attention_layernorm/") && !strings.HasPrefix(name, "/model/norm/") {
+			t.Errorf("block %d starts at %s, not at a layer's norm", b+1, name)
+		}
+		if c := mp.blocks.cost[b]; c > e.MaxMemory {
+			t.Errorf("block %d estimated at %s, over the budget of %s", b, FormatSize(c), FormatSize(e.MaxMemory))
+		}
+	}
+	if n := mp.Note(); !strings.Contains(n, fmt.Sprintf("ran in %d blocks", len(mp.blocks.starts))) || !strings.Contains(n, "--max-memory") || strings.Contains(n, "partial") {
+		t.Errorf("note %q", n)
+	}
+	for p := range passes {
+		for v, w := range whole[p].Stats {
+			if g := blocks[p].Stats[v]; *g != *w {
+				t.Errorf("%s %s: in blocks %+v, whole %+v", passes[p].Name, v, *g, *w)
+			}
+		}
+	}
+	e.MaxMemory = mp.weights / 10
+	_, _, err = e.Run(context.Background(), passes, bs)
+	var be *BudgetError
+	if !errors.As(err, &be) || !strings.Contains(err.Error(), "alone needs an estimated") || !strings.Contains(err.Error(), FormatSize(e.MaxMemory)) {
+		t.Errorf("budget below one node: %v", err)
+	}
+}
+
+// TestHandOverEqualsCopy: weights the model stores inline, handed to ONNX
+// Runtime over the loaded model's memory, give the statistics ONNX
+// Runtime's own copy gives, and the estimate counts them with what the
+// process already holds.
+func TestHandOverEqualsCopy(t *testing.T) {
+	e, passes, bs := engineFor(t, "torch/cases/resnet_raw_pixels/model.onnx", "torch/cases/resnet_raw_pixels/batches")
+	handed, mp, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mp.handed == 0 {
+		t.Fatal("no weight was handed over")
+	}
+	e.ModelFile = ""
+	copied, mc, err := e.Run(context.Background(), passes, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.handed != 0 || mc.weights != mp.weights+mp.handed {
+		t.Errorf("weights %d and %d handed over, without: %d and %d", mp.weights, mp.handed, mc.weights, mc.handed)
+	}
+	for p := range passes {
+		for v, w := range copied[p].Stats {
+			if g := handed[p].Stats[v]; *g != *w {
+				t.Errorf("%s %s: handed over %+v, copied %+v", passes[p].Name, v, *g, *w)
+			}
+		}
 	}
 }

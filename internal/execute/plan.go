@@ -8,6 +8,7 @@ import (
 	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/shapes"
+	"fp16audit/internal/statsop"
 	"fp16audit/internal/tensor"
 )
 
@@ -16,10 +17,18 @@ import (
 // own scratch memory and everything else on the machine.
 const DefaultMemoryFraction = 0.5
 
-// emulatedFactor is how much more than the reference pass an emulated pass
-// holds at once: each value it rounds lives briefly in both its raw and its
-// rounded form.
-const emulatedFactor = 1.5
+// What the passes side by side hold, per byte the reference pass's values
+// hold: an emulated pass holds each value it rounds in both its raw and
+// its rounded form (emulatedFactor), and passes compared with each other
+// keep each reference value until the Observe node that compares it has
+// read every pass's copy (comparedExtra). Measured on the bench
+// transformer's attention in parts of a [32, 1024, 64] batch: 2.9 times
+// the reference pass for fp32 and fp16 side by side, 3.7 with bf16, within
+// the 1.3 of partMargin.
+const (
+	emulatedFactor = 1.5
+	comparedExtra  = 0.5
+)
 
 // partMargin is the memory a run in parts holds per sample beyond the
 // estimate, as a factor: ONNX Runtime's arena grows in doubling regions and
@@ -31,8 +40,11 @@ const partMargin = 1.3
 // MemoryPlan is the memory side of running a set of passes: the estimate
 // of one run, the budget, and how many samples each run takes.
 type MemoryPlan struct {
-	passes   []string
+	passes []string
+	// weights are the weights ONNX Runtime holds; handed those the
+	// sessions take over the loaded model's memory (in resident).
 	weights  int64
+	handed   int64
 	peak     int64 // the costliest batch run whole, weights included
 	resident int64 // the process's memory before the passes start
 	samples  int64 // its samples
@@ -48,6 +60,26 @@ type MemoryPlan struct {
 	// runs one batch takes.
 	step  int64
 	parts int
+	// rounded is the most the emulated passes' rounded copies of one
+	// node's weights hold at once (each lives until its node has run);
+	// roundedBy gives it per model node.
+	rounded   int64
+	roundedBy map[int]int64
+	// prof is the costliest batch's memory along the model's order, and
+	// all the number of samples of every batch: what a cut into blocks
+	// is planned from.
+	prof *profile
+	all  int64
+	// blocks, when set, cuts the model into blocks that run one after
+	// another, each in a session holding only its own weights.
+	blocks *blockPlan
+	// factor is what the passes side by side hold per byte of the
+	// reference pass's values.
+	factor float64
+	// inferred holds each batch's shapes of the model's values, complete
+	// when unknown is 0; nodeName names a node of the model in messages.
+	inferred []map[string][]int64
+	nodeName func(int) string
 }
 
 // subBatch is the number of samples one run of a batch of size samples
@@ -63,20 +95,31 @@ func (m *MemoryPlan) subBatch(size int64) int64 {
 // "" when the batches ran whole and the estimate is complete or far below
 // the budget, which needs no comment.
 func (m *MemoryPlan) Note() string {
-	if m.parts <= 1 && (m.unknown == 0 || m.budget <= 0 || 2*(m.resident+m.peak) < m.budget) {
+	if m.parts <= 1 && m.blocks == nil && (m.unknown == 0 || m.budget <= 0 || 2*(m.resident+m.peak) < m.budget) {
 		return ""
 	}
 	s := fmt.Sprintf("memory estimate: %s for one run of the %d pass(es) %s side by side on %d samples (weights %s, shared)",
 		FormatSize(m.peak), len(m.passes), strings.Join(m.passes, ", "), m.samples, FormatSize(m.weights))
+	if m.handed > 0 {
+		s += fmt.Sprintf(", besides the %s of weights the loaded model holds and ONNX Runtime reads in place", FormatSize(m.handed))
+	}
 	if m.unknown > 0 {
 		s += fmt.Sprintf("; partial: %d value(s) of unknown size are not counted", m.unknown)
 	}
+	how := "--max-memory"
+	if !m.explicit {
+		how = fmt.Sprintf("the default: %.0f%% of the %s available", 100*DefaultMemoryFraction, FormatSize(m.avail))
+	}
+	var ran []string
+	if bp := m.blocks; bp != nil {
+		ran = append(ran, fmt.Sprintf("the model ran in %d blocks of consecutive nodes, one session at a time holding only its block's weights (the largest block estimated at %s)",
+			bp.ran, FormatSize(slices.Max(bp.cost))))
+	}
 	if m.parts > 1 {
-		how := "--max-memory"
-		if !m.explicit {
-			how = fmt.Sprintf("the default: %.0f%% of the %s available", 100*DefaultMemoryFraction, FormatSize(m.avail))
-		}
-		s += fmt.Sprintf("; with %s in use before the passes, over the budget of %s (%s), so each batch ran in parts of %d samples", FormatSize(m.resident), FormatSize(m.budget), how, m.step)
+		ran = append(ran, fmt.Sprintf("each batch ran in parts of %d samples", m.step))
+	}
+	if len(ran) > 0 {
+		s += fmt.Sprintf("; with %s in use before the passes, over the budget of %s (%s), so %s", FormatSize(m.resident), FormatSize(m.budget), how, strings.Join(ran, " and "))
 	}
 	return s
 }
@@ -99,10 +142,40 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range base.Initializer {
-		m.weights += onnx.TensorBytes(t)
+	// The weights ONNX Runtime holds: those a session hands over over the
+	// loaded model's memory are counted in what the process holds already.
+	weight := func(t *onnx.TensorProto) int64 {
+		if e.handsOver() && statsop.HandsOver(t) {
+			return 0
+		}
+		return onnx.TensorBytes(t)
 	}
-	factor := 1 + emulatedFactor*float64(len(passes)-1)
+	for _, t := range base.Initializer {
+		if b := weight(t); b > 0 {
+			m.weights += b
+		} else {
+			m.handed += onnx.TensorBytes(t)
+		}
+	}
+	m.nodeName = idx.NodeLabel
+	if m.roundedBy, err = roundedWeights(passes, e.Nodes); err != nil {
+		return nil, err
+	}
+	for _, b := range m.roundedBy {
+		m.rounded = max(m.rounded, b)
+	}
+	factor := 0.0
+	for _, p := range passes {
+		if rounds(p.Model.Graph) {
+			factor += emulatedFactor
+		} else {
+			factor++
+		}
+	}
+	if len(passes) > 1 {
+		factor += comparedExtra
+	}
+	m.factor = factor
 	for _, b := range batches {
 		in := map[string][]int64{}
 		for k, t := range b.Inputs {
@@ -113,8 +186,9 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 			known = probe.full(b.Size())
 		}
 		sh := shapes.Infer(base, idx, in, known)
-		live, unknown := liveBytes(base, idx, sh)
-		m.unknown = max(m.unknown, unknown)
+		m.inferred = append(m.inferred, sh)
+		prof := newProfile(base, idx, sh, weight)
+		m.unknown = max(m.unknown, prof.unknown)
 		var inputs int64
 		for _, t := range b.Inputs {
 			inputs += int64(len(t.Data))
@@ -122,9 +196,10 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		// Every pass's graph outputs come back as a FLOAT copy, held with
 		// the values until the run ends.
 		fetched := int64(len(passes)) * outputBytes(base, sh)
-		if peak := m.weights + inputs + int64(factor*float64(live)) + fetched; peak > m.peak {
-			m.peak, m.samples = peak, b.Size()
+		if peak := m.weights + m.rounded + inputs + int64(factor*float64(prof.peak())) + fetched; peak > m.peak {
+			m.peak, m.samples, m.prof = peak, b.Size(), prof
 		}
+		m.all += b.Size()
 	}
 	m.resident = e.resident
 	var ok bool
@@ -141,28 +216,60 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 	m.parts = 1
 	m.probed = probe != nil
 	m.splittable = crossSample(base, e.Inputs) == ""
-	if e.forceStep > 0 && crossSample(base, e.Inputs) == "" {
+	if e.forceStep > 0 && m.splittable {
 		m.step = e.forceStep
+		m.parts = int((m.samples + m.step - 1) / m.step)
+	}
+	if e.forceBlocks > 0 {
+		m.blocks = m.cutEvery(e.forceBlocks)
+		return m, nil
+	}
+	if e.forceStep > 0 || m.budget <= 0 || m.resident+m.peak <= m.budget {
+		return m, nil
+	}
+	perSample := int64(partMargin * float64((m.peak-m.weights-m.rounded)/max(m.samples, 1)))
+	room := m.budget - m.resident - m.weights - m.rounded
+	if m.splittable && perSample > 0 && room >= perSample {
+		m.step = room / perSample
 		m.parts = int((m.samples + m.step - 1) / m.step)
 		return m, nil
 	}
-	if m.budget <= 0 || m.resident+m.peak <= m.budget {
-		return m, nil
+	// The weights and one run do not fit together: the model runs in
+	// blocks of consecutive nodes, each session holding only its own
+	// weights; whole batches if the blocks fit them, else in parts.
+	var tight *blockError
+	for step := m.samples; step >= 1; step = (step + 1) / 2 {
+		bp, err := m.cut(step)
+		if err == nil {
+			m.blocks = bp
+			if step < m.samples {
+				m.step = step
+				m.parts = int((m.samples + m.step - 1) / m.step)
+			}
+			return m, nil
+		}
+		tight = err
+		if !m.splittable || step == 1 {
+			break
+		}
 	}
 	if why := crossSample(base, e.Inputs); why != "" {
-		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s but the budget is %s (%s), and the batch cannot run in parts because %s; audit smaller batches or pass a larger --max-memory",
-			FormatSize(m.resident+m.peak), FormatSize(m.budget), m.budgetSource(), why)}
+		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s but the budget is %s (%s); even in blocks of consecutive nodes %s, and the batch cannot run in parts because %s; audit smaller batches or pass a larger --max-memory",
+			FormatSize(m.resident+m.peak), FormatSize(m.budget), m.budgetSource(), tight.Error(), why)}
 	}
-	perSample := int64(partMargin * float64((m.peak-m.weights)/max(m.samples, 1)))
-	room := m.budget - m.resident - m.weights
-	if perSample <= 0 || room < perSample {
-		return nil, &BudgetError{Err: fmt.Errorf("the audit needs an estimated %s for one sample (%s of weights, %s per sample in %d pass(es), %s in use before the passes) but the budget is %s (%s); %s",
-			FormatSize(m.resident+m.weights+perSample), FormatSize(m.weights), FormatSize(perSample), len(passes), FormatSize(m.resident), FormatSize(m.budget), m.budgetSource(),
-			"pass a larger --max-memory, or audit on a machine with more memory")}
+	return nil, &BudgetError{Err: fmt.Errorf("the audit does not fit the budget of %s (%s) even one sample at a time in blocks of consecutive nodes: %s (%s in use before the passes); pass a larger --max-memory, or audit on a machine with more memory",
+		FormatSize(m.budget), m.budgetSource(), tight.Error(), FormatSize(m.resident))}
+}
+
+// rounds reports whether a pass's graph rounds values to half precision
+// (an emulated pass; the fp32 reference is upcast and rounds nothing).
+func rounds(g *onnx.GraphProto) bool {
+	for _, n := range g.Node {
+		if n.OpType == "Cast" && onnx.IsDefaultDomain(n.Domain) && onnx.IsHalfType(int32(onnx.IntAttr(n, "to", 0))) {
+			return true
+		}
 	}
-	m.step = room / perSample
-	m.parts = int((m.samples + m.step - 1) / m.step)
-	return m, nil
+	return false
 }
 
 // probeBatch returns the batch whose two-sample probe would complete a
@@ -190,55 +297,6 @@ func (m *MemoryPlan) budgetSource() string {
 		return fmt.Sprintf("the %s available per %s", FormatSize(m.avail), m.availSrc)
 	}
 	return fmt.Sprintf("%.0f%% of the %s available per %s", 100*DefaultMemoryFraction, FormatSize(m.avail), m.availSrc)
-}
-
-// liveBytes is the most memory the values of g hold at once when its nodes
-// run in topological order and every value dies after its last reader,
-// and the number of values whose size is unknown.
-func liveBytes(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64) (int64, int) {
-	size := func(name string) (int64, bool) {
-		s, ok := sh[name]
-		if !ok {
-			return 0, false
-		}
-		es := int64(tensor.DType(idx.ElemType(name)).Size())
-		if es == 0 {
-			es = 4
-		}
-		return tensor.NumElements(s) * es, true
-	}
-	readers := map[string]int{}
-	for _, n := range g.Node {
-		for _, in := range n.Input {
-			readers[in]++
-		}
-	}
-	var live, peak int64
-	unknown := 0
-	for _, ni := range idx.Order() {
-		n := g.Node[ni]
-		for _, o := range n.Output {
-			if o == "" {
-				continue
-			}
-			b, ok := size(o)
-			if !ok {
-				unknown++
-			}
-			live += b
-		}
-		peak = max(peak, live)
-		for _, in := range n.Input {
-			if in == "" || idx.Producer(in) < 0 {
-				continue
-			}
-			if readers[in]--; readers[in] == 0 {
-				b, _ := size(in)
-				live -= b
-			}
-		}
-	}
-	return peak, unknown
 }
 
 // outputBytes is the size of g's graph outputs as FLOAT, as far as sh

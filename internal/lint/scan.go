@@ -217,6 +217,12 @@ func scanProto(t *onnx.TensorProto, baseDir string) (Stats, bool, error) {
 			return s, true, nil
 		}
 	}
+	if t.GetDataLocation() == onnx.TensorProto_EXTERNAL {
+		// A model's weights: read in pieces, never held.
+		var s Stats
+		err := onnx.ScanExternal(t, baseDir, func(b []byte) { scanInto(&s, dt, b) })
+		return s, err == nil, err
+	}
 	d, err := onnx.DecodeTensor(t, baseDir)
 	if err != nil {
 		return Stats{}, false, err
@@ -228,6 +234,12 @@ func scanProto(t *onnx.TensorProto, baseDir string) (Stats, bool, error) {
 // type.
 func scanBytes(dt tensor.DType, data []byte) Stats {
 	var s Stats
+	scanInto(&s, dt, data)
+	return s
+}
+
+// scanInto adds little-endian elements of a float type to s.
+func scanInto(s *Stats, dt tensor.DType, data []byte) {
 	le := binary.LittleEndian
 	switch dt {
 	case tensor.Float32:
@@ -247,7 +259,6 @@ func scanBytes(dt tensor.DType, data []byte) Stats {
 			s.add(float64(math.Float32frombits(uint32(le.Uint16(data[i:])) << 16)))
 		}
 	}
-	return s
 }
 
 // scalarValue returns the value of a constant with exactly one element,

@@ -156,6 +156,43 @@ func (ix *Index) ImplicitInputs(i int) []string { return ix.implicit[i] }
 // already in order keeps its file order.
 func (ix *Index) Order() []int { return slices.Clone(ix.order) }
 
+// randomOps draw random numbers: two copies of one give different values.
+var randomOps = map[string]bool{
+	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true, "RandomUniformLike": true,
+	"Bernoulli": true, "Multinomial": true,
+}
+
+// ConstantNodes reports, per node, whether its outputs are constants:
+// computed from initializers and Constant nodes alone, never from a graph
+// input, by ops that draw no random numbers, so that any copy of the node
+// computes the same values (a Constant, an Identity of a weight, a shape
+// computed from a weight). Nodes of other domains count only where pure
+// says so (nil: none).
+func (ix *Index) ConstantNodes(pure func(*NodeProto) bool) []bool {
+	nodes := ix.g.GetNode()
+	out := make([]bool, len(nodes))
+	inputs := map[string]bool{}
+	for _, vi := range ix.GraphInputs() {
+		inputs[vi.GetName()] = true
+	}
+	for _, i := range ix.order {
+		n := nodes[i]
+		c := (IsDefaultDomain(n.GetDomain()) && !randomOps[n.GetOpType()]) || (pure != nil && pure(n))
+		for _, in := range append(slices.Clone(n.GetInput()), ix.implicit[i]...) {
+			if in == "" || !c {
+				continue
+			}
+			if p := ix.Producer(in); p >= 0 {
+				c = out[p]
+			} else {
+				c = !inputs[in] && ix.IsInitializer(in)
+			}
+		}
+		out[i] = c
+	}
+	return out
+}
+
 // IsInitializer reports whether name is a dense or sparse initializer.
 func (ix *Index) IsInitializer(name string) bool {
 	_, dense := ix.inits[name]

@@ -319,3 +319,48 @@ func readExternal(t *TensorProto, baseDir string, want int64) ([]byte, error) {
 	}
 	return buf, nil
 }
+
+// externalChunk is the piece of an external tensor ScanExternal reads at a
+// time: large enough for the file system, small enough that scanning a
+// multi-GB weight file holds almost nothing.
+const externalChunk = 4 << 20
+
+// ScanExternal passes the bytes of t, a tensor stored as external data,
+// to fn in consecutive pieces of whole elements, read through one buffer
+// of a few MiB: a scan over every weight of a model holds none of them, where
+// DecodeTensor would hold each in turn (and the page cache, not the process,
+// keeps what was read). The file and range are checked as DecodeTensor
+// checks them.
+func ScanExternal(t *TensorProto, baseDir string, fn func([]byte)) error {
+	dtype, ok := supportedDType[TensorProto_DataType(t.GetDataType())]
+	if !ok {
+		return fmt.Errorf("%s: element type %s is not supported (fp16audit decodes bool, integer and float tensors)", tensorLabel(t), DataTypeName(t.GetDataType()))
+	}
+	n, err := elementCount(t)
+	if err != nil {
+		return err
+	}
+	size := int64(dtype.Size())
+	if n > math.MaxInt64/size {
+		return fmt.Errorf("%s: shape %v is too large", tensorLabel(t), t.GetDims())
+	}
+	path, ref, err := checkExternal(t, baseDir, n*size)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", tensorLabel(t), err)
+	}
+	defer f.Close()
+	buf := make([]byte, min(ref.length, externalChunk/size*size))
+	for off := int64(0); off < ref.length; {
+		k := min(int64(len(buf)), ref.length-off)
+		if _, err := f.ReadAt(buf[:k], ref.offset+off); err != nil {
+			return fmt.Errorf("%s: read external data %q: %w", tensorLabel(t), ref.location, err)
+		}
+		fn(buf[:k])
+		off += k
+	}
+	return nil
+}

@@ -59,6 +59,21 @@ type Plan struct {
 	Records int
 	Token   string
 	Fetch   []Fetch
+	// Origin gives, for each node of Model.Graph, the index in its pass's
+	// graph of the node it copies, or -1 for a node Combine adds (the
+	// rounding, casting and Observe nodes): what Split needs to place the
+	// nodes of every pass along the model's order.
+	Origin []int
+	// Hand is set in a block of a split plan (Split): the values its graph
+	// returns for later blocks, the last token among them. A whole plan's
+	// one output is Token.
+	Hand []string
+	// Declared, when set, names a file in the session's external-data
+	// folder (the model's own file) that the weights HandsOver takes are
+	// declared to lie in: a session then hands them to ONNX Runtime over
+	// the loaded model's memory instead of letting it copy them. "" hands
+	// nothing over.
+	Declared string
 }
 
 const (
@@ -106,6 +121,7 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 	// made[p] maps the model's value names made in pass p to their names in
 	// the combined graph.
 	made := make([]map[string]string, len(passes))
+	origin := map[*onnx.NodeProto]int{}
 	for p, ps := range passes {
 		if ps.Ref >= p || ps.Ref < -1 {
 			return nil, fmt.Errorf("combine: pass %s compares with pass %d, which does not come before it", ps.Name, ps.Ref)
@@ -160,12 +176,16 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 		}
 		if p == 0 {
 			for i, n := range pg.Node {
-				g.Node = append(g.Node, seeded(n, i))
+				c := seeded(n, i)
+				origin[c] = i
+				g.Node = append(g.Node, c)
 			}
 			g.ValueInfo = append(g.ValueInfo, pg.ValueInfo...)
 		} else {
 			for i, n := range pg.Node {
-				g.Node = append(g.Node, renameNode(seeded(n, i), rename, suffix))
+				c := renameNode(seeded(n, i), rename, suffix)
+				origin[c] = i
+				g.Node = append(g.Node, c)
 			}
 			for _, vi := range pg.ValueInfo {
 				if r, ok := rename[vi.Name]; ok {
@@ -271,6 +291,14 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 			g.Output = append(g.Output, &onnx.ValueInfoProto{Name: f, Type: &onnx.TypeProto{Value: &onnx.TypeProto_TensorType{
 				TensorType: &onnx.TypeProto_Tensor{ElemType: elemFloat}}}})
 			plan.Fetch = append(plan.Fetch, Fetch{Name: f, Value: vi.Name, Pass: p})
+		}
+	}
+	plan.Origin = make([]int, len(g.Node))
+	for i, n := range g.Node {
+		if o, ok := origin[n]; ok {
+			plan.Origin[i] = o
+		} else {
+			plan.Origin[i] = -1
 		}
 	}
 	plan.Model = &onnx.ModelProto{

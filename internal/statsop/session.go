@@ -7,25 +7,30 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"maps"
+	"strconv"
 	"sync"
 	"unsafe"
 
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/tensor"
 )
 
 // Session runs a Plan: the Observe nodes write the records of every run
 // into a record sink this session owns (C memory, registered with the
 // operator), so a run allocates nothing for them and only the plan's one
-// token and the graph outputs of the passes (plan.Fetch) leave ONNX
-// Runtime. It is not for concurrent use: each Run overwrites the records
-// and the outputs of the last.
+// token leaves ONNX Runtime. It is not for concurrent use: each Run
+// overwrites the records of the last.
 type Session struct {
 	s    *ortcapi.Session
 	plan *Plan
 	sink C.int64_t
 	rec  []int64 // over the C buffer
 	buf  unsafe.Pointer
+	// weights are the initializers handed to ONNX Runtime over the
+	// model's own memory (HandsOver), released with the session.
+	weights []*ortcapi.Value
 	// fetched holds the last Run's values of plan.Fetch.
 	fetched []*ortcapi.Value
 }
@@ -49,7 +54,12 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 		ss.Close()
 		return nil, fmt.Errorf("too many statistics sessions open at once")
 	}
-	data, err := onnx.Marshal(withSink(plan.Model, int64(ss.sink)))
+	m, err := ss.handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, &opts)
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	data, err := onnx.Marshal(m)
 	if err != nil {
 		ss.Close()
 		return nil, err
@@ -57,18 +67,71 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 	// ONNX Runtime adds a custom domain to a process-wide schema registry
 	// while it creates a session; two sessions created at once race there
 	// ("the domain is already exist"), so creations take turns.
-	outs := []string{plan.Token}
-	for _, f := range plan.Fetch {
-		outs = append(outs, f.Name)
-	}
 	creating.Lock()
-	ss.s, err = rt.NewSession(data, inputs, outs, opts)
+	ss.s, err = rt.NewSession(data, inputs, plan.outputs(), opts)
 	creating.Unlock()
 	if err != nil {
 		ss.Close()
 		return nil, err
 	}
 	return ss, nil
+}
+
+// handOverMin is the smallest initializer HandsOver hands over: below it
+// ONNX Runtime's copy costs less than the bookkeeping.
+const handOverMin = 64 << 10
+
+// HandsOver reports whether a session hands initializer t to ONNX Runtime
+// over the memory that holds it in the loaded model, instead of letting
+// ONNX Runtime copy it from the serialized graph: a large tensor of a
+// numeric type in raw_data (a model's weights when they are not in an
+// external data file, which ONNX Runtime maps itself). The process then
+// holds such weights once, in the model the audit loaded.
+func HandsOver(t *onnx.TensorProto) bool {
+	return t.GetDataLocation() != onnx.TensorProto_EXTERNAL && len(t.GetRawData()) >= handOverMin &&
+		tensor.DType(t.GetDataType()).Size() > 0 && int64(len(t.GetRawData())) == onnx.TensorBytes(t)
+}
+
+// handOver returns m with the initializers HandsOver takes replaced by
+// declarations, and adds them to opts as tensors over their bytes, which
+// the session releases when it closes. ONNX Runtime takes a weight given
+// to the session (AddInitializer) without a copy only in place of one the
+// graph declares, and it checks an embedded one's data: the declaration
+// says the weight lies in the plan's Declared file, which ONNX Runtime
+// finds but never reads. The initializers a node updates in place (a
+// training-mode BatchNorm's running statistics) are left to ONNX Runtime's
+// own copy.
+func (ss *Session) handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *ortcapi.Options) (*onnx.ModelProto, error) {
+	if declared == "" {
+		return m, nil
+	}
+	written := writtenInPlace(m.Graph)
+	var out *onnx.ModelProto
+	for i, t := range m.Graph.Initializer {
+		if !HandsOver(t) || written[t.Name] {
+			continue
+		}
+		v, err := rt.NewTensor(ortcapi.ElemType(t.DataType), t.Dims, unsafe.Pointer(unsafe.SliceData(t.RawData)), len(t.RawData))
+		if err != nil {
+			return nil, fmt.Errorf("initializer %q: %w", t.Name, err)
+		}
+		ss.weights = append(ss.weights, v)
+		if out == nil {
+			out = onnx.ShallowCopy(m)
+			opts.Initializers = maps.Clone(opts.Initializers)
+			if opts.Initializers == nil {
+				opts.Initializers = map[string]*ortcapi.Value{}
+			}
+		}
+		opts.Initializers[t.Name] = v
+		out.Graph.Initializer[i] = &onnx.TensorProto{Name: t.Name, DataType: t.DataType, Dims: t.Dims, DataLocation: onnx.TensorProto_EXTERNAL,
+			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: declared}, {Key: "offset", Value: "0"},
+				{Key: "length", Value: strconv.Itoa(len(t.RawData))}}}
+	}
+	if out == nil {
+		return m, nil
+	}
+	return out, nil
 }
 
 // creating serialises session creation (see NewSession).
@@ -92,17 +155,29 @@ func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	return out
 }
 
+// outputs are the names a session of p returns: its token and the
+// passes' graph outputs (Fetch), or the values a block hands on (among
+// them, in the last block, the graph outputs).
+func (p *Plan) outputs() []string {
+	if len(p.Hand) > 0 {
+		return p.Hand
+	}
+	outs := []string{p.Token}
+	for _, f := range p.Fetch {
+		outs = append(outs, f.Name)
+	}
+	return outs
+}
+
 // Run runs the plan on inputs (in the session's input order). Record and
-// Fetched then hold the records and outputs until the next Run.
+// Fetched then hold the records and the graph outputs until the next Run.
 func (s *Session) Run(inputs []*ortcapi.Value) error {
 	s.release()
-	outs := make([]*ortcapi.Value, 1+len(s.plan.Fetch))
-	if err := s.s.Run(inputs, outs); err != nil {
+	outs, err := s.RunHand(inputs)
+	if err != nil {
 		return err
 	}
-	if outs[0] != nil {
-		outs[0].Release()
-	}
+	outs[0].Release()
 	s.fetched = outs[1:]
 	return nil
 }
@@ -113,13 +188,18 @@ func (s *Session) Fetched(i int) ([]float32, []int64, error) {
 	if i >= len(s.fetched) || s.fetched[i] == nil {
 		return nil, nil, fmt.Errorf("output %q of pass %d: not fetched", s.plan.Fetch[i].Value, s.plan.Fetch[i].Pass)
 	}
-	v := s.fetched[i]
+	return floats(s.plan.Fetch[i].Value, s.fetched[i])
+}
+
+// floats returns the elements and shape of a FLOAT value ONNX Runtime
+// returned, over its memory: valid while v is.
+func floats(name string, v *ortcapi.Value) ([]float32, []int64, error) {
 	t, shape, err := v.Info()
 	if err != nil {
 		return nil, nil, err
 	}
 	if t != ortcapi.Float32 {
-		return nil, nil, fmt.Errorf("output %q: element type %d, want FLOAT", s.plan.Fetch[i].Value, t)
+		return nil, nil, fmt.Errorf("output %q: element type %d, want FLOAT", name, t)
 	}
 	n := int64(1)
 	for _, d := range shape {
@@ -135,12 +215,23 @@ func (s *Session) Fetched(i int) ([]float32, []int64, error) {
 	return unsafe.Slice((*float32)(p), n), shape, nil
 }
 
-// release frees the outputs of the last Run.
+// release frees the graph outputs of the last Run.
 func (s *Session) release() {
 	for _, v := range s.fetched {
 		v.Release()
 	}
 	s.fetched = nil
+}
+
+// RunHand runs the plan like Run and returns what its graph returns, in
+// the order of the plan's Hand (the token, for a whole plan), for the
+// caller to release.
+func (s *Session) RunHand(inputs []*ortcapi.Value) ([]*ortcapi.Value, error) {
+	outs := make([]*ortcapi.Value, len(s.plan.outputs()))
+	if err := s.s.Run(inputs, outs); err != nil {
+		return nil, err
+	}
+	return outs, nil
 }
 
 // Record returns record row of output i from the last Run (the pass
@@ -188,4 +279,8 @@ func (s *Session) Close() {
 		C.free(s.buf)
 		s.buf, s.rec = nil, nil
 	}
+	for _, v := range s.weights {
+		v.Release()
+	}
+	s.weights = nil
 }

@@ -48,8 +48,12 @@ var reduceOps = map[string]bool{
 type shapeInference struct {
 	idx    *onnx.Index
 	shapes map[string][]int64
-	ints   map[string][]int64 // values of small int64 tensors computed here (Shape, Concat of them)
+	ints   map[string][]int64 // values of small integer tensors computed here (Shape and the arithmetic on it)
 }
+
+// maxInts is the most elements of an integer value whose contents the
+// inference follows: shapes and the indices computed from them.
+const maxInts = 64
 
 // Infer returns the concrete shape of every value of g it can derive
 // from inputs (graph input name → actual shape), the initializers and the
@@ -75,6 +79,9 @@ func Infer(g *onnx.GraphProto, idx *onnx.Index, inputs, known map[string][]int64
 	for _, ni := range idx.Order() {
 		n := g.GetNode()[ni]
 		outs := si.node(n)
+		if len(n.GetOutput()) == 1 && n.GetOutput()[0] != "" {
+			si.fold(n, outs)
+		}
 		for k, o := range n.GetOutput() {
 			if o == "" {
 				continue
@@ -137,8 +144,13 @@ func (si *shapeInference) constInts(n *onnx.NodeProto, k int) ([]int64, bool) {
 	if v, ok := si.ints[name]; ok {
 		return v, true
 	}
+	// Only small tensors are decoded: a weight (possibly external data)
+	// is never a shape.
+	if s, ok := si.shapes[name]; !ok || tensor.NumElements(s) > maxInts {
+		return nil, false
+	}
 	t, err := si.idx.ConstantValue(name)
-	if err != nil || t.DType != tensor.Int64 || len(t.Data) > 8*64 {
+	if err != nil || t.DType != tensor.Int64 || len(t.Data) > 8*maxInts {
 		return nil, false
 	}
 	v, err := t.Int64s()
@@ -162,7 +174,7 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 	switch {
 	case op == "Constant":
 		if t, err := si.idx.ConstantValue(n.GetOutput()[0]); err == nil {
-			if t.DType == tensor.Int64 && len(t.Data) <= 8*64 {
+			if t.DType == tensor.Int64 && len(t.Data) <= 8*maxInts {
 				si.ints[n.GetOutput()[0]], _ = t.Int64s()
 			}
 			return [][]int64{nonNilDims(t.Shape)}
@@ -376,6 +388,21 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			out[a] = sliceLen(x[a], starts[i], ends[i], steps[i])
 		}
 		return [][]int64{out}
+	case "Split":
+		return si.split(n, x)
+	case "ConstantOfShape":
+		if shape, ok := si.constInts(n, 0); ok {
+			return [][]int64{shape}
+		}
+		return nil
+	case "Range":
+		start, ok1 := si.constInts(n, 0)
+		limit, ok2 := si.constInts(n, 1)
+		delta, ok3 := si.constInts(n, 2)
+		if !ok1 || !ok2 || !ok3 || len(start) != 1 || len(limit) != 1 || len(delta) != 1 || delta[0] == 0 {
+			return nil
+		}
+		return [][]int64{{rangeLen(start[0], limit[0], delta[0])}}
 	case "Shape":
 		if x == nil {
 			return nil
@@ -694,4 +721,197 @@ func sliceLen(dim, start, end, step int64) int64 {
 		return 0
 	}
 	return (start - end - step - 1) / -step
+}
+
+// rangeLen is the number of elements of Range(start, limit, delta).
+func rangeLen(start, limit, delta int64) int64 {
+	d := limit - start
+	if delta < 0 {
+		d, delta = -d, -delta
+	}
+	return max((d+delta-1)/delta, 0)
+}
+
+// fold computes the contents of n's one output when it is a small integer
+// tensor made from others whose contents are known: the arithmetic PyTorch
+// exports write around Shape (`x.shape[-1] // 2`, the masks' Range and
+// ConstantOfShape, expand's Where(Equal(shape, -1), ...)) so that the
+// Reshape, Expand and Slice reading it get their shapes. outs are the
+// output shapes node inferred.
+func (si *shapeInference) fold(n *onnx.NodeProto, outs [][]int64) {
+	if !onnx.IsDefaultDomain(n.GetDomain()) || len(outs) != 1 || outs[0] == nil || tensor.NumElements(outs[0]) > maxInts {
+		return
+	}
+	out := n.GetOutput()[0]
+	if _, ok := si.ints[out]; ok {
+		return
+	}
+	size := int(tensor.NumElements(outs[0]))
+	args := make([][]int64, len(n.GetInput()))
+	for k := range args {
+		v, ok := si.constInts(n, k)
+		if !ok && n.GetInput()[k] != "" {
+			return
+		}
+		args[k] = v
+	}
+	var v []int64
+	switch op := n.GetOpType(); op {
+	case "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten":
+		v = args[0]
+	case "Cast":
+		switch tensor.DType(onnx.IntAttr(n, "to", 0)) {
+		case tensor.Int64, tensor.Int32, tensor.Int16, tensor.Int8, tensor.Uint8, tensor.Uint16, tensor.Uint32, tensor.Uint64:
+			v = args[0]
+		case tensor.Bool:
+			v = apply(size, [][]int64{args[0]}, func(a []int64) int64 { return b2i(a[0] != 0) })
+		}
+	case "Neg":
+		v = apply(size, args, func(a []int64) int64 { return -a[0] })
+	case "Abs":
+		v = apply(size, args, func(a []int64) int64 { return max(a[0], -a[0]) })
+	case "Not":
+		v = apply(size, args, func(a []int64) int64 { return b2i(a[0] == 0) })
+	case "Add":
+		v = apply(size, args, func(a []int64) int64 { return a[0] + a[1] })
+	case "Sub":
+		v = apply(size, args, func(a []int64) int64 { return a[0] - a[1] })
+	case "Mul":
+		v = apply(size, args, func(a []int64) int64 { return a[0] * a[1] })
+	case "Div", "Mod":
+		for _, d := range args[min(1, len(args)-1)] {
+			if d == 0 {
+				return
+			}
+		}
+		if op == "Div" {
+			// Integer Div truncates toward zero, as C does.
+			v = apply(size, args, func(a []int64) int64 { return a[0] / a[1] })
+		} else if onnx.IntAttr(n, "fmod", 0) == 0 {
+			v = apply(size, args, func(a []int64) int64 { r := a[0] % a[1]; return r + a[1]*b2i(r != 0 && (r < 0) != (a[1] < 0)) })
+		}
+	case "Max":
+		v = apply(size, args, func(a []int64) int64 { return slices.Max(a) })
+	case "Min":
+		v = apply(size, args, func(a []int64) int64 { return slices.Min(a) })
+	case "Equal":
+		v = apply(size, args, func(a []int64) int64 { return b2i(a[0] == a[1]) })
+	case "Less":
+		v = apply(size, args, func(a []int64) int64 { return b2i(a[0] < a[1]) })
+	case "Greater":
+		v = apply(size, args, func(a []int64) int64 { return b2i(a[0] > a[1]) })
+	case "Where":
+		v = apply(size, args, func(a []int64) int64 {
+			if a[0] != 0 {
+				return a[1]
+			}
+			return a[2]
+		})
+	case "Range":
+		if len(args) == 3 && len(args[0]) == 1 && len(args[2]) == 1 {
+			for i := range size {
+				v = append(v, args[0][0]+int64(i)*args[2][0])
+			}
+		}
+	case "ConstantOfShape":
+		if t := tensorAttr(n, "value"); t == nil {
+			v = make([]int64, size)
+		} else if c, err := onnx.DecodeTensor(t, ""); err == nil && c.DType == tensor.Int64 && len(c.Data) == 8 {
+			iv, _ := c.Int64s()
+			v = make([]int64, size)
+			for i := range v {
+				v[i] = iv[0]
+			}
+		}
+	case "Slice":
+		if len(args[0]) == size && len(outs[0]) == 1 && len(args) >= 3 && len(args[1]) == 1 && len(args[2]) == 1 {
+			step := int64(1)
+			if len(args) > 4 && len(args[4]) == 1 {
+				step = args[4][0]
+			}
+			if step == 1 {
+				dim := int64(len(si.ints[n.GetInput()[0]]))
+				st := args[1][0]
+				if st < 0 {
+					st += dim
+				}
+				st = max(0, min(st, dim))
+				if st+int64(size) <= dim {
+					v = args[0][st : st+int64(size)]
+				}
+			}
+		}
+	}
+	if v != nil && len(v) == size {
+		si.ints[out] = slices.Clone(v)
+	}
+}
+
+// apply computes an elementwise op over args, each of size elements or
+// one (broadcast); nil when their lengths do not fit.
+func apply(size int, args [][]int64, f func([]int64) int64) []int64 {
+	for _, a := range args {
+		if len(a) != size && len(a) != 1 {
+			return nil
+		}
+	}
+	out := make([]int64, size)
+	x := make([]int64, len(args))
+	for i := range out {
+		for k, a := range args {
+			x[k] = a[min(i, len(a)-1)]
+		}
+		out[i] = f(x)
+	}
+	return out
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func tensorAttr(n *onnx.NodeProto, name string) *onnx.TensorProto {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name {
+			return a.GetT()
+		}
+	}
+	return nil
+}
+
+// split infers Split: sizes from the split input (opset 13) or attribute,
+// else equal parts (the last smaller, as num_outputs asks since opset 18).
+func (si *shapeInference) split(n *onnx.NodeProto, x []int64) [][]int64 {
+	if x == nil {
+		return nil
+	}
+	a := axis(onnx.IntAttr(n, "axis", 0), len(x))
+	k := len(n.GetOutput())
+	if a < 0 || a >= len(x) || k == 0 {
+		return nil
+	}
+	sizes, ok := onnx.IntsAttr(n, "split")
+	if !ok && len(n.GetInput()) > 1 && n.GetInput()[1] != "" {
+		if sizes, ok = si.constInts(n, 1); !ok {
+			return nil
+		}
+	}
+	if !ok {
+		part := (x[a] + int64(k) - 1) / int64(k)
+		for i := range k {
+			sizes = append(sizes, max(0, min(part, x[a]-int64(i)*part)))
+		}
+	}
+	if len(sizes) != k {
+		return nil
+	}
+	out := make([][]int64, k)
+	for i, d := range sizes {
+		out[i] = slices.Clone(x)
+		out[i][a] = d
+	}
+	return out
 }
