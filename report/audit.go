@@ -13,11 +13,24 @@ import "fp16audit/checks"
 // held in reduced precision carry their provenance, inputs have the kinds
 // audio, sequence and tokens, and the summary's headroom counts only values
 // held in reduced precision, against that format's limit.
-const ReportSchema = "fp16audit.report/v1.1"
+//
+// v1.2 (fp16audit 0.4): output_agreement compares every emulated pass's
+// graph outputs with fp32's; a pass whose outputs are finite but beyond
+// the tolerance fails like one whose outputs are NaN/Inf, its origins name
+// the outputs they corrupted (wrong_outputs, cause precision when nothing
+// overflows), and a fix works only when its rerun's outputs agree (the fix
+// names that pass). Every float that is NaN or ±Inf is written as the
+// string "nan", "inf" or "-inf" (earlier versions could not write such a
+// report at all).
+const ReportSchema = "fp16audit.report/v1.2"
 
 // ReportSchemaV1 is the schema of reports written by fp16audit 0.2, which
 // `fp16audit render` still reads.
 const ReportSchemaV1 = "fp16audit.report/v1"
+
+// ReportSchemaV11 is the schema of reports written by fp16audit 0.3, which
+// `fp16audit render` still reads (they lack output_agreement).
+const ReportSchemaV11 = "fp16audit.report/v1.1"
 
 // Report is the finished result of an audit. Renderers read it and compute
 // nothing; `fp16audit render` re-renders one saved as JSON.
@@ -44,6 +57,11 @@ type Report struct {
 	Nodes       []NodeReport     `json:"nodes"`
 	Findings    []checks.Finding `json:"findings"`
 	Summary     Summary          `json:"summary"`
+	// OutputAgreement compares the graph outputs of every emulated pass
+	// (the policy's, bf16 beside fp16, and the rerun each fix was judged
+	// by) with fp32's: what the user's loss or prediction sees. Added in
+	// v1.2.
+	OutputAgreement []OutputAgreement `json:"output_agreement"`
 	// Training is the training audit (mode, BatchNorm, the backward
 	// pass); see TrainingReport. Added within v1.1: older reports lack it.
 	Training *TrainingReport `json:"training,omitempty"`
@@ -91,6 +109,10 @@ const (
 	CauseConstant = "constant"
 	// CauseFP32: the fp32 reference itself produces NaN/Inf.
 	CauseFP32 = "fp32"
+	// CausePrecision: nothing overflows, yet the outputs are wrong; the
+	// origin is the first value that differs from fp32 beyond the
+	// tolerance while what it reads agrees (rounding loses too much).
+	CausePrecision = "precision"
 )
 
 // Origin is where NaN/Inf first appear in a pass: a node whose output holds
@@ -129,6 +151,59 @@ type Origin struct {
 	// AffectedOutputs the graph outputs among their values.
 	Affected        []string `json:"affected"`
 	AffectedOutputs []string `json:"affected_outputs"`
+	// WrongOutputs are the graph outputs that stay finite but differ from
+	// fp32's beyond the tolerance because of this origin: its NaN/Inf were
+	// absorbed (rsqrt(inf) = 0, x / inf) and what came out is wrong. Cause
+	// precision origins have only these. Added in v1.2.
+	WrongOutputs []string `json:"wrong_outputs,omitempty"`
+}
+
+// Outcomes of a pass's graph output against fp32.
+const (
+	// OutputAgrees: finite, and every sample within the tolerance.
+	OutputAgrees = "agrees"
+	// OutputWrong: finite, but some sample beyond the tolerance.
+	OutputWrong = "wrong"
+	// OutputNonFinite: NaN/Inf where fp32's output is finite.
+	OutputNonFinite = "nonfinite"
+)
+
+// OutputAgreement is one graph output of one emulated pass against the
+// same output of the fp32 pass, over every batch. Errors are taken over
+// the elements finite in both passes. The tolerance judges the worst
+// sample's relative L2 error: one corrupted sample must not hide among
+// healthy ones.
+type OutputAgreement struct {
+	Pass   string `json:"pass"`
+	Output string `json:"output"`
+	// Outcome is one of the Output constants.
+	Outcome string `json:"outcome"`
+	// Elements counts the elements compared; NonFinite those NaN/Inf in
+	// this pass where fp32's are finite.
+	Elements  int64 `json:"elements"`
+	NonFinite int64 `json:"nonfinite"`
+	// MaxAbsErr is max |y − y32|; MaxRelErr is that over max |y32| (an
+	// element-wise ratio would be ruled by elements near zero).
+	MaxAbsErr float64 `json:"max_abs_err"`
+	MaxRelErr float64 `json:"max_rel_err"`
+	// RelErr is ‖y − y32‖/‖y32‖ over every sample; null when no element
+	// is finite in both passes.
+	RelErr *float64 `json:"rel_err"`
+	// Samples counts the samples (slices along the first axis, per
+	// batch); WorstRelErr is the largest per-sample relative L2 error, in
+	// sample WorstSample of batch WorstBatch (positions in Report.Batches).
+	Samples     int64    `json:"samples"`
+	WorstRelErr *float64 `json:"worst_rel_err"`
+	WorstBatch  int      `json:"worst_batch"`
+	WorstSample int64    `json:"worst_sample"`
+	// Top1Agreement is the fraction of class-score rows (last axis, rank
+	// >= 2, more than one class) whose argmax is fp32's, over Rows rows;
+	// absent for other outputs.
+	Top1Agreement *float64 `json:"top1_agreement,omitempty"`
+	Rows          int64    `json:"rows,omitempty"`
+	// Tolerance is the largest worst-sample relative error the pass's
+	// format is allowed (--output-tolerance).
+	Tolerance float64 `json:"tolerance"`
 }
 
 // Sample is one sample of a batch that holds NaN/Inf: its batch (in the
@@ -180,8 +255,16 @@ const (
 
 // Fix is a remedy fp16audit tried by re-running the emulated pass.
 type Fix struct {
-	Kind  string `json:"kind"`
-	Works bool   `json:"works"`
+	Kind string `json:"kind"`
+	// Works is set when nothing the fix's rerun makes decides a failure:
+	// no NaN/Inf and no overflow reach an output, and every output is
+	// finite and within the tolerance of fp32's (OutputAgreement, pass
+	// Pass).
+	Works bool `json:"works"`
+	// Pass names the pass the fix was judged by: a rerun
+	// ("fp16+standardized", the last "fp16+keep-fp32#N") or the bf16 pass.
+	// Added in v1.2.
+	Pass string `json:"pass,omitempty"`
 	// Summary says what was tried and what happened, in a sentence.
 	Summary string `json:"summary"`
 	// NonFiniteBefore and NonFiniteAfter count the non-finite values over

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"fp16audit/checks"
 	"fp16audit/fixtures"
 	"fp16audit/internal/audit"
 	"fp16audit/internal/onnx"
@@ -257,32 +258,48 @@ func TestTorchModulePaths(t *testing.T) {
 	}
 }
 
-// TestUnderflowWarning: a layer whose outputs sit below fp16's smallest
-// subnormal flushes to zero in the fp16 pass; the audit stays healthy but
-// warns (FP3001) at that node.
-func TestUnderflowWarning(t *testing.T) {
-	dir := t.TempDir()
+// underflowModel saves a model whose MatMul outputs sit below fp16's
+// smallest subnormal (|y| ~ 1e-8 < 2^-25) and are scaled by 1e6 after it;
+// with residual, the input is added to that, so the flushed part is about
+// 1 % of the output.
+func underflowModel(t *testing.T, residual bool) string {
+	t.Helper()
 	w := make([]float32, 64*64)
 	for i := range w {
-		w[i] = 1e-9 * float32(i%7-3) // |y| ~ 1e-8 < 2^-25
+		w[i] = 1e-9 * float32(i%7-3)
+	}
+	out := "output"
+	if residual {
+		out = "scaled"
 	}
 	g := &onnx.GraphProto{
 		Name: "tiny",
 		Node: []*onnx.NodeProto{
 			onnx.Node("MatMul", "/tiny/MatMul", []string{"input", "tiny.weight"}, []string{"y"}),
-			onnx.Node("Mul", "/scale/Mul", []string{"y", "k"}, []string{"output"}),
+			onnx.Node("Mul", "/scale/Mul", []string{"y", "k"}, []string{out}),
 		},
 		Initializer: []*onnx.TensorProto{onnx.FloatTensor("tiny.weight", []int64{64, 64}, w), onnx.FloatTensor("k", nil, []float32{1e6})},
 		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("input", onnx.TensorProto_FLOAT, 4, 64)},
 		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("output", onnx.TensorProto_FLOAT, 4, 64)},
 	}
-	path := filepath.Join(dir, "tiny.onnx")
+	if residual {
+		g.Node = append(g.Node, onnx.Node("Add", "/residual/Add", []string{"scaled", "input"}, []string{"output"}))
+	}
+	path := filepath.Join(t.TempDir(), "tiny.onnx")
 	if err := onnx.Save(onnx.NewModel(g, 17), path); err != nil {
 		t.Fatal(err)
 	}
-	r := runConfig(t, audit.Config{ModelPath: path})
+	return path
+}
+
+// TestUnderflowWarning: a layer whose outputs flush to zero in the fp16
+// pass while the graph output, dominated by the residual input, stays
+// within the tolerance of fp32's: the audit is healthy and warns (FP3001)
+// at that node.
+func TestUnderflowWarning(t *testing.T) {
+	r := runConfig(t, audit.Config{ModelPath: underflowModel(t, true)})
 	if r.Verdict != report.VerdictHealthy {
-		t.Fatalf("verdict %s", r.Verdict)
+		t.Fatalf("verdict %s (%s)", r.Verdict, r.VerdictText)
 	}
 	var found bool
 	for _, f := range r.Findings {
@@ -301,5 +318,38 @@ func TestUnderflowWarning(t *testing.T) {
 	}
 	if y.FlushedFraction < 0.9 || y.Zeros == 0 {
 		t.Errorf("fp16 flushed fraction %g, zeros %d: want nearly everything flushed", y.FlushedFraction, y.Zeros)
+	}
+	if len(r.OutputAgreement) == 0 || r.OutputAgreement[0].Outcome != report.OutputAgrees {
+		t.Errorf("output agreement %+v, want the fp16 pass's output within the tolerance", r.OutputAgreement)
+	}
+}
+
+// TestUnderflowLosesOutputs: when what flushes to zero is the whole of
+// the output, the outputs are finite but wrong: FP2006, the origin is
+// where the error starts (cause precision, the MatMul whose values flush)
+// and keeping it in fp32 is verified to bring the outputs back.
+func TestUnderflowLosesOutputs(t *testing.T) {
+	r := runConfig(t, audit.Config{ModelPath: underflowModel(t, false)})
+	if r.Verdict != report.VerdictOverflow || len(r.Origins) != 1 {
+		t.Fatalf("verdict %s (%s), %d origins", r.Verdict, r.VerdictText, len(r.Origins))
+	}
+	o := r.Origins[0]
+	if o.Cause != report.CausePrecision || o.Node != "/tiny/MatMul" || !slices.Equal(o.WrongOutputs, []string{"output"}) {
+		t.Errorf("origin %+v, want cause precision at /tiny/MatMul, wrong output \"output\"", o)
+	}
+	if !strings.Contains(r.VerdictText, "flush") || !strings.Contains(r.VerdictText, "outputs finite but wrong") {
+		t.Errorf("verdict text %q does not say the values flush and the outputs are wrong", r.VerdictText)
+	}
+	var wrong bool
+	for _, f := range r.Findings {
+		wrong = wrong || (f.Check == "FP2006" && f.Value == "output" && f.Severity == checks.SevError)
+	}
+	if !wrong {
+		t.Errorf("no FP2006 error at output: %+v", r.Findings)
+	}
+	for _, f := range r.Fixes {
+		if f.Kind == report.FixKeepFP32 && (!f.Works || !slices.Equal(f.Nodes, []string{"/tiny/MatMul"})) {
+			t.Errorf("keep-fp32 fix %+v, want it to work by keeping /tiny/MatMul", f)
+		}
 	}
 }

@@ -105,7 +105,11 @@ func expectedText(r *report.Report) []byte {
 		if o.Constant != "" {
 			fmt.Fprintf(&b, " constant=%s", o.Constant)
 		}
-		fmt.Fprintf(&b, " outputs=%s\n", strings.Join(o.AffectedOutputs, ","))
+		fmt.Fprintf(&b, " outputs=%s", strings.Join(o.AffectedOutputs, ","))
+		if len(o.WrongOutputs) > 0 {
+			fmt.Fprintf(&b, " wrong=%s", strings.Join(o.WrongOutputs, ","))
+		}
+		b.WriteString("\n")
 	}
 	for _, f := range r.Fixes {
 		fmt.Fprintf(&b, "fix %s works=%v", f.Kind, f.Works)

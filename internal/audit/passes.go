@@ -62,7 +62,7 @@ var whatIfPasses = []whatIf{{
 		return ""
 	},
 	wanted:  (*audit).mainFails,
-	because: "the fp16 pass's outputs hold NaN/Inf, and the bf16 fix (learn.to_bf16()) is verified on it",
+	because: "the fp16 pass's outputs hold NaN/Inf or are finite but wrong, and the bf16 fix (learn.to_bf16()) is verified on it",
 	pass: func(a *audit, ref string) execute.Pass {
 		bp, _ := precision.PolicyByName("autocast-bf16")
 		ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
@@ -135,9 +135,10 @@ func passMode(values []string, name string) int {
 }
 
 // mainFails reports whether the policy's pass fails where the fp32 pass
-// does not: a graph output holds NaN/Inf in the one and not in the other.
-// (Poisoned batches and fp32-broken models fail in fp32 already; no
-// what-if precision can fix them.)
+// does not: a graph output holds NaN/Inf in the one and not in the other,
+// or is finite but beyond the output tolerance of fp32's. (Poisoned
+// batches and fp32-broken models fail in fp32 already; no what-if
+// precision can fix them.)
 func (a *audit) mainFails() bool {
 	main, ref := a.passes[a.main], a.passes[diagnose.PassFP32]
 	if main == nil || ref == nil {
@@ -151,6 +152,10 @@ func (a *audit) mainFails() bool {
 		if st, ok := main.Stats[o.Name]; ok && st.NonFinite() > 0 {
 			failed = true
 		}
+	}
+	tol := a.cfg.Thresholds.Tolerance(a.policy.Lower)
+	for _, d := range main.Outputs {
+		failed = failed || d.Worst.RelErr > tol
 	}
 	return failed
 }

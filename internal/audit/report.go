@@ -26,6 +26,9 @@ func newReport(m *onnx.Model, policy *precision.Policy, device string, threads i
 		Origins:  []report.Origin{},
 		Fixes:    []report.Fix{},
 		Findings: []checks.Finding{},
+		// Filled by the diagnosis; a report that stops before it says so
+		// with an empty list rather than null.
+		OutputAgreement: []report.OutputAgreement{},
 	}
 	for _, b := range batches {
 		rb := report.Batch{Source: b.Source, Synthetic: strings.HasPrefix(b.Source, "synthetic")}

@@ -119,6 +119,14 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if cfg.Thresholds == (diagnose.Thresholds{}) {
 		cfg.Thresholds = diagnose.DefaultThresholds
 	}
+	// Thresholds set before the output tolerances existed keep the
+	// defaults for them: a tolerance of 0 would fail every pass.
+	if cfg.Thresholds.OutputTolFP16 == 0 {
+		cfg.Thresholds.OutputTolFP16 = diagnose.DefaultThresholds.OutputTolFP16
+	}
+	if cfg.Thresholds.OutputTolBF16 == 0 {
+		cfg.Thresholds.OutputTolBF16 = diagnose.DefaultThresholds.OutputTolBF16
+	}
 	if err := CheckPasses(cfg.Passes); err != nil {
 		return nil, &UsageError{Err: err}
 	}
@@ -184,6 +192,7 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	a.report.Summary = summarize(a.report, facts)
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
+	a.report.OutputAgreement = d.OutputAgreement
 	a.report.Blocks = blockReports(m.Proto.Graph, m.Index, a.report.Nodes, a.main, a.report.Origins)
 	a.report.Notes = append(a.report.Notes, d.Notes...)
 	if err := a.auditTraining(ctx); err != nil {
@@ -316,9 +325,13 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		if !w.wanted(a) {
 			continue
 		}
-		// Alone in its session the pass has no fp32 pass to compare with
-		// element by element; its statistics are complete.
-		if err := a.runPasses(ctx, []execute.Pass{w.pass(a, "")}); err != nil {
+		// In its own session the pass has no fp32 values to compare with
+		// element by element (its statistics are complete); the fp32 pass
+		// runs beside it for its graph outputs alone, which the pass's
+		// outputs (and the bf16 fix) are judged by.
+		p := w.pass(a, "")
+		p.OutputRef = diagnose.PassFP32
+		if err := a.runPasses(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true}, p}); err != nil {
 			return err
 		}
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the %s pass ran because %s (--passes %s runs it beside the others, --passes none never)", w.name, w.because, w.name))
@@ -341,15 +354,19 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 	if n := plan.Note(); n != "" && !slices.Contains(a.report.Notes, n) {
 		a.report.Notes = append(a.report.Notes, n)
 	}
-	for _, r := range results {
+	for i, r := range results {
+		if passes[i].OutputsOnly {
+			continue // a reference for outputs, already run in full
+		}
 		a.report.Passes = append(a.report.Passes, r.Name)
 		a.passes[r.Name] = r
 	}
 	return nil
 }
 
-// Rerun runs one extra emulated pass (a fix being verified), or the fp32
-// reference on some samples, and returns its results.
+// Rerun runs one extra emulated pass (a fix being verified), its graph
+// outputs compared with fp32's, or the fp32 reference on some samples, and
+// returns its results.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
 	if r.Reference {
 		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.up}}, r.Batches)
@@ -365,11 +382,15 @@ func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResul
 			return nil, err
 		}
 	}
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign)}}, r.Batches)
+	// The fp32 pass runs beside the fix for its graph outputs alone: a fix
+	// works only when the outputs agree with fp32's on the same inputs
+	// (standardized ones, for that fix).
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true},
+		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: diagnose.PassFP32}}, r.Batches)
 	if err != nil {
 		return nil, err
 	}
-	return res[0], nil
+	return res[1], nil
 }
 
 // defaultOpset returns the version of the default ONNX domain m imports.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,7 +40,20 @@ type truth struct {
 		// OriginSamples are the samples whose outputs at the origin hold
 		// NaN/Inf.
 		OriginSamples []int64 `json:"origin_samples"`
+		// OutputAgreement is PyTorch's outputs against its fp32 reference.
+		OutputAgreement []truthAgreement `json:"output_agreement"`
+		Tolerance       float64          `json:"tolerance"`
 	} `json:"policies"`
+}
+
+// truthAgreement is one output of PyTorch's run against its fp32
+// reference, over every batch.
+type truthAgreement struct {
+	Output      string   `json:"output"`
+	WorstRelErr *float64 `json:"worst_rel_err"`
+	NonFinite   int64    `json:"nonfinite"`
+	Top1        *float64 `json:"top1_agreement"`
+	Rows        int64    `json:"rows"`
 }
 
 func readTruth(t *testing.T, dir string) truth {
@@ -89,6 +104,7 @@ func TestTorchTruth(t *testing.T) {
 				if fails := r.MaxSeverity() >= checks.SevError; fails != want.Fails {
 					t.Errorf("fails=%v, PyTorch says %v; findings:\n%s", fails, want.Fails, findingLines(r))
 				}
+				checkOutputAgreement(t, r, want.OutputAgreement, want.Tolerance)
 				if want.Verdict == report.VerdictHealthy || want.Verdict == report.VerdictPoisoned {
 					return
 				}
@@ -120,6 +136,51 @@ func TestTorchTruth(t *testing.T) {
 			})
 		}
 	}
+}
+
+// checkOutputAgreement compares the outcome of the policy's pass at every
+// graph output — NaN/Inf, finite but wrong, or in agreement with fp32 —
+// with PyTorch's against its own fp32 reference, under the same tolerance,
+// and the top-1 agreement of wrong class scores to within one row.
+func checkOutputAgreement(t *testing.T, r *report.Report, want []truthAgreement, tol float64) {
+	t.Helper()
+	if len(want) == 0 {
+		return // PyTorch raised: no outputs to compare
+	}
+	main := r.Passes[1]
+	for _, w := range want {
+		var got *report.OutputAgreement
+		for i, a := range r.OutputAgreement {
+			if a.Pass == main && a.Output == w.Output {
+				got = &r.OutputAgreement[i]
+			}
+		}
+		if got == nil {
+			t.Errorf("no output agreement for %s in the %s pass", w.Output, main)
+			continue
+		}
+		outcome := report.OutputAgrees
+		switch {
+		case w.NonFinite > 0:
+			outcome = report.OutputNonFinite
+		case w.WorstRelErr != nil && *w.WorstRelErr > tol:
+			outcome = report.OutputWrong
+		}
+		if got.Outcome != outcome || got.Tolerance != tol {
+			t.Errorf("output %s: %s (worst %v, tolerance %g), PyTorch: %s (worst %v, tolerance %g)", w.Output, got.Outcome, fmtPtr(got.WorstRelErr), got.Tolerance, outcome, fmtPtr(w.WorstRelErr), tol)
+		}
+		if outcome == report.OutputWrong && w.Top1 != nil && got.Top1Agreement != nil &&
+			math.Abs(*got.Top1Agreement-*w.Top1)*float64(w.Rows) > 1 {
+			t.Errorf("output %s: top-1 agreement %.3f, PyTorch's %.3f over %d rows", w.Output, *got.Top1Agreement, *w.Top1, w.Rows)
+		}
+	}
+}
+
+func fmtPtr(p *float64) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%.4g", *p)
 }
 
 // TestDegenerateBatches: an empty batch is refused as a usage error; an

@@ -183,6 +183,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
 	fs.Float64Var(&o.thresholds.ColumnScale, "column-scale", o.thresholds.ColumnScale, "flag tabular columns (FP1004) whose |mean| or std exceeds this")
 	fs.IntVar(&o.thresholds.FixIterations, "fix-iterations", o.thresholds.FixIterations, "most reruns of the keep-fp32 fix search")
+	fs.Var(toleranceFlag{&o.thresholds}, "output-tolerance", "fail (FP2006) a pass whose graph outputs are finite but whose worst sample differs from fp32 by more than this relative L2 error, per format: fp16=F,bf16=F (either alone)")
 	o.train.register(fs)
 	fs.StringVarP(&o.output, "output", "o", "", "write the report to FILE instead of stdout")
 	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")

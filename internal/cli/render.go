@@ -101,7 +101,7 @@ func readDocument(path string) (report.Document, error) {
 	var doc report.Document
 	switch {
 	case head.Schema == nil:
-	case *head.Schema == report.ReportSchema || *head.Schema == report.ReportSchemaV1:
+	case *head.Schema == report.ReportSchema || *head.Schema == report.ReportSchemaV11 || *head.Schema == report.ReportSchemaV1:
 		doc = &report.Report{}
 	case *head.Schema == report.ScalesSchema || *head.Schema == report.ScalesSchemaV1:
 		doc = &report.ScalesReport{}

@@ -2,10 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"fp16audit/report"
 )
 
 const savedReport = "../render/testdata/audit/demo_cnn_raw.json"
@@ -18,7 +22,7 @@ func TestRenderFormats(t *testing.T) {
 		{"text", []string{"verdict: unnormalized-input", "origin (fp16 pass): /conv1/Conv", "per-node statistics"}},
 		{"markdown", []string{"## fp16audit: ❌ `unnormalized-input`", "### Flagged nodes (13 of 13)"}},
 		{"html", []string{"<!DOCTYPE html>", `<svg id="chart"`, "unnormalized-input"}},
-		{"json", []string{`"schema": "fp16audit.report/v1.1"`}},
+		{"json", []string{`"schema": "` + report.ReportSchema + `"`}},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := Main([]string{"render", savedReport, "--format", c.format}, &stdout, &stderr); code != exitOK {
@@ -31,6 +35,38 @@ func TestRenderFormats(t *testing.T) {
 		}
 		if strings.Contains(stdout.String(), "\x1b[") {
 			t.Errorf("render --format %s: colour escapes in output that is not a terminal", c.format)
+		}
+	}
+}
+
+// TestRenderNonFinite: a saved report holding -Inf and NaN (written as
+// "-inf" and "nan") renders in every format, and its JSON keeps them.
+func TestRenderNonFinite(t *testing.T) {
+	data, err := os.ReadFile(savedReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report.Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	ninf, nan := math.Inf(-1), math.NaN()
+	r.Origins[0].ConstantValue = &ninf
+	r.Summary.MinHeadroomBits = &nan
+	saved := filepath.Join(t.TempDir(), "nonfinite.json")
+	if data, err = json.Marshal(&r); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(saved, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"text", "markdown", "html", "json"} {
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{"render", saved, "--format", format}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("render --format %s: exit %d: %s", format, code, stderr.String())
+		}
+		if format == "json" && (!strings.Contains(stdout.String(), `"constant_value": "-inf"`) || !strings.Contains(stdout.String(), `"min_headroom_bits": "nan"`)) {
+			t.Errorf("render --format json lost the non-finite numbers:\n%s", stdout.String())
 		}
 	}
 }
@@ -64,7 +100,7 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{[]string{"render"}, "want exactly one REPORT.json argument, got 0"},
 		{[]string{"render", savedReport, "--format", "pdf"}, `--format "pdf": want one of text, json, markdown, html`},
-		{[]string{"render", other}, `want schema "fp16audit.report/v1.1" (fp16audit run), "fp16audit.scales/v1.1" (fp16audit scales) or "fp16audit.lint/v1" (fp16audit lint), found schema "fp16audit.report/v0"; re-create it`},
+		{[]string{"render", other}, `want schema "fp16audit.report/v1.2" (fp16audit run), "fp16audit.scales/v1.1" (fp16audit scales) or "fp16audit.lint/v1" (fp16audit lint), found schema "fp16audit.report/v0"; re-create it`},
 		{[]string{"render", none}, `found no schema field`},
 		{[]string{"render", savedReport, "--format", "sarif"}, "format sarif has no audit rendering (want text, json, markdown, html)"},
 		{[]string{"render", broken}, "want a report written by 'fp16audit run --format json'"},

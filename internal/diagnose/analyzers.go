@@ -2,6 +2,7 @@ package diagnose
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"fp16audit/checks"
@@ -26,7 +27,7 @@ var (
 	needEmulated = &Requirement{Name: "emulated pass on finite inputs with a clean fp32 pass", Met: func(f *Facts) bool {
 		return f.mainOrigins() != nil
 	}}
-	needClean = &Requirement{Name: "emulated pass without NaN/Inf at the outputs", Met: (*Facts).cleanMain}
+	needClean = &Requirement{Name: "emulated pass whose outputs hold no NaN/Inf and agree with fp32's", Met: (*Facts).cleanMain}
 )
 
 // Analyzers returns every dynamic check in the order its findings are
@@ -46,6 +47,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkHalfCast, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classHalfCast)},
 		{Check: checkLogits, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classLogits)},
 		{Check: checkOverflow, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classOverflow)},
+		{Check: checkWrongOutputs, Requires: []*Requirement{needEmulated}, Run: runWrongOutputs},
 		{Check: checkAbsorbed, Requires: []*Requirement{needFP32}, Run: runAbsorbed},
 		{Check: checkHeadroom, Requires: []*Requirement{needClean}, Run: runHeadroom},
 		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
@@ -287,6 +289,40 @@ func (f *Facts) reachText(o report.Origin) string {
 		return "the NaN/Inf reach " + strings.Join(o.AffectedOutputs, ", ")
 	}
 	return fmt.Sprintf("no graph output holds NaN/Inf (absorbed after %d node(s))", len(o.Affected))
+}
+
+// runWrongOutputs reports the graph outputs of the emulated pass that are
+// finite but beyond the tolerance of fp32's, with the origin whose effect
+// reached them.
+func runWrongOutputs(f *Facts) ([]checks.Finding, error) {
+	res := f.Passes[f.Main]
+	tol := f.tolerance(f.Main)
+	var out []checks.Finding
+	for _, d := range res.Outputs {
+		if outputOutcome(d, tol) != report.OutputWrong {
+			continue
+		}
+		msg := fmt.Sprintf("graph output %q of the %s pass is finite but wrong: relative error %s in sample %d of batch %d (tolerance %s), %s over all samples, max |error| %.4g against max |fp32| %.4g",
+			d.Name, f.Main, percent(d.Worst.RelErr), d.Worst.Index, d.Worst.Batch, percent(tol), percent(d.RelErr()), d.MaxAbsErr, d.RefMaxAbs)
+		if t, ok := d.Top1Agreement(); ok {
+			msg += fmt.Sprintf("; top-1 class agrees with fp32 in %d of %d rows (%s)", d.Top1, d.Rows, percent(t))
+		}
+		for _, o := range f.Origins(f.Main) {
+			if !slices.Contains(o.WrongOutputs, d.Name) {
+				continue
+			}
+			if o.Cause == report.CausePrecision {
+				msg += fmt.Sprintf("; nothing overflows: the error first exceeds the tolerance at %s (%s, %s)", moduleOr(o.Module, o.Node), o.OpType, o.Node)
+			} else {
+				msg += fmt.Sprintf("; caused by %s (%s, %s), whose %d NaN/Inf were absorbed on the way", moduleOr(o.Module, o.Node), o.OpType, o.Node, o.NonFinite)
+			}
+			break
+		}
+		fd := checkWrongOutputs.Finding(msg)
+		fd.Value, fd.Pass = d.Name, f.Main
+		out = append(out, fd)
+	}
+	return out, nil
 }
 
 // runAbsorbed reports the origins whose NaN/Inf no graph output holds, in

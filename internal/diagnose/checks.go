@@ -63,11 +63,28 @@ head's input (LayerNorm/BatchNorm before it), re-initialise it, rescale the
 targets, or keep the head in fp32.`})
 	checkAbsorbed = checks.Register(&checks.Check{ID: "FP2005", Title: "nan or inf absorbed before the outputs", Severity: checks.SevWarning, Doc: `NaN/Inf appear at this node in the pass, but no graph output holds them:
 an op on the way absorbs them (softmax of -Inf is 0, max and where pick
-the other value, a product with zero). The outputs are what the loss sees,
-so this is not what makes a loss NaN — but an Inf in an intermediate value
-is one step from NaN: a fully masked softmax row, an Inf minus an Inf, or
-the backward pass through it. Check that the values are meant to be
-infinite (a mask) and that every row keeps a finite entry.`})
+the other value, a product with zero), and the outputs still agree with
+fp32's within the tolerance (an absorbed overflow that leaves them wrong,
+such as rsqrt(inf) = 0, is an error: FP2006 and the origin's check). The
+outputs are what the loss sees, so this is not what makes a loss NaN —
+but an Inf in an intermediate value is one step from NaN: a fully masked
+softmax row, an Inf minus an Inf, or the backward pass through it. Check
+that the values are meant to be infinite (a mask) and that every row
+keeps a finite entry.`})
+	checkWrongOutputs = checks.Register(&checks.Check{ID: "FP2006", Title: "outputs finite but wrong", Severity: checks.SevError, Doc: `The emulated pass's graph outputs hold no NaN/Inf, yet they differ from
+the fp32 outputs by more than the format's rounding explains: the worst
+sample's relative L2 error ‖y − y32‖/‖y32‖ exceeds the tolerance
+(--output-tolerance; by default 5% for fp16 and 25% for bf16, the largest
+errors of healthy models with a margin). Typically an overflow was
+absorbed on the way: a hand-written LayerNorm whose (x − mean)² overflows
+gives rsqrt(inf) = 0 and the normalized activations collapse to the bias,
+F.normalize whose sum of squares overflows divides by Inf. The loss is
+finite, so training runs on and learns from wrong predictions. The finding
+gives the errors and the top-1 agreement of class scores; the origin
+(FP2001, FP2003 or FP4001) is the overflow whose effect reaches the
+output, and the fixes are judged by whether their outputs agree with fp32
+again. When nothing overflows, the origin is the first value whose error
+exceeds the tolerance while its inputs agree: keep it in fp32.`})
 	checkHeadroom = checks.Register(&checks.Check{ID: "FP2004", Title: "little fp16 headroom", Severity: checks.SevWarning, Doc: `A value held in fp16 has a fp32 max |x| within a few bits of 65504
 (headroom = log2(65504 / max|x|) below the threshold, 3 bits by default).
 It does not overflow on these batches, but a batch with larger inputs, or

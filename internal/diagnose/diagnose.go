@@ -30,6 +30,9 @@ type Diagnosis struct {
 	Origins     []report.Origin
 	Fixes       []report.Fix
 	Findings    []checks.Finding
+	// OutputAgreement compares the graph outputs of the emulated passes
+	// and of the reruns the fixes were judged by with fp32's.
+	OutputAgreement []report.OutputAgreement
 	// Notes are facts about the diagnosis a reader must know.
 	Notes []string
 }
@@ -54,11 +57,16 @@ type Diagnosis struct {
 //     into a reduced-precision value and its NaN/Inf reach an output
 //     (FP4004 at error).
 //  7. overflowing-op: an op overflows (FP2001), even when the final layer
-//     overflows too.
+//     overflows too; or the outputs are finite but wrong although nothing
+//     overflows (FP2006 naming an origin of cause precision).
 //  8. oversized-logits: every overflow starts in the final layer (FP2003).
-//  9. healthy: nothing reaches the outputs. Warnings may remain, and an
-//     error: a fill PyTorch refuses (FP4004), whose -Inf the emulation's
-//     softmax absorbs.
+//  9. healthy: nothing reaches the outputs and they agree with fp32's
+//     within the tolerance. Warnings may remain, and an error: a fill
+//     PyTorch refuses (FP4004), whose -Inf the emulation's softmax absorbs.
+//
+// An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
+// by leaving them finite but wrong (FP2006): the verdicts 4 to 8 are the
+// same for both, and so are the fixes.
 func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
 	f.prepare()
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
@@ -105,7 +113,32 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 			d.VerdictText = f.healthyText(opt)
 		}
 	}
+	d.OutputAgreement = f.outputAgreement(d.Fixes)
 	return d, nil
+}
+
+// outputAgreement lists the output agreement of the emulated passes, then
+// of the passes the fixes were judged by, once each.
+func (f *Facts) outputAgreement(fixes []report.Fix) []report.OutputAgreement {
+	out := []report.OutputAgreement{}
+	seen := map[string]bool{}
+	add := func(pass string) {
+		if seen[pass] {
+			return
+		}
+		seen[pass] = true
+		if res, ok := f.Passes[pass]; ok {
+			f.recordAgreement(res)
+		}
+		out = append(out, f.agreements[pass]...)
+	}
+	add(f.Main)
+	add(PassBF16)
+	add(PassAsWritten)
+	for _, fx := range fixes {
+		add(fx.Pass)
+	}
+	return out
 }
 
 // has reports whether findings hold one of check c at severity sev or
@@ -197,6 +230,11 @@ func (f *Facts) healthyText(opt Options) string {
 	if len(f.Origins(f.Main)) == 0 {
 		txt = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
 	}
+	if res, ok := f.Passes[f.Main]; ok {
+		if a := f.agreeText(res); a != "" {
+			txt += "; " + a
+		}
+	}
 	if bits, _, limit, ok := f.MinHeadroom(); ok {
 		txt += fmt.Sprintf("; smallest headroom %.1f bits below %.4g", bits, limit)
 	}
@@ -222,7 +260,8 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	constOrigins := reported(findings, lint.CheckConstRange, origins, f)
 	overflows := reported(findings, checkOverflow, origins, f)
 	logits := reported(findings, checkLogits, origins, f)
-	if len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0 {
+	precise := wrongReported(findings, origins)
+	if len(castOrigins)+len(constOrigins)+len(overflows)+len(logits)+len(precise) == 0 {
 		return false, nil
 	}
 	d.Origins = origins
@@ -259,6 +298,15 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		}
 	}
 	switch {
+	case len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0:
+		o := precise[0]
+		d.Verdict = report.VerdictOverflow
+		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
+		if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
+			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
+		}
+		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s: keep it in fp32",
+			f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := castOrigins[0]
@@ -292,7 +340,28 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		d.Verdict = report.VerdictLogits
 		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond %s's range (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.Precision, o.FP32MaxAbs)
 	}
+	if w := f.wrongText(f.Passes[f.Main]); w != "" && !slices.ContainsFunc(origins, func(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }) {
+		// Nothing non-finite reaches the outputs: say what does.
+		d.VerdictText += "; " + w
+	}
 	return true, nil
+}
+
+// wrongReported returns the precision origins (nothing overflows, the
+// outputs are wrong) whose wrong outputs an error finding of FP2006 names.
+func wrongReported(findings []checks.Finding, origins []report.Origin) []report.Origin {
+	var out []report.Origin
+	for _, o := range origins {
+		if o.Cause != report.CausePrecision {
+			continue
+		}
+		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
+			return x.Check == checkWrongOutputs.ID && x.Severity >= checks.SevError && slices.Contains(o.WrongOutputs, x.Value)
+		}) {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // inputChecks are the checks that flag an input whose scale can overflow.

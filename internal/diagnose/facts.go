@@ -42,10 +42,18 @@ type Thresholds struct {
 	// FixIterations bounds the keep-fp32 search: each iteration forces the
 	// current origins to fp32 and re-runs.
 	FixIterations int
+	// OutputTolFP16 and OutputTolBF16: a pass whose graph outputs are
+	// finite but whose worst sample differs from fp32 by more than this
+	// relative L2 error fails (FP2006). bf16 keeps 8 significant bits to
+	// fp16's 11, so its healthy error is several times fp16's; the
+	// defaults are the largest errors measured on healthy models with a
+	// margin (docs/reports.md, "Output agreement").
+	OutputTolFP16, OutputTolBF16 float64
 }
 
 // DefaultThresholds are the documented defaults.
-var DefaultThresholds = Thresholds{HeadroomBits: 3, UnderflowFraction: 0.10, ColumnScale: 10, FixIterations: 8}
+var DefaultThresholds = Thresholds{HeadroomBits: 3, UnderflowFraction: 0.10, ColumnScale: 10, FixIterations: 8,
+	OutputTolFP16: 0.05, OutputTolBF16: 0.25}
 
 // Facts is what the dynamic analyzers know about one audit. The caller
 // fills the exported fields; Run derives the rest once (origins, the
@@ -96,6 +104,10 @@ type derived struct {
 	// lowHeadroom lists the values of a clean emulated pass below the
 	// headroom threshold, least headroom first.
 	lowHeadroom []headroomValue
+	// agreements holds the output agreement of every compared pass, by
+	// pass name (recordAgreement): the fix reruns add theirs after the
+	// analyzers ran.
+	agreements map[string][]report.OutputAgreement
 }
 
 // headroomValue is a value held in reduced precision close to its
@@ -212,10 +224,13 @@ func (f *Facts) poisoned() bool {
 func (f *Facts) Origins(pass string) []report.Origin { return f.origins[pass] }
 
 // Reaches reports whether an origin decides the verdict: its NaN/Inf reach
-// a graph output. NaN/Inf that softmax, max, where or relu absorb change no
-// output; a fill PyTorch refuses is an error finding of its own (Raises),
-// not a verdict.
-func (f *Facts) Reaches(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }
+// a graph output, or its effect leaves a graph output finite but wrong.
+// NaN/Inf that softmax, max, where or relu absorb without changing an
+// output decide nothing; a fill PyTorch refuses is an error finding of its
+// own (Raises), not a verdict.
+func (f *Facts) Reaches(o report.Origin) bool {
+	return len(o.AffectedOutputs) > 0 || len(o.WrongOutputs) > 0
+}
 
 // Raises reports whether a constant origin is a fill PyTorch refuses
 // (masked_fill of -1e9 into an fp16 tensor raises before anything else
@@ -276,11 +291,12 @@ func (f *Facts) mainOrigins() []report.Origin {
 type originClass int
 
 const (
-	classOverflow originClass = iota // an op overflows (FP2001)
-	classLogits                      // the final layer overflows (FP2003)
-	classHalfCast                    // the model's own half cast makes it overflow (FP4001)
-	classConstant                    // an out-of-range constant is written (FP4004)
-	classInput                       // the batch holds NaN/Inf (FP1001)
+	classOverflow  originClass = iota // an op overflows (FP2001)
+	classLogits                       // the final layer overflows (FP2003)
+	classHalfCast                     // the model's own half cast makes it overflow (FP4001)
+	classConstant                     // an out-of-range constant is written (FP4004)
+	classInput                        // the batch holds NaN/Inf (FP1001)
+	classPrecision                    // nothing overflows, rounding makes the outputs wrong (FP2006)
 )
 
 func (f *Facts) classify(o report.Origin) originClass {
@@ -291,6 +307,8 @@ func (f *Facts) classify(o report.Origin) originClass {
 		return classOverflow
 	case o.Cause == report.CauseConstant:
 		return classConstant
+	case o.Cause == report.CausePrecision:
+		return classPrecision
 	case o.ExplicitCast && f.overflowsAsWritten(o):
 		return classHalfCast
 	case f.isFinalLayer(o.Index) || f.isFinalBias(o.Index):

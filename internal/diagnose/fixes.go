@@ -40,8 +40,10 @@ type Runner interface {
 
 // verify runs r and returns the fix with its outcome and the origins of
 // the rerun that reach an output: the fix works when there are none (or a
-// constant origin that raises). Infinities the model writes on purpose
-// count neither as origins nor among the remaining NaN/Inf.
+// constant origin that raises) and every graph output is finite and
+// within the tolerance of fp32's on the same inputs. Infinities the model
+// writes on purpose count neither as origins nor among the remaining
+// NaN/Inf.
 func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix) ([]report.Origin, error) {
 	if r.Assign == nil {
 		r.Assign = f.Static.Assign
@@ -51,10 +53,25 @@ func (f *Facts) verify(ctx context.Context, run Runner, r Rerun, fix *report.Fix
 		return nil, err
 	}
 	origins, deliberate, _ := f.passOrigins(f.Main, res, r.Assign)
+	fix.Pass = r.Name
 	fix.NonFiniteAfter = f.countNonFinite(res, deliberate)
 	deciding := f.deciding(origins)
-	fix.Works = len(deciding) == 0
+	fix.Works = len(deciding) == 0 && f.outputsAgree(res)
+	f.recordAgreement(res)
 	return deciding, nil
+}
+
+// remains says what is left after a fix that does not work: the NaN/Inf,
+// or outputs that stay finite but wrong (from the agreement recorded for
+// the pass the fix was judged by).
+func (f *Facts) remains(fix *report.Fix) string {
+	if fix.NonFiniteAfter > 0 {
+		return fmt.Sprintf("%d non-finite values remain", fix.NonFiniteAfter)
+	}
+	if w := wrongTextOf(f.agreements[fix.Pass]); w != "" {
+		return "the " + w
+	}
+	return "an overflow still reaches the outputs"
 }
 
 // countNonFinite counts the NaN/Inf of the observed values of a pass,
@@ -112,7 +129,7 @@ func (f *Facts) fixStandardize(ctx context.Context, run Runner, batches []batch.
 			fix.Summary = what + " removes every overflow; " + adviceText(try)
 			return fix, nil
 		}
-		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %d non-finite values remain", what, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s", what, f.remains(fix))
 	}
 	return fix, nil
 }
@@ -143,11 +160,16 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 		return nil, false
 	}
 	after := f.nonFinite(bf, PassBF16)
-	fix := &report.Fix{Kind: report.FixBF16, Works: len(f.deciding(f.Origins(PassBF16))) == 0, NonFiniteBefore: before, NonFiniteAfter: after}
+	fix := &report.Fix{Kind: report.FixBF16, Pass: PassBF16, NonFiniteBefore: before, NonFiniteAfter: after,
+		Works: len(f.deciding(f.Origins(PassBF16))) == 0 && f.outputsAgree(bf)}
+	f.recordAgreement(bf)
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
+		if a := f.agreeText(bf); a != "" {
+			fix.Summary += "; its " + a
+		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %d non-finite values remain in the bf16 pass", after)
+		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", f.remains(fix))
 	}
 	return fix, true
 }
@@ -182,7 +204,7 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("without the model's own half cast (%s) every overflow is gone: remove the .half()/.to(torch.float16) in forward, or move it after the op that overflows, or scale before it", list)
 	} else {
-		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %d non-finite values remain", list, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %s", list, f.remains(fix))
 	}
 	return fix, nil
 }
@@ -216,7 +238,7 @@ func (f *Facts) fixConstant(ctx context.Context, run Runner, batches []batch.Bat
 	if fix.Works {
 		fix.Summary = fmt.Sprintf("with the constants in range (torch.finfo(scores.dtype).min instead of the fixed value, at %s) nothing non-finite reaches the outputs and nothing raises", strings.Join(readers, ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %d non-finite values remain", strings.Join(readers, ", "), fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %s", strings.Join(readers, ", "), f.remains(fix))
 	}
 	return fix, nil
 }
@@ -277,8 +299,8 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
 			strings.Join(fix.Modules, ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %d non-finite values remain",
-			len(fix.Nodes), fix.Iterations, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %s",
+			len(fix.Nodes), fix.Iterations, f.remains(fix))
 	}
 	return fix, nil
 }

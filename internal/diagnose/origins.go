@@ -178,8 +178,12 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 		inputs = append(inputs, in.Spec.Name)
 	}
 	out := []report.Origin{}
+	// starts holds, per origin, the values its NaN/Inf are in: where its
+	// effect on the outputs starts.
+	var starts [][]string
 	castInputs := map[string]int{} // input origins of the policy's cast, by input
 	for _, o := range findOrigins(g, f.Static.Order, inputs, nonFinite, isConst, idx.Consumers) {
+		start := o.values(g)
 		var or report.Origin
 		if o.node < 0 {
 			in := f.input(o.input)
@@ -191,6 +195,7 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 			// whichever nodes read it.
 			if k, ok := castInputs[in.Spec.Name]; ok {
 				merge(&out[k], o, f)
+				starts[k] = append(starts[k], start...)
 				continue
 			}
 			castInputs[in.Spec.Name] = len(out)
@@ -202,8 +207,27 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 		or.Affected, or.AffectedOutputs = []string{}, []string{}
 		merge(&or, o, f)
 		out = append(out, or)
+		starts = append(starts, start)
+	}
+	if pass != PassFP32 && res.Outputs != nil {
+		out = f.attributeWrong(out, starts, res, asg)
 	}
 	return out, deliberate, fills
+}
+
+// values lists the values an origin's NaN/Inf are in: its input or its
+// node's outputs, and the outputs of the nodes they reached.
+func (o origin) values(g *onnx.GraphProto) []string {
+	var vs []string
+	if o.node < 0 {
+		vs = append(vs, o.input)
+	} else {
+		vs = append(vs, g.Node[o.node].Output...)
+	}
+	for _, ni := range o.affected {
+		vs = append(vs, g.Node[ni].Output...)
+	}
+	return vs
 }
 
 // fill is where a pass writes a mask constant on purpose into a value

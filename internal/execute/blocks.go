@@ -377,7 +377,7 @@ type job struct {
 
 // runBlocks runs the passes of plan over the batches block by block:
 // every batch (or part of one) through a block, then the next block.
-func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *statsop.Plan, mp *MemoryPlan, batches []batch.Batch, results []*observe.PassResult) error {
+func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *statsop.Plan, mp *MemoryPlan, batches []batch.Batch, results []*observe.PassResult, cmp []comparison) error {
 	bo := mp.blocks.blockOf()
 	pin := make([]int, len(plan.Origin))
 	for i, o := range plan.Origin {
@@ -409,7 +409,7 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 		return err
 	}
 	r := &blockRun{e: e, rt: rt, mp: mp, batches: batches, results: results, lastUse: lastUse, probe: newShapeProbe(),
-		probed: map[string][2][]int64{}}
+		probed: map[string][2][]int64{}, fetch: plan.Fetch, cmp: cmp}
 	for b, blk := range blocks {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -508,6 +508,11 @@ type blockRun struct {
 	// samples), probe what they tell.
 	probed map[string][2][]int64
 	probe  *shapeProbe
+	// fetch are the whole plan's graph outputs, which the last block
+	// returns among the values it hands on, and cmp the comparisons of
+	// those outputs (see compareHeld).
+	fetch []statsop.Fetch
+	cmp   []comparison
 }
 
 // block runs every job through one block's session and folds the records
@@ -614,6 +619,33 @@ func (r *blockRun) run(sess *statsop.Session, b int, blk *statsop.Block, j *job)
 		if blk.Handed[name] && r.lastUse[name] == b {
 			delete(j.held, name)
 		}
+	}
+	return r.compareHeld(j)
+}
+
+// compareHeld folds the graph outputs a job's run returned into their
+// comparisons, once a pass's output and its reference's are both there,
+// and drops them: no later block reads them.
+func (r *blockRun) compareHeld(j *job) error {
+	if j.probe == 0 {
+		for _, c := range r.cmp {
+			yt, rt := j.held[r.fetch[c.fetch].Name], j.held[r.fetch[c.ref].Name]
+			if yt == nil || rt == nil {
+				continue
+			}
+			y, err := yt.Float32s()
+			if err != nil {
+				return err
+			}
+			ref, err := rt.Float32s()
+			if err != nil {
+				return err
+			}
+			c.diff.Observe(j.batch, j.lo, yt.Shape, y, ref)
+		}
+	}
+	for _, f := range r.fetch {
+		delete(j.held, f.Name)
 	}
 	return nil
 }

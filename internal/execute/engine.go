@@ -87,6 +87,21 @@ type Pass struct {
 	Name  string
 	Model *onnx.ModelProto
 	Ref   string
+	// OutputRef names the pass whose graph outputs this pass's are
+	// compared with, when that is not Ref (a rerun compares only its
+	// outputs with fp32's); it must come earlier in the same Run.
+	OutputRef string
+	// OutputsOnly runs the pass for its graph outputs alone: its values
+	// are not observed (the fp32 outputs a rerun is compared with).
+	OutputsOnly bool
+}
+
+// outputRef is the pass whose graph outputs p's are compared with.
+func (p Pass) outputRef() string {
+	if p.OutputRef != "" {
+		return p.OutputRef
+	}
+	return p.Ref
 }
 
 // Notes returns facts about how the passes ran that a report must carry
@@ -166,7 +181,11 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	}
 	results := make([]*observe.PassResult, len(passes))
 	for i, p := range passes {
-		results[i] = observe.NewPassResult(p.Name, e.Observe, p.Ref != "")
+		observed := e.Observe
+		if p.OutputsOnly {
+			observed = nil
+		}
+		results[i] = observe.NewPassResult(p.Name, observed, p.Ref != "")
 	}
 	if len(e.Observe) == 0 {
 		// Nothing to observe (a model without float values): the model
@@ -176,14 +195,23 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	}
 	ps := make([]statsop.Pass, len(passes))
 	index := map[string]int{}
+	outRef := make([]int, len(passes))
 	for i, p := range passes {
-		ps[i] = statsop.Pass{Name: p.Name, Model: p.Model, Ref: -1}
-		if p.Ref != "" {
-			r, ok := index[p.Ref]
-			if !ok {
-				return nil, nil, fmt.Errorf("pass %s compares with %s, which does not come before it", p.Name, p.Ref)
+		ps[i] = statsop.Pass{Name: p.Name, Model: p.Model, Ref: -1, OutputsOnly: p.OutputsOnly}
+		outRef[i] = -1
+		for k, name := range []string{p.Ref, p.outputRef()} {
+			if name == "" {
+				continue
 			}
-			ps[i].Ref = r
+			r, ok := index[name]
+			if !ok {
+				return nil, nil, fmt.Errorf("pass %s compares with %s, which does not come before it", p.Name, name)
+			}
+			if k == 0 {
+				ps[i].Ref = r
+			} else {
+				outRef[i] = r
+			}
 		}
 		index[p.Name] = i
 	}
@@ -191,6 +219,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	if err != nil {
 		return nil, nil, err
 	}
+	cmp := comparisons(plan, outRef, results)
 	if e.handsOver() {
 		plan.Declared = filepath.Base(e.ModelFile)
 	}
@@ -204,7 +233,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		return nil, nil, err
 	}
 	if mp.blocks != nil {
-		if err := e.runBlocks(ctx, rt, plan, mp, batches, results); err != nil {
+		if err := e.runBlocks(ctx, rt, plan, mp, batches, results, cmp); err != nil {
 			return nil, nil, err
 		}
 		return results, mp, nil
@@ -235,7 +264,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
-		if err := e.runBatch(rt, sess, plan, mp, bi, b, results); err != nil {
+		if err := e.runBatch(rt, sess, plan, mp, bi, b, results, cmp); err != nil {
 			return nil, nil, fmt.Errorf("batch %s: %w", b.Source, err)
 		}
 		if e.Progress != nil {
@@ -336,11 +365,14 @@ func passNames(passes []Pass) string {
 
 // runBatch runs one batch, whole or in the plan's sub-batches, and folds
 // its records into the results.
-func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, mp *MemoryPlan, bi int, b batch.Batch, results []*observe.PassResult) error {
+func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *statsop.Plan, mp *MemoryPlan, bi int, b batch.Batch, results []*observe.PassResult, cmp []comparison) error {
 	size := b.Size()
 	step := mp.subBatch(size)
 	if step >= size {
 		if err := run(rt, sess, b.Inputs); err != nil {
+			return err
+		}
+		if err := compareOutputs(sess, cmp, bi, 0); err != nil {
 			return err
 		}
 		for i, o := range plan.Outputs {
@@ -378,6 +410,9 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 				return err
 			}
 			m = statsop.NewMerger(plan, bi, size, pr.full(size))
+		}
+		if err := compareOutputs(sess, cmp, bi, lo); err != nil {
+			return err
 		}
 		if err := m.Add(sess, n); err != nil {
 			return fmt.Errorf("samples %d to %d: %w", lo, lo+n-1, err)
@@ -490,6 +525,52 @@ func (p *shapeProbe) full(size int64) map[string][]int64 {
 		out[v] = sh
 	}
 	return out
+}
+
+// comparison is one graph output of a pass compared with the same output
+// of its reference pass: the indices of both in the plan's Fetch list.
+type comparison struct {
+	fetch, ref int
+	diff       *observe.OutputDiff
+}
+
+// comparisons pairs every fetched output of a pass that has an output
+// reference (outRef[pass] >= 0) with the reference's, and gives the pass's
+// results their output comparisons.
+func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult) []comparison {
+	var out []comparison
+	for i, f := range plan.Fetch {
+		r := outRef[f.Pass]
+		if r < 0 {
+			continue
+		}
+		for j, g := range plan.Fetch {
+			if g.Pass == r && g.Value == f.Value {
+				d := observe.NewOutputDiff(f.Value)
+				results[f.Pass].Outputs = append(results[f.Pass].Outputs, d)
+				out = append(out, comparison{fetch: i, ref: j, diff: d})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// compareOutputs folds the outputs of the session's last run, batch bi
+// from sample first on, into the comparisons.
+func compareOutputs(sess *statsop.Session, cmp []comparison, bi int, first int64) error {
+	for _, c := range cmp {
+		y, shape, err := sess.Fetched(c.fetch)
+		if err != nil {
+			return err
+		}
+		ref, _, err := sess.Fetched(c.ref)
+		if err != nil {
+			return err
+		}
+		c.diff.Observe(bi, first, shape, y, ref)
+	}
+	return nil
 }
 
 // fold adds one batch's record of a value to a pass's results.

@@ -372,6 +372,17 @@ func TestBlocksEqualWhole(t *testing.T) {
 							t.Errorf("step %d, %s %s: diff in blocks %+v, whole %+v", step, passes[p].Name, v, *g, *w)
 						}
 					}
+					// The graph outputs come back from the last block and
+					// compare with fp32's as they do in one session.
+					if passes[p].Ref != "" && (len(whole[p].Outputs) == 0 || len(blocks[p].Outputs) != len(whole[p].Outputs)) {
+						t.Errorf("step %d, %s: %d outputs compared in blocks, %d whole", step, passes[p].Name, len(blocks[p].Outputs), len(whole[p].Outputs))
+						continue
+					}
+					for k, w := range whole[p].Outputs {
+						if g := blocks[p].Outputs[k]; *g != *w || w.Samples == 0 {
+							t.Errorf("step %d, %s output %s: in blocks %+v, whole %+v", step, passes[p].Name, w.Name, *g, *w)
+						}
+					}
 				}
 			}
 		})

@@ -9,6 +9,7 @@ import (
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/shapes"
 	"fp16audit/internal/statsop"
+	"fp16audit/internal/tensor"
 )
 
 // DefaultMemoryFraction is the share of available memory an audit plans
@@ -192,7 +193,10 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		for _, t := range b.Inputs {
 			inputs += int64(len(t.Data))
 		}
-		if peak := m.weights + m.rounded + inputs + int64(factor*float64(prof.peak())); peak > m.peak {
+		// Every pass's graph outputs come back as a FLOAT copy, held with
+		// the values until the run ends.
+		fetched := int64(len(passes)) * outputBytes(base, sh)
+		if peak := m.weights + m.rounded + inputs + int64(factor*float64(prof.peak())) + fetched; peak > m.peak {
 			m.peak, m.samples, m.prof = peak, b.Size(), prof
 		}
 		m.all += b.Size()
@@ -293,6 +297,18 @@ func (m *MemoryPlan) budgetSource() string {
 		return fmt.Sprintf("the %s available per %s", FormatSize(m.avail), m.availSrc)
 	}
 	return fmt.Sprintf("%.0f%% of the %s available per %s", 100*DefaultMemoryFraction, FormatSize(m.avail), m.availSrc)
+}
+
+// outputBytes is the size of g's graph outputs as FLOAT, as far as sh
+// knows them.
+func outputBytes(g *onnx.GraphProto, sh map[string][]int64) int64 {
+	var n int64
+	for _, o := range g.Output {
+		if s, ok := sh[o.Name]; ok {
+			n += 4 * tensor.NumElements(s)
+		}
+	}
+	return n
 }
 
 // crossSample says why a batch cannot run in parts through g, or "": the

@@ -2,7 +2,8 @@ package observe
 
 // PassResult is what one pass learned: statistics per observed value,
 // aggregated over every batch, the shape each value had in the first batch,
-// and, for passes compared with a reference, the per-value differences.
+// and, for passes compared with a reference, the per-value differences
+// and the comparison of the graph outputs.
 type PassResult struct {
 	// Name is the pass's name ("fp32", "fp16", "fp16+standardized"...).
 	Name   string
@@ -10,6 +11,9 @@ type PassResult struct {
 	Shapes map[string][]int64
 	// Diffs is nil for a pass not compared with a reference.
 	Diffs map[string]*Diff
+	// Outputs compares the pass's float graph outputs with the fp32
+	// pass's, in the graph's order; nil for a pass not compared.
+	Outputs []*OutputDiff
 }
 
 // NewPassResult returns empty results for the named values; compared says

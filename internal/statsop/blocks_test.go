@@ -79,7 +79,7 @@ func TestSplitBlocks(t *testing.T) {
 	if got := ops(blocks[0]); !slices.Equal(got, []string{"/Identity", "/MatMul"}) {
 		t.Errorf("block 0 nodes %v", got)
 	}
-	if got := ops(blocks[1]); !slices.Equal(got, []string{"/Identity", "/Relu", "/MatMul_1"}) {
+	if got := ops(blocks[1]); !slices.Equal(got, []string{"/Identity", "/Relu", "/MatMul_1", "y::out::fp16audit"}) {
 		t.Errorf("block 1 nodes %v", got)
 	}
 	if got := values(blocks[0]); !slices.Equal(got, []string{"a"}) {
@@ -95,8 +95,12 @@ func TestSplitBlocks(t *testing.T) {
 	if in := blocks[1].Inputs; len(in) != 2 || !slices.Contains(in, "a") || !slices.Contains(in, token) || !blocks[1].Handed["a"] || !blocks[1].Handed[token] {
 		t.Errorf("block 1 inputs %v, handed %v; want a and the token %s", in, blocks[1].Handed, token)
 	}
-	if !slices.Equal(blocks[1].Plan.Hand, []string{p.Token}) {
-		t.Errorf("block 1 returns %v, want the plan's token %s", blocks[1].Plan.Hand, p.Token)
+	want := []string{p.Token}
+	for _, f := range p.Fetch {
+		want = append(want, f.Name) // the graph outputs, made after the last Observe node
+	}
+	if !slices.Equal(blocks[1].Plan.Hand, want) || len(want) != 2 {
+		t.Errorf("block 1 returns %v, want the plan's token and graph output %v", blocks[1].Plan.Hand, want)
 	}
 	for b, blk := range blocks {
 		if init := blk.Plan.Model.Graph.Initializer; !slices.ContainsFunc(init, func(t *onnx.TensorProto) bool { return t.Name == "W" }) {

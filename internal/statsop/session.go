@@ -31,6 +31,8 @@ type Session struct {
 	// weights are the initializers handed to ONNX Runtime over the
 	// model's own memory (HandsOver), released with the session.
 	weights []*ortcapi.Value
+	// fetched holds the last Run's values of plan.Fetch.
+	fetched []*ortcapi.Value
 }
 
 // NewSession creates the session of plan, whose graph inputs are inputs,
@@ -168,23 +170,72 @@ func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	return out
 }
 
-// outputs are the names a session of p returns: its token, or the values
-// a block hands on.
+// outputs are the names a session of p returns: its token and the
+// passes' graph outputs (Fetch), or the values a block hands on (among
+// them, in the last block, the graph outputs).
 func (p *Plan) outputs() []string {
 	if len(p.Hand) > 0 {
 		return p.Hand
 	}
-	return []string{p.Token}
+	outs := []string{p.Token}
+	for _, f := range p.Fetch {
+		outs = append(outs, f.Name)
+	}
+	return outs
 }
 
-// Run runs the plan on inputs (in the session's input order). Record then
-// holds the records until the next Run.
+// Run runs the plan on inputs (in the session's input order). Record and
+// Fetched then hold the records and the graph outputs until the next Run.
 func (s *Session) Run(inputs []*ortcapi.Value) error {
+	s.release()
 	outs, err := s.RunHand(inputs)
-	for _, v := range outs {
+	if err != nil {
+		return err
+	}
+	outs[0].Release()
+	s.fetched = outs[1:]
+	return nil
+}
+
+// Fetched returns the elements and shape of plan.Fetch[i] from the last
+// Run; they stay valid until the next Run or Close.
+func (s *Session) Fetched(i int) ([]float32, []int64, error) {
+	if i >= len(s.fetched) || s.fetched[i] == nil {
+		return nil, nil, fmt.Errorf("output %q of pass %d: not fetched", s.plan.Fetch[i].Value, s.plan.Fetch[i].Pass)
+	}
+	return floats(s.plan.Fetch[i].Value, s.fetched[i])
+}
+
+// floats returns the elements and shape of a FLOAT value ONNX Runtime
+// returned, over its memory: valid while v is.
+func floats(name string, v *ortcapi.Value) ([]float32, []int64, error) {
+	t, shape, err := v.Info()
+	if err != nil {
+		return nil, nil, err
+	}
+	if t != ortcapi.Float32 {
+		return nil, nil, fmt.Errorf("output %q: element type %d, want FLOAT", name, t)
+	}
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	if n == 0 {
+		return []float32{}, shape, nil
+	}
+	p, err := v.Data()
+	if err != nil {
+		return nil, nil, err
+	}
+	return unsafe.Slice((*float32)(p), n), shape, nil
+}
+
+// release frees the graph outputs of the last Run.
+func (s *Session) release() {
+	for _, v := range s.fetched {
 		v.Release()
 	}
-	return err
+	s.fetched = nil
 }
 
 // RunHand runs the plan like Run and returns what its graph returns, in
@@ -230,6 +281,7 @@ func (s *Session) Plan() *Plan { return s.plan }
 
 // Close releases the session and its record sink.
 func (s *Session) Close() {
+	s.release()
 	if s.s != nil {
 		s.s.Close()
 		s.s = nil

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -285,6 +286,63 @@ func verdictMood(r *report.Report) string {
 		return "caution"
 	}
 	return "ok"
+}
+
+// agreement is one row of the output agreement as the renderers show it:
+// the outcome word, the worst sample's relative error with where it is
+// and the tolerance, the error over all samples, max |error| / max |fp32|
+// and the top-1 agreement ("" for outputs without classes).
+type agreement struct {
+	Pass, Output, Outcome, Worst, Where, Overall, MaxRel, Top1, NonFinite string
+	Bad                                                                   bool
+}
+
+// agreements describes r's output agreement row by row.
+func agreements(r *report.Report) []agreement {
+	out := make([]agreement, 0, len(r.OutputAgreement))
+	for _, a := range r.OutputAgreement {
+		g := agreement{Pass: a.Pass, Output: a.Output, Outcome: a.Outcome, Bad: a.Outcome != report.OutputAgrees,
+			Worst: percentOpt(a.WorstRelErr) + " (tolerance " + percent(a.Tolerance) + ")", Overall: percentOpt(a.RelErr),
+			MaxRel: percent(a.MaxRelErr), NonFinite: fmt.Sprint(a.NonFinite)}
+		if a.WorstRelErr != nil {
+			g.Where = fmt.Sprintf("batch %d, sample %d", a.WorstBatch, a.WorstSample)
+		}
+		if a.RelErr == nil {
+			g.MaxRel = "n/a" // no element finite in both passes
+		}
+		if a.Top1Agreement != nil {
+			g.Top1 = fmt.Sprintf("%d/%d", int64(*a.Top1Agreement*float64(a.Rows)+0.5), a.Rows)
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// percent writes a relative error as a percentage, about three digits.
+func percent(x float64) string {
+	switch {
+	case math.IsNaN(x):
+		return "n/a"
+	case math.IsInf(x, 1):
+		return "∞"
+	}
+	return fmt.Sprintf("%.3g %%", 100*x)
+}
+
+func percentOpt(x *float64) string {
+	if x == nil {
+		return "n/a"
+	}
+	return percent(*x)
+}
+
+// wrongOutputsText names the outputs an origin left finite but wrong, as
+// a clause to append; "" when there are none.
+func wrongOutputsText(o report.Origin) string {
+	if len(o.WrongOutputs) == 0 {
+		return ""
+	}
+	return "; finite but wrong: " + strings.Join(o.WrongOutputs, ", ")
 }
 
 // maxSeverity is the highest severity among the findings of the training

@@ -502,6 +502,7 @@ var htmlFuncs = template.FuncMap{
 	"originFacts":     originFacts,
 	"originWhy":       originWhy,
 	"originTitle":     originTitle,
+	"agreements":      agreements,
 	"headroom":        headroomText,
 	"module":          moduleOrModel,
 	"opsets":          opsetString,
@@ -536,7 +537,7 @@ var htmlPage = markup.Page("page", htmlFuncs, `fp16audit: {{.R.Verdict}} — {{.
 <dt>module</dt><dd><code>{{module .Module}}</code></dd>
 {{end}}<dt>cause</dt><dd>{{originFacts $.R .}}</dd>
 {{with originWhy .}}<dt>precision</dt><dd><b>{{.}}</b></dd>
-{{end}}<dt>reached</dt><dd>{{len .Affected}} downstream node(s); graph outputs: {{if .AffectedOutputs}}{{range $i, $o := .AffectedOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{else}}none{{end}}</dd>
+{{end}}<dt>reached</dt><dd>{{len .Affected}} downstream node(s); graph outputs: {{if .AffectedOutputs}}{{range $i, $o := .AffectedOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{else}}none{{end}}{{if .WrongOutputs}}; finite but wrong: {{range $i, $o := .WrongOutputs}}{{if $i}}, {{end}}<code>{{$o}}</code>{{end}}{{end}}</dd>
 </dl></div>{{end}}
 {{if .R.Fixes}}<h3>Fixes, verified by rerun</h3>
 <ul class="fixes">{{range .R.Fixes}}
@@ -547,6 +548,10 @@ var htmlPage = markup.Page("page", htmlFuncs, `fp16audit: {{.R.Verdict}} — {{.
 {{if .Modules}}<div class="snip">modules kept in fp32: {{range $i, $m := .Modules}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}<br>ONNX nodes (node_block_list): {{range $i, $m := .Nodes}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}</div>{{end}}
 </li>{{end}}
 </ul>{{end}}
+{{with agreements .R}}<h3>Outputs against fp32</h3>
+<table class="plain"><thead><tr><th>pass</th><th>output</th><th>outcome</th><th class="num" title="relative L2 error ‖y − y32‖/‖y32‖ of the worst sample; the tolerance judges it">worst sample</th><th>where</th><th class="num">all samples</th><th class="num" title="max |y − y32| / max |y32|">max error</th><th class="num" title="rows of class scores whose top class is fp32's">top-1</th><th class="num">NaN/Inf</th></tr></thead><tbody>
+{{range .}}<tr{{if .Bad}} class="sev-error"{{end}}><td>{{.Pass}}</td><td><code>{{.Output}}</code></td><td>{{.Outcome}}</td><td class="num">{{.Worst}}</td><td>{{.Where}}</td><td class="num">{{.Overall}}</td><td class="num">{{.MaxRel}}</td><td class="num">{{.Top1}}</td><td class="num">{{.NonFinite}}</td></tr>
+{{end}}</tbody></table>{{end}}
 {{with headroomSummary .R.Summary}}<p class="small">{{.}}.</p>{{end}}
 </section>
 

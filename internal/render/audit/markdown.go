@@ -47,6 +47,9 @@ func Markdown(w io.Writer, r *report.Report) error {
 		b.WriteString("|---|---|---|---|---|---|--:|--:|--:|---|\n")
 		for _, o := range r.Origins {
 			reached := fmt.Sprintf("%d node(s); graph outputs: %s", len(o.Affected), markup.MDCodeList(o.AffectedOutputs))
+			if len(o.WrongOutputs) > 0 {
+				reached += "; finite but wrong: " + markup.MDCodeList(o.WrongOutputs)
+			}
 			cause := originCauseShort(r, o, markup.MDCode)
 			if why := originWhy(o); why != "" {
 				cause += "; " + markup.MDText(why)
@@ -86,6 +89,20 @@ func Markdown(w io.Writer, r *report.Report) error {
 			if f.Kind == report.FixKeepFP32 && len(f.Modules) > 0 {
 				fmt.Fprintf(&b, "\nModules to keep in fp32: %s (ONNX nodes for `node_block_list`: %s).\n", markup.MDCodeList(f.Modules), markup.MDCodeList(f.Nodes))
 			}
+		}
+	}
+
+	if rows := agreements(r); len(rows) > 0 {
+		b.WriteString("\n### Outputs against fp32\n\n")
+		b.WriteString("| pass | output | outcome | worst sample (relative L2 error) | where | all samples | max \\|error\\| / max \\|fp32\\| | top-1 | NaN/Inf |\n")
+		b.WriteString("|---|---|---|--:|---|--:|--:|--:|--:|\n")
+		for _, a := range rows {
+			outcome := a.Outcome
+			if a.Bad {
+				outcome = "**" + outcome + "**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", markup.MDText(a.Pass), markup.MDCode(a.Output), outcome,
+				markup.MDText(a.Worst), a.Where, markup.MDText(a.Overall), markup.MDText(a.MaxRel), a.Top1, a.NonFinite)
 		}
 	}
 

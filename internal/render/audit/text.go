@@ -88,8 +88,8 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 		if why := originWhy(o); why != "" {
 			t.para("          ", why, 10)
 		}
-		if len(o.Affected) > 0 || len(o.AffectedOutputs) > 0 {
-			t.para("          ", fmt.Sprintf("reached %d downstream node(s); graph outputs: %s", len(o.Affected), listOrNone(o.AffectedOutputs)), 10)
+		if len(o.Affected) > 0 || len(o.AffectedOutputs) > 0 || len(o.WrongOutputs) > 0 {
+			t.para("          ", fmt.Sprintf("reached %d downstream node(s); graph outputs: %s%s", len(o.Affected), listOrNone(o.AffectedOutputs), wrongOutputsText(o)), 10)
 		}
 	}
 	for _, f := range r.Fixes {
@@ -115,6 +115,28 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 		if f.Kind == report.FixKeepFP32 && len(f.Nodes) > 0 {
 			t.para("      modules: ", strings.Join(f.Modules, ", "), 8)
 			t.para("      ONNX nodes (node_block_list): ", strings.Join(f.Nodes, ", "), 8)
+		}
+	}
+
+	if rows := agreements(r); len(rows) > 0 {
+		t.Printf("  outputs against fp32 (relative L2 error of the worst sample; all samples; max |error| / max |fp32|):\n")
+		for _, a := range rows {
+			style := markup.Green
+			if a.Bad {
+				style = markup.Red
+			}
+			txt := fmt.Sprintf("worst %s", a.Worst)
+			if a.Where != "" {
+				txt += " in " + a.Where
+			}
+			txt += fmt.Sprintf("; all %s; max %s", a.Overall, a.MaxRel)
+			if a.Top1 != "" {
+				txt += "; top-1 " + a.Top1
+			}
+			if a.NonFinite != "0" {
+				txt += "; NaN/Inf " + a.NonFinite
+			}
+			t.para(fmt.Sprintf("    %s %s %s: ", a.Pass, a.Output, t.Style(style, a.Outcome)), txt, 8)
 		}
 	}
 

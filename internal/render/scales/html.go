@@ -1,7 +1,6 @@
 package scales
 
 import (
-	"encoding/json"
 	"fmt"
 	"html/template"
 	"io"
@@ -22,7 +21,9 @@ import (
 // tell. It loads nothing from the network; a small inline script shows a
 // bucket's numbers under the mouse.
 func HTML(w io.Writer, r *report.ScalesReport) error {
-	data, err := json.Marshal(struct {
+	// A bucket may hold ±Inf (the log2 of a scale of 0): the page's data
+	// writes it as the report's JSON does, as a string the script shows.
+	data, err := report.MarshalNonFinite(struct {
 		Series []report.Bucket `json:"series"`
 	}{r.Series})
 	if err != nil {
@@ -517,8 +518,8 @@ const scalesScript = `
     var charts = Array.prototype.slice.call(document.querySelectorAll("svg.schart"));
     if (!S.length) return;
     var from = S[0].from - 0.5, to = S[S.length - 1].to + 0.5;
-    function f4(x) { return x === undefined || x === null ? "–" : String(+x.toPrecision(4)); }
-    function pow2(x) { return "2^" + (Math.round(x * 100) / 100); }
+    function f4(x) { return x === undefined || x === null ? "–" : typeof x === "string" ? x : String(+x.toPrecision(4)); }
+    function pow2(x) { return "2^" + (typeof x === "string" ? x : Math.round(x * 100) / 100); }
     function bucketAt(step) {
       for (var i = 0; i < S.length; i++) if (step <= S[i].to + 0.5) return S[i];
       return S[S.length - 1];

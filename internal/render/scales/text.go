@@ -279,12 +279,12 @@ func mergeBuckets(bs []report.Bucket) []report.Bucket {
 	return out
 }
 
-// valueRange is the lowest and highest value over the buckets that have
-// one; lo is +Inf when none has.
+// valueRange is the lowest and highest finite value over the buckets that
+// have one; lo is +Inf when none has.
 func valueRange(bs []report.Bucket, val func(report.Bucket) (float64, bool)) (lo, hi float64) {
 	lo, hi = math.Inf(1), math.Inf(-1)
 	for _, b := range bs {
-		if v, ok := val(b); ok {
+		if v, ok := val(b); ok && !math.IsInf(v, 0) && !math.IsNaN(v) {
 			lo, hi = min(lo, v), max(hi, v)
 		}
 	}
@@ -292,12 +292,12 @@ func valueRange(bs []report.Bucket, val func(report.Bucket) (float64, bool)) (lo
 }
 
 // sparkline draws one glyph per bucket, scaled between lo and hi; buckets
-// without a value are blank.
+// without a finite value are blank (the log2 of a scale of 0 is -Inf).
 func sparkline(bs []report.Bucket, val func(report.Bucket) (float64, bool), lo, hi float64) string {
 	var sb strings.Builder
 	for _, b := range bs {
 		v, ok := val(b)
-		if !ok {
+		if !ok || math.IsInf(v, 0) || math.IsNaN(v) {
 			sb.WriteRune(' ')
 			continue
 		}
