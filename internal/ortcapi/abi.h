@@ -88,6 +88,7 @@ enum {
 	ortc_CreatePrepackedWeightsContainer = 166,
 	ortc_ReleasePrepackedWeightsContainer = 167,
 	ortc_CreateSessionFromArrayWithPrepackedWeightsContainer = 169,
+	ortc_RegisterAllocator = 176,
 	ortc_KernelContext_ParallelFor = 274,
 };
 
@@ -96,6 +97,7 @@ enum {
 	ortc_logging_fatal = 4,      // OrtLoggingLevel: verbose 0 ... fatal 4
 	ortc_err_fail = 1,           // OrtErrorCode ORT_FAIL
 	ortc_err_invalid_argument = 2, // OrtErrorCode ORT_INVALID_ARGUMENT
+	ortc_device_allocator = 0,   // OrtAllocatorType OrtDeviceAllocator
 	ortc_arena_allocator = 1,    // OrtAllocatorType OrtArenaAllocator
 	ortc_mem_default = 0,        // OrtMemType OrtMemTypeDefault
 	ortc_io_required = 0,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_REQUIRED
@@ -149,6 +151,7 @@ typedef OrtStatus *(*ortc_KernelContext_GetOutput_fn)(OrtKernelContext *, size_t
 typedef OrtStatus *(*ortc_KernelContext_ParallelFor_fn)(const OrtKernelContext *, void (*fn)(void *, size_t), size_t total,
 	size_t num_batch, void *user);
 typedef OrtStatus *(*ortc_CreatePrepackedWeightsContainer_fn)(OrtPrepackedWeightsContainer **out);
+typedef OrtStatus *(*ortc_RegisterAllocator_fn)(OrtEnv *, void *allocator);
 
 // ORTC_FN fetches entry `name` of the function table `api` as its type.
 #define ORTC_FN(api, name) ((name##_fn)(((void *const *)(api))[name]))
@@ -177,6 +180,17 @@ struct ortc_custom_op {
 	int (*GetVariadicOutputHomogeneity)(const ortc_custom_op *);
 	OrtStatus *(*CreateKernelV2)(const ortc_custom_op *, const void *api, const OrtKernelInfo *, void **kernel);
 	OrtStatus *(*KernelComputeV2)(void *kernel, OrtKernelContext *);
+};
+
+// ortc_allocator is OrtAllocator up to the last field version 17 defines
+// (later versions add Reserve, GetStats, AllocOnStream, which ONNX Runtime
+// reads only from an allocator of a version that has them).
+typedef struct ortc_allocator ortc_allocator;
+struct ortc_allocator {
+	uint32_t version;
+	void *(*Alloc)(ortc_allocator *this_, size_t size);
+	void (*Free)(ortc_allocator *this_, void *p);
+	const OrtMemoryInfo *(*Info)(const ortc_allocator *this_);
 };
 
 #endif

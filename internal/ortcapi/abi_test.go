@@ -41,8 +41,9 @@ var (
 	lineComment  = regexp.MustCompile(`//[^\n]*`)
 )
 
-// members splits the body of `struct name {...};` in src into its member
-// declarations, comments removed and white space collapsed.
+// members splits the body of `struct name {...};` (or of `typedef struct
+// name {...} name;`) in src into its member declarations, comments
+// removed and white space collapsed.
 func members(t *testing.T, src, name string) []string {
 	t.Helper()
 	start := strings.Index(src, "struct "+name+" {")
@@ -50,7 +51,7 @@ func members(t *testing.T, src, name string) []string {
 		t.Fatalf("no struct %s", name)
 	}
 	body := src[start+len("struct "+name+" {"):]
-	body = body[:strings.Index(body, "\n};")]
+	body = body[:structEnd.FindStringIndex(body)[0]]
 	body = lineComment.ReplaceAllString(blockComment.ReplaceAllString(body, ""), "")
 	var out []string
 	depth, cur := 0, strings.Builder{}
@@ -71,6 +72,8 @@ func members(t *testing.T, src, name string) []string {
 	}
 	return out
 }
+
+var structEnd = regexp.MustCompile(`\n}\s*(\w+\s*)?;`)
 
 var (
 	statusEntry  = regexp.MustCompile(`^ORT_API2_STATUS\((\w+),?(.*)\)`)
@@ -179,24 +182,47 @@ func TestFunctionTable(t *testing.T) {
 	}
 }
 
+// TestAllocatorLayout checks that ortc_allocator lists OrtAllocator's
+// fields in the header's order (a uint32 version, then function pointers)
+// and ends where version 17, the one it declares, ends.
+func TestAllocatorLayout(t *testing.T) {
+	want := fieldNames(t, members(t, readFile(t, referenceHeader(t)), "OrtAllocator"))
+	got := fieldNames(t, members(t, readFile(t, "abi.h"), "ortc_allocator"))
+	if len(got) > len(want) {
+		t.Fatalf("ortc_allocator has %d fields, the header's OrtAllocator %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("field %d: ortc_allocator has %s, the header %s", i, got[i], want[i])
+		}
+	}
+	if len(got) < len(want) && want[len(got)] != "Reserve" {
+		t.Errorf("ortc_allocator ends before %s; version 17 allocators end before Reserve (version 18)", want[len(got)])
+	}
+}
+
+// fieldNames returns the names of a struct's fields: a uint32 or function
+// pointers.
+func fieldNames(t *testing.T, ms []string) []string {
+	t.Helper()
+	field := regexp.MustCompile(`^(?:uint32_t (\w+)|.*\(\s*(?:ORT_API_CALL\s*)?\*\s*(\w+)\s*\)\s*\(.*\)|ORT_API2_STATUS\((\w+),.*\))$`)
+	var out []string
+	for _, m := range ms {
+		g := field.FindStringSubmatch(m)
+		if g == nil {
+			t.Fatalf("member not understood: %s", m)
+		}
+		out = append(out, g[1]+g[2]+g[3])
+	}
+	return out
+}
+
 // TestCustomOpLayout checks that ortc_custom_op lists OrtCustomOp's fields
 // in the header's order (a uint32 version, then function pointers only, so
 // the same order gives the same offsets) up to the last field it declares.
 func TestCustomOpLayout(t *testing.T) {
-	field := regexp.MustCompile(`^(?:uint32_t (\w+)|.*\(\s*(?:ORT_API_CALL\s*)?\*\s*(\w+)\s*\)\s*\(.*\))$`)
-	names := func(ms []string) []string {
-		var out []string
-		for _, m := range ms {
-			g := field.FindStringSubmatch(m)
-			if g == nil {
-				t.Fatalf("OrtCustomOp member not understood: %s", m)
-			}
-			out = append(out, g[1]+g[2])
-		}
-		return out
-	}
-	want := names(members(t, readFile(t, referenceHeader(t)), "OrtCustomOp"))
-	got := names(members(t, readFile(t, "abi.h"), "ortc_custom_op"))
+	want := fieldNames(t, members(t, readFile(t, referenceHeader(t)), "OrtCustomOp"))
+	got := fieldNames(t, members(t, readFile(t, "abi.h"), "ortc_custom_op"))
 	if len(got) > len(want) {
 		t.Fatalf("ortc_custom_op has %d fields, the header's OrtCustomOp %d", len(got), len(want))
 	}

@@ -72,4 +72,15 @@ OrtStatus *ortc_tensor_data(OrtValue *v, void **out);
 // its first maxdims dimensions in one call.
 OrtStatus *ortc_tensor_info(const OrtValue *v, int *elem_type, size_t *rank, size_t *count, int64_t *dims, size_t maxdims);
 
+// ortc_huge_register registers the huge-page allocator (huge.c) with env;
+// sessions use it with the config entry session.use_env_allocators. A
+// session that does calls ortc_huge_acquire before it is created and
+// ortc_huge_release after it is released: the freed blocks the allocator
+// keeps are unmapped when the last such session goes. ortc_huge_stats
+// reads the bytes of the blocks mapped in use and kept.
+OrtStatus *ortc_huge_register(OrtEnv *env);
+void ortc_huge_acquire(void);
+void ortc_huge_release(void);
+void ortc_huge_stats(size_t *in_use, size_t *cached);
+
 #endif

@@ -51,6 +51,9 @@ type Runtime struct {
 	version string
 	env     *C.OrtEnv
 	cpu     *C.OrtMemoryInfo
+	// huge registers the huge-page allocator with env once (hugeErr).
+	huge    sync.Once
+	hugeErr error
 }
 
 var loaded struct {
@@ -267,6 +270,15 @@ type Options struct {
 	// Prepacked, when set, shares repacked weights with the other sessions
 	// created with the same container.
 	Prepacked *PrepackedWeights
+	// HugePages allocates the session's memory from an allocator the
+	// sessions created with it share in place of ONNX Runtime's arena
+	// (huge.c): blocks of 1 MiB and more are mapped as transparent huge
+	// pages, one page fault per 2 MiB instead of 512, and a freed block is
+	// kept for the next allocation of about its size, in this session or
+	// another, until the last session with HugePages closes. For a
+	// session run a few times, whose first run would otherwise fault its
+	// whole working set in page by page.
+	HugePages bool
 }
 
 // Session is a model loaded into ONNX Runtime with fixed input and output
@@ -280,6 +292,8 @@ type Session struct {
 	outNames []string
 	cIn      **C.char // C arrays of the names, for every Run
 	cOut     **C.char
+	// huge is set for a session created with Options.HugePages.
+	huge bool
 	// stopped holds the cause the session's runs were stopped with.
 	stopped atomic.Pointer[error]
 }
@@ -338,13 +352,26 @@ func (rt *Runtime) NewSession(model []byte, inputs, outputs []string, o Options)
 		prepacked = o.Prepacked.p
 	}
 	s := &Session{rt: rt, inNames: append([]string(nil), inputs...), outNames: append([]string(nil), outputs...)}
+	if o.HugePages {
+		rt.huge.Do(func() { rt.hugeErr = takeStatus(C.ortc_huge_register(rt.env)) })
+		if rt.hugeErr != nil {
+			return nil, fmt.Errorf("register the huge-page allocator: %w", rt.hugeErr)
+		}
+		if err := takeStatus(C.ortc_options_config(so, cstr("session.use_env_allocators"), cstr("1"))); err != nil {
+			return nil, err
+		}
+		C.ortc_huge_acquire()
+		s.huge = true
+	}
 	// The model bytes are only read during the call.
 	err := takeStatus(C.ortc_session_new(rt.env, unsafe.Pointer(unsafe.SliceData(model)), C.size_t(len(model)), so, prepacked, &s.p))
 	if err != nil {
+		s.releaseHuge()
 		return nil, err
 	}
 	if err := takeStatus(C.ortc_run_options_new(&s.ro)); err != nil {
 		C.ortc_session_release(s.p)
+		s.releaseHuge()
 		return nil, err
 	}
 	s.cIn = cStrings(inputs)
@@ -383,8 +410,26 @@ func (s *Session) Close() {
 	C.ortc_session_release(s.p)
 	C.ortc_run_options_release(s.ro)
 	s.p, s.ro = nil, nil
+	s.releaseHuge()
 	freeCStrings(s.cIn, len(s.inNames))
 	freeCStrings(s.cOut, len(s.outNames))
+}
+
+// releaseHuge ends the session's use of the huge-page allocator, after
+// ONNX Runtime freed the session's memory into it.
+func (s *Session) releaseHuge() {
+	if s.huge {
+		C.ortc_huge_release()
+		s.huge = false
+	}
+}
+
+// hugeStats returns the bytes the huge-page allocator has mapped in use and
+// keeps for later allocations.
+func hugeStats() (inUse, cached int64) {
+	var u, c C.size_t
+	C.ortc_huge_stats(&u, &c)
+	return int64(u), int64(c)
 }
 
 // StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run

@@ -279,3 +279,62 @@ func TestParseLevel(t *testing.T) {
 		}
 	}
 }
+
+// TestHugePages runs a model whose values are megabytes on the huge-page
+// allocator: the results equal the arena's, the blocks freed in a run
+// serve the next one instead of new mappings, and nothing stays mapped
+// once the session and its outputs are gone.
+func TestHugePages(t *testing.T) {
+	rt := runtimeForTest(t)
+	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{0.5, -1, 2}
+	const n = 200_000 // y and the product before the Add: 2.4 MB each
+	x := make([]float32, 2*n)
+	for i := range x {
+		x[i] = float32(i%97) - 48
+	}
+	want := affine(x, w, b)
+	in, err := NewTensorOf(rt, []int64{n, 2}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Release()
+	s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{Level: LevelNone, NoMemPattern: true, HugePages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func() (*Value, int64, int64) {
+		outs := []*Value{nil}
+		if err := s.Run([]*Value{in}, outs); err != nil {
+			t.Fatal(err)
+		}
+		y, err := Elements[float32](outs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if y[i] != want[i] {
+				t.Fatalf("y[%d] = %g, want %g", i, y[i], want[i])
+			}
+		}
+		inUse, cached := hugeStats()
+		return outs[0], inUse, cached
+	}
+	y1, inUse, cached := run()
+	if inUse < 4*3*n {
+		t.Errorf("with the output held, %d bytes in use; want at least the output's %d", inUse, 4*3*n)
+	}
+	if cached == 0 {
+		t.Error("the product freed in the run was not kept")
+	}
+	mapped := inUse + cached
+	y1.Release()
+	y2, inUse2, cached2 := run()
+	if inUse2+cached2 != mapped {
+		t.Errorf("second run: %d bytes mapped, the first %d; want the first run's blocks reused", inUse2+cached2, mapped)
+	}
+	s.Close()
+	y2.Release()
+	if inUse, cached := hugeStats(); inUse != 0 || cached != 0 {
+		t.Errorf("after the session and its outputs: %d bytes in use, %d kept; want none", inUse, cached)
+	}
+}
