@@ -259,7 +259,7 @@ func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassS
 	if err != nil {
 		return nil, nil, &UsageError{Err: lossHint(err, c)}
 	}
-	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.train.inputs, a.train.target)
+	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.train.inputs, a.train.target)
 	if err != nil {
 		return nil, nil, err
 	}

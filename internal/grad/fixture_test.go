@@ -433,6 +433,10 @@ func TestMassSession(t *testing.T) {
 	}
 	l := loadFixture(t, e, nil)
 	l.sess.Close()
+	// The mass session is handed the weights over the loaded model's
+	// memory, as in an audit; the full sessions copy them.
+	massOptions := sessionOptions
+	massOptions.ExternalDataDir = filepath.Dir(m.Path)
 	facts, err := backward.Probe(m.Proto, l.inputs, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +453,7 @@ func TestMassSession(t *testing.T) {
 		return res
 	}
 	res, res32 := build(r), build(nil)
-	ms, err := backward.NewMassSession(lib, res, sessionOptions, l.inputs, l.target)
+	ms, err := backward.NewMassSession(lib, res, massOptions, m.Path, l.inputs, l.target)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,11 +54,12 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 		ss.Close()
 		return nil, fmt.Errorf("too many statistics sessions open at once")
 	}
-	m, err := ss.handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, &opts)
+	m, weights, err := handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, &opts)
 	if err != nil {
 		ss.Close()
 		return nil, err
 	}
+	ss.weights = weights
 	data, err := onnx.Marshal(m)
 	if err != nil {
 		ss.Close()
@@ -94,28 +95,32 @@ func HandsOver(t *onnx.TensorProto) bool {
 
 // handOver returns m with the initializers HandsOver takes replaced by
 // declarations, and adds them to opts as tensors over their bytes, which
-// the session releases when it closes. ONNX Runtime takes a weight given
-// to the session (AddInitializer) without a copy only in place of one the
-// graph declares, and it checks an embedded one's data: the declaration
-// says the weight lies in the plan's Declared file, which ONNX Runtime
-// finds but never reads. The initializers a node updates in place (a
-// training-mode BatchNorm's running statistics) are left to ONNX Runtime's
-// own copy.
-func (ss *Session) handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *ortcapi.Options) (*onnx.ModelProto, error) {
+// the caller releases after the session is closed. ONNX Runtime takes a
+// weight given to the session (AddInitializer) without a copy only in
+// place of one the graph declares, and it checks an embedded one's data:
+// the declaration says the weight lies in the file declared (in the
+// session's external-data folder), which ONNX Runtime finds but never
+// reads. The initializers a node updates in place (a training-mode
+// BatchNorm's running statistics) are left to ONNX Runtime's own copy.
+func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *ortcapi.Options) (*onnx.ModelProto, []*ortcapi.Value, error) {
 	if declared == "" {
-		return m, nil
+		return m, nil, nil
 	}
 	written := writtenInPlace(m.Graph)
 	var out *onnx.ModelProto
+	var weights []*ortcapi.Value
 	for i, t := range m.Graph.Initializer {
 		if !HandsOver(t) || written[t.Name] {
 			continue
 		}
 		v, err := rt.NewTensor(ortcapi.ElemType(t.DataType), t.Dims, unsafe.Pointer(unsafe.SliceData(t.RawData)), len(t.RawData))
 		if err != nil {
-			return nil, fmt.Errorf("initializer %q: %w", t.Name, err)
+			for _, w := range weights {
+				w.Release()
+			}
+			return nil, nil, fmt.Errorf("initializer %q: %w", t.Name, err)
 		}
-		ss.weights = append(ss.weights, v)
+		weights = append(weights, v)
 		if out == nil {
 			out = onnx.ShallowCopy(m)
 			opts.Initializers = maps.Clone(opts.Initializers)
@@ -129,27 +134,60 @@ func (ss *Session) handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared st
 				{Key: "length", Value: strconv.Itoa(len(t.RawData))}}}
 	}
 	if out == nil {
-		return m, nil
+		return m, nil, nil
 	}
-	return out, nil
+	return out, weights, nil
 }
 
 // creating serialises session creation (see NewSession).
 var creating sync.Mutex
 
-// NewModelSession creates a plain session of a model that may use the
-// operators of Domain (a backward graph's Round and Mass nodes): the
-// domain registered on top of opts, the creation serialised as
-// NewSession's.
-func NewModelSession(rt *ortcapi.Runtime, model []byte, inputs, outputs []string, opts ortcapi.Options) (*ortcapi.Session, error) {
+// ModelSession is a plain session of a model that may use the operators
+// of Domain, with the weights it was handed.
+type ModelSession struct {
+	*ortcapi.Session
+	weights []*ortcapi.Value
+}
+
+// NewModelSession creates a plain session of m (a backward graph with
+// Round and Mass nodes): the domain registered on top of opts, the
+// creation serialised as NewSession's. declared, when set, hands the
+// weights HandsOver takes to ONNX Runtime over m's memory, as
+// Plan.Declared does: m must stay as it is until the session is closed.
+func NewModelSession(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, inputs, outputs []string, opts ortcapi.Options) (*ModelSession, error) {
 	d, err := Register(rt)
 	if err != nil {
 		return nil, fmt.Errorf("register the statistics operators: %w", err)
 	}
 	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
-	creating.Lock()
-	defer creating.Unlock()
-	return rt.NewSession(model, inputs, outputs, opts)
+	m, weights, err := handOver(rt, m, declared, &opts)
+	if err != nil {
+		return nil, err
+	}
+	ms := &ModelSession{weights: weights}
+	data, err := onnx.Marshal(m)
+	if err == nil {
+		creating.Lock()
+		ms.Session, err = rt.NewSession(data, inputs, outputs, opts)
+		creating.Unlock()
+	}
+	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	return ms, nil
+}
+
+// Close closes the session and releases the weights handed to it.
+func (ms *ModelSession) Close() {
+	if ms.Session != nil {
+		ms.Session.Close()
+		ms.Session = nil
+	}
+	for _, w := range ms.weights {
+		w.Release()
+	}
+	ms.weights = nil
 }
 
 // withSink returns m with every Observe node writing into sink.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"path/filepath"
 	"unsafe"
 
 	"fp16audit/internal/grad"
@@ -28,7 +29,7 @@ const RoundInput = "round::fp16audit"
 // Runtime, into buffers allocated once.
 type MassSession struct {
 	rt     *ortcapi.Runtime
-	s      *ortcapi.Session
+	s      *statsop.ModelSession
 	res    *grad.Result
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
@@ -50,8 +51,11 @@ type massKey struct {
 
 // NewMassSession opens the session of res (built with a Rounding) that
 // feeds inputs and target on every run. opt configures ONNX Runtime as
-// for the forward passes; library is the ONNX Runtime library.
-func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
+// for the forward passes; library is the ONNX Runtime library. modelFile
+// is the file the model was loaded from: when it lies in
+// opt.ExternalDataDir, the weights are handed to ONNX Runtime over the
+// memory res.Model holds them in rather than copied (statsop.HandsOver).
+func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, modelFile string, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
 	rt, err := ortcapi.Open(library)
 	if err != nil {
 		return nil, err
@@ -61,17 +65,15 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 	if err != nil {
 		return nil, err
 	}
-	data, err := onnx.Marshal(m)
-	if err != nil {
-		return nil, fmt.Errorf("backward session: %w", err)
-	}
 	level, err := ortcapi.ParseLevel(opt.Optimization)
 	if err != nil {
 		return nil, err
 	}
 	// The audit runs the session two to five times: memory patterns
-	// would make the first two runs both fault in fresh memory.
-	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+	// would make the first two runs both fault in fresh memory, and huge
+	// pages make the first run's faults few.
+	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, HugePages: true,
+		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
 	if opt.ExternalDataDir != "" {
 		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
 	}
@@ -88,10 +90,25 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 		names = append(names, res.Target)
 	}
 	names = append(names, res.Scale, RoundInput)
-	if ms.s, err = statsop.NewModelSession(rt, data, names, outputs, o); err != nil {
+	if ms.s, err = statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), names, outputs, o); err != nil {
 		return nil, fmt.Errorf("backward session: %w", err)
 	}
 	return ms, nil
+}
+
+// declared returns the name of modelFile when it lies in the folder dir
+// (the file ONNX Runtime is told the weights handed over lie in), "" when
+// not.
+func declared(modelFile, dir string) string {
+	if modelFile == "" || dir == "" {
+		return ""
+	}
+	a, err1 := filepath.Abs(filepath.Dir(modelFile))
+	b, err2 := filepath.Abs(dir)
+	if err1 != nil || err2 != nil || a != b {
+		return ""
+	}
+	return filepath.Base(modelFile)
 }
 
 func onnxIndexInputs(m *onnx.ModelProto) []string {
