@@ -251,7 +251,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
 	c := a.cfg.Train
 	opt := a.engine.Session
-	facts, err := backward.Probe(a.up, a.train.inputs, opt)
+	facts, err := backward.Probe(a.engine.Library, a.up, a.model.Path, a.train.inputs, opt)
 	if err != nil {
 		return nil, nil, err
 	}

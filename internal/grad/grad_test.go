@@ -54,7 +54,7 @@ func TestUnsupportedOpIsNamed(t *testing.T) {
 	requireORT(t)
 	m := chain("Cos", "")
 	x := tensor.FromFloat32s("x", []int64{2, 3}, []float32{1, -2, 0.5, 0.3, 2, -1})
-	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestDropoutTraining(t *testing.T) {
 		xs[i] = float32(i%7) + 1
 	}
 	x := tensor.FromFloat32s("x", []int64{64}, xs)
-	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestRoundingSites(t *testing.T) {
 		t.Errorf("y is not held in fp16: %v", r.Values)
 	}
 	x := tensor.FromFloat32s("x", []int64{2, 4}, []float32{1, 2, 3, 4, 5, 6, 7, 8})
-	facts, err := backward.Probe(m, []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,15 @@ import (
 
 var initErr error
 
+// ortLib is the ONNX Runtime library the tests run on.
+var ortLib string
+
 func TestMain(m *testing.M) {
 	lib, err := onnxrt.FindLibrary("")
 	if err == nil {
 		err = onnxrt.Init(lib)
 	}
-	initErr = err
+	initErr, ortLib = err, lib
 	os.Exit(m.Run())
 }
 

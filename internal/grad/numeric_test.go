@@ -164,7 +164,7 @@ func checkNumeric(t *testing.T, c tiny) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := backward.Probe(m, feeds, sessionOptions)
+	facts, err := backward.Probe(ortLib, m, "", feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestWhereConditionGetsNoGradient(t *testing.T) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := backward.Probe(m, feeds, sessionOptions)
+	facts, err := backward.Probe(ortLib, m, "", feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

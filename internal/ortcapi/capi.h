@@ -83,4 +83,8 @@ void ortc_huge_acquire(void);
 void ortc_huge_release(void);
 void ortc_huge_stats(size_t *in_use, size_t *cached);
 
+// ortc_huge_advise advises the whole huge pages within n bytes at p as
+// transparent huge pages.
+void ortc_huge_advise(void *p, size_t n);
+
 #endif

@@ -73,12 +73,22 @@ static huge_block *huge_map(size_t len) {
 	if (p + span > q + len) {
 		munmap(q + len, (size_t)(p + span - (q + len)));
 	}
-	// Advice only: a kernel without transparent huge pages (or with them
-	// off) maps small pages, as for any other memory.
-	madvise(q, len, MADV_HUGEPAGE);
+	ortc_huge_advise(q, len);
 	huge_block *b = (huge_block *)q;
 	b->len = len;
 	return b;
+}
+
+void ortc_huge_advise(void *p, size_t n) {
+	// Advice only: a kernel without transparent huge pages (or with them
+	// off) maps small pages, as for any other memory.
+#ifdef MADV_HUGEPAGE
+	uintptr_t a = ((uintptr_t)p + huge_page - 1) & ~(uintptr_t)(huge_page - 1);
+	uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)(huge_page - 1);
+	if (e > a) {
+		madvise((void *)a, e - a, MADV_HUGEPAGE);
+	}
+#endif
 }
 
 static void *huge_alloc(ortc_allocator *a, size_t size) {

@@ -250,22 +250,11 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 		}
 		feeds = append(feeds, ms.target)
 	}
-	var in, out []*ortcapi.Value
-	defer func() {
-		for _, v := range append(in, out...) {
-			v.Release()
-		}
-	}()
-	for _, x := range feeds {
-		var p unsafe.Pointer
-		if len(x.Data) > 0 {
-			p = unsafe.Pointer(&x.Data[0])
-		}
-		v, err := ms.rt.NewTensor(ortcapi.ElemType(x.DType), x.Shape, p, len(x.Data))
-		if err != nil {
-			return nil, fmt.Errorf("backward: input %q: %w", x.Name, err)
-		}
-		in = append(in, v)
+	var out []*ortcapi.Value
+	in, err := tensorValues(ms.rt, feeds)
+	defer func() { release(append(in, out...)) }()
+	if err != nil {
+		return nil, fmt.Errorf("backward: %w", err)
 	}
 	for _, s := range [][]float32{scale, on} {
 		v, err := tensorOf(ms.rt, []int64{}, s)
@@ -290,8 +279,16 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	}
 	params := ms.res.Params()
 	grads := make([][]float32, len(ms.plens))
+	var total int64
+	for _, n := range ms.plens {
+		total += n
+	}
+	// The parameter gradients are as large as the model; fresh memory
+	// ONNX Runtime writes once.
+	all := make([]float32, total)
+	ortcapi.AdviseHugePages(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(all))), 4*len(all)))
 	for k, n := range ms.plens {
-		grads[k] = make([]float32, n)
+		grads[k], all = all[:n:n], all[n:]
 		if err := add(tensorOf(ms.rt, params[k].Shape, grads[k])); err != nil {
 			return nil, err
 		}

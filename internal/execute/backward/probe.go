@@ -2,11 +2,14 @@ package backward
 
 import (
 	"fmt"
+	"unsafe"
 
 	"fp16audit/internal/grad"
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/statsop"
 	"fp16audit/internal/tensor"
 )
 
@@ -14,8 +17,11 @@ import (
 // inputs that need feeding) and returns the Facts of that batch: it adds a
 // Shape node per value and the parameter inputs of the rules as outputs,
 // so nothing but shapes and a few integers leaves ONNX Runtime. opt
-// configures the session; the caller has initialized ONNX Runtime.
-func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*grad.Facts, error) {
+// configures the session and library is the ONNX Runtime library; when
+// modelFile, the file m was loaded from, lies in opt.ExternalDataDir, the
+// session takes the weights over m's memory instead of a copy (as
+// NewMassSession does).
+func Probe(library string, m *onnx.ModelProto, modelFile string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*grad.Facts, error) {
 	ix, err := onnx.NewIndex(m.Graph)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
@@ -88,16 +94,7 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 		return f, nil
 	}
 	pm := &onnx.ModelProto{IrVersion: m.IrVersion, OpsetImport: m.OpsetImport, Graph: g, Functions: m.Functions}
-	data, err := onnx.Marshal(pm)
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	s, err := onnxrt.NewSession(data, inNames, outNames, opt)
-	if err != nil {
-		return nil, fmt.Errorf("probe: %w", err)
-	}
-	defer s.Close()
-	outs, err := s.Run(inputs)
+	outs, err := probeRun(library, pm, modelFile, inNames, outNames, inputs, opt)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
 	}
@@ -113,4 +110,92 @@ func Probe(m *onnx.ModelProto, inputs []*tensor.Tensor, opt onnxrt.SessionOption
 		f.Values[outNames[k]] = t
 	}
 	return f, nil
+}
+
+// probeRun runs m once on inputs in a session of its own and returns the
+// outputs named.
+func probeRun(library string, m *onnx.ModelProto, modelFile string, inNames, outNames []string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) ([]*tensor.Tensor, error) {
+	rt, err := ortcapi.Open(library)
+	if err != nil {
+		return nil, err
+	}
+	level, err := ortcapi.ParseLevel(opt.Optimization)
+	if err != nil {
+		return nil, err
+	}
+	// One run: memory patterns would only cost, and huge pages save the
+	// faults of its fresh memory.
+	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, HugePages: true,
+		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+	if opt.ExternalDataDir != "" {
+		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
+	}
+	s, err := statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), inNames, outNames, o)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	in, err := tensorValues(rt, inputs)
+	defer release(in)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*ortcapi.Value, len(outNames))
+	defer release(out)
+	if err := s.Run(in, out); err != nil {
+		return nil, err
+	}
+	ts := make([]*tensor.Tensor, len(out))
+	for k, v := range out {
+		if ts[k], err = tensorOfValue(outNames[k], v); err != nil {
+			return nil, fmt.Errorf("output %q: %w", outNames[k], err)
+		}
+	}
+	return ts, nil
+}
+
+// tensorValues wraps each tensor as a value over its memory; the caller
+// releases them, also after an error.
+func tensorValues(rt *ortcapi.Runtime, ts []*tensor.Tensor) ([]*ortcapi.Value, error) {
+	var out []*ortcapi.Value
+	for _, x := range ts {
+		var p unsafe.Pointer
+		if len(x.Data) > 0 {
+			p = unsafe.Pointer(&x.Data[0])
+		}
+		v, err := rt.NewTensor(ortcapi.ElemType(x.DType), x.Shape, p, len(x.Data))
+		if err != nil {
+			return out, fmt.Errorf("input %q: %w", x.Name, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func release(vs []*ortcapi.Value) {
+	for _, v := range vs {
+		v.Release()
+	}
+}
+
+// tensorOfValue copies a value ONNX Runtime allocated into a tensor.
+func tensorOfValue(name string, v *ortcapi.Value) (*tensor.Tensor, error) {
+	et, shape, err := v.Info()
+	if err != nil {
+		return nil, err
+	}
+	t := &tensor.Tensor{Name: name, DType: tensor.DType(et), Shape: shape}
+	size := t.DType.Size()
+	if size <= 0 {
+		return nil, fmt.Errorf("element type %d", et)
+	}
+	t.Data = make([]byte, tensor.NumElements(shape)*int64(size))
+	if len(t.Data) > 0 {
+		p, err := v.Data()
+		if err != nil {
+			return nil, err
+		}
+		copy(t.Data, unsafe.Slice((*byte)(p), len(t.Data)))
+	}
+	return t, nil
 }
