@@ -77,11 +77,12 @@ OrtStatus *ortc_tensor_info(const OrtValue *v, int *elem_type, size_t *rank, siz
 // session that does calls ortc_huge_acquire before it is created and
 // ortc_huge_release after it is released: the freed blocks the allocator
 // keeps are unmapped when the last such session goes. ortc_huge_stats
-// reads the bytes of the blocks mapped in use and kept.
+// reads the bytes of the blocks mapped on their own in use and kept, the
+// slabs mapped and their blocks kept free.
 OrtStatus *ortc_huge_register(OrtEnv *env);
 void ortc_huge_acquire(void);
 void ortc_huge_release(void);
-void ortc_huge_stats(size_t *in_use, size_t *cached);
+void ortc_huge_stats(size_t *in_use, size_t *cached, size_t *slabs, size_t *slab_free_blocks);
 
 // ortc_huge_advise advises the whole huge pages within n bytes at p as
 // transparent huge pages.

@@ -272,12 +272,12 @@ type Options struct {
 	Prepacked *PrepackedWeights
 	// HugePages allocates the session's memory from an allocator the
 	// sessions created with it share in place of ONNX Runtime's arena
-	// (huge.c): blocks of 1 MiB and more are mapped as transparent huge
-	// pages, one page fault per 2 MiB instead of 512, and a freed block is
-	// kept for the next allocation of about its size, in this session or
-	// another, until the last session with HugePages closes. For a
-	// session run a few times, whose first run would otherwise fault its
-	// whole working set in page by page.
+	// (huge.c): blocks from 64 KiB up lie in transparent huge pages, one
+	// page fault per 2 MiB instead of 512, and a freed block is kept for
+	// the next allocation of about its size, in this session or another,
+	// until the last session with HugePages closes. For a session run a
+	// few times, whose first run would otherwise fault its whole working
+	// set in page by page.
 	HugePages bool
 }
 
@@ -435,12 +435,18 @@ func AdviseHugePages(b []byte) {
 	}
 }
 
-// hugeStats returns the bytes the huge-page allocator has mapped in use and
-// keeps for later allocations.
-func hugeStats() (inUse, cached int64) {
-	var u, c C.size_t
-	C.ortc_huge_stats(&u, &c)
-	return int64(u), int64(c)
+// hugeStats reads the huge-page allocator's state, for the tests.
+type hugeState struct {
+	// inUse and kept are the bytes of the blocks mapped on their own in
+	// use and kept for later allocations; slabs counts the huge pages
+	// carved into smaller blocks, and slabFree the blocks kept free there.
+	inUse, kept, slabs, slabFree int64
+}
+
+func hugeStats() hugeState {
+	var u, c, s, f C.size_t
+	C.ortc_huge_stats(&u, &c, &s, &f)
+	return hugeState{int64(u), int64(c), int64(s), int64(f)}
 }
 
 // StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run

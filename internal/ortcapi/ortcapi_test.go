@@ -280,61 +280,68 @@ func TestParseLevel(t *testing.T) {
 	}
 }
 
-// TestHugePages runs a model whose values are megabytes on the huge-page
-// allocator: the results equal the arena's, the blocks freed in a run
-// serve the next one instead of new mappings, and nothing stays mapped
-// once the session and its outputs are gone.
+// TestHugePages runs models whose values are hundreds of kilobytes (slab
+// blocks) and megabytes (mappings of their own) on the huge-page
+// allocator: the results are exact, the blocks freed in a run serve the
+// next one instead of new memory, and nothing stays mapped once the
+// session and its outputs are gone.
 func TestHugePages(t *testing.T) {
 	rt := runtimeForTest(t)
 	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{0.5, -1, 2}
-	const n = 200_000 // y and the product before the Add: 2.4 MB each
-	x := make([]float32, 2*n)
-	for i := range x {
-		x[i] = float32(i%97) - 48
-	}
-	want := affine(x, w, b)
-	in, err := NewTensorOf(rt, []int64{n, 2}, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Release()
-	s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{Level: LevelNone, NoMemPattern: true, HugePages: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func() (*Value, int64, int64) {
-		outs := []*Value{nil}
-		if err := s.Run([]*Value{in}, outs); err != nil {
-			t.Fatal(err)
+	for _, n := range []int{20_000, 200_000} { // y and the product before the Add: 240 kB or 2.4 MB each
+		x := make([]float32, 2*n)
+		for i := range x {
+			x[i] = float32(i%97) - 48
 		}
-		y, err := Elements[float32](outs[0])
+		want := affine(x, w, b)
+		in, err := NewTensorOf(rt, []int64{int64(n), 2}, x)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i := range want {
-			if y[i] != want[i] {
-				t.Fatalf("y[%d] = %g, want %g", i, y[i], want[i])
-			}
+		s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{Level: LevelNone, NoMemPattern: true, HugePages: true})
+		if err != nil {
+			t.Fatal(err)
 		}
-		inUse, cached := hugeStats()
-		return outs[0], inUse, cached
-	}
-	y1, inUse, cached := run()
-	if inUse < 4*3*n {
-		t.Errorf("with the output held, %d bytes in use; want at least the output's %d", inUse, 4*3*n)
-	}
-	if cached == 0 {
-		t.Error("the product freed in the run was not kept")
-	}
-	mapped := inUse + cached
-	y1.Release()
-	y2, inUse2, cached2 := run()
-	if inUse2+cached2 != mapped {
-		t.Errorf("second run: %d bytes mapped, the first %d; want the first run's blocks reused", inUse2+cached2, mapped)
-	}
-	s.Close()
-	y2.Release()
-	if inUse, cached := hugeStats(); inUse != 0 || cached != 0 {
-		t.Errorf("after the session and its outputs: %d bytes in use, %d kept; want none", inUse, cached)
+		run := func() (*Value, hugeState) {
+			outs := []*Value{nil}
+			if err := s.Run([]*Value{in}, outs); err != nil {
+				t.Fatal(err)
+			}
+			y, err := Elements[float32](outs[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if y[i] != want[i] {
+					t.Fatalf("n=%d: y[%d] = %g, want %g", n, i, y[i], want[i])
+				}
+			}
+			return outs[0], hugeStats()
+		}
+		y1, st := run()
+		big := n*12 >= 1<<20
+		switch {
+		case big && st.inUse < int64(12*n):
+			t.Errorf("n=%d: with the output held, %d bytes in use; want at least the output's %d", n, st.inUse, 12*n)
+		case big && st.kept == 0:
+			t.Errorf("n=%d: the product freed in the run was not kept", n)
+		case !big && (st.slabs == 0 || st.slabFree == 0):
+			t.Errorf("n=%d: %d slabs, %d free blocks; want the output in a slab and the product's block free", n, st.slabs, st.slabFree)
+		}
+		y1.Release()
+		y2, st2 := run()
+		if st2.inUse+st2.kept != st.inUse+st.kept || st2.slabs != st.slabs {
+			t.Errorf("n=%d: second run: %d bytes mapped and %d slabs, the first %d and %d; want the first run's blocks reused",
+				n, st2.inUse+st2.kept, st2.slabs, st.inUse+st.kept, st.slabs)
+		}
+		s.Close()
+		if st := hugeStats(); big && st.inUse == 0 || !big && st.slabs == 0 {
+			t.Errorf("n=%d: the output held after the session closed lost its memory: %+v", n, st)
+		}
+		y2.Release()
+		in.Release()
+		if st := hugeStats(); st != (hugeState{}) {
+			t.Errorf("n=%d: after the session and its outputs: %+v; want nothing mapped", n, st)
+		}
 	}
 }
