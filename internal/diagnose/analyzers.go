@@ -282,19 +282,11 @@ func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
 // torch.finfo(dtype) wrote as its format's limit.
 func (f *Facts) finfoFinding(w rewrite.FinfoFill) checks.Finding {
 	n := f.graph().Node[w.Node]
-	fd := f.nodeFinding(lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: that is torch.finfo(x.dtype).%s as an fp32 export writes it, and the %s pass writes %s's own limit %s there, as that code does at run time; a hard-coded torch.finfo(torch.float32).%s is not the same (%s). Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
-		moduleOr(onnx.ModulePath(n), f.nodeName(w.Node)), n.OpType, f.nodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision, minMax(w.Value), f.Main, w.Precision, fmt.Sprintf("%.6g", w.Limit()), minMax(w.Value),
-		lint.FillAt(n, w.Slot).Consequence(w.Precision, w.Value)))
+	fd := f.nodeFinding(lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: %s; the %s pass writes that limit too. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+		moduleOr(onnx.ModulePath(n), f.nodeName(w.Node)), n.OpType, f.nodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
+		lint.FillAt(n, w.Slot).DtypeAware(w.Precision, w.Value, w.Limit()), f.Main))
 	fd.Severity = checks.SevWarning
 	return fd
-}
-
-// minMax names the finfo field a limit of v's sign comes from.
-func minMax(v float64) string {
-	if v < 0 {
-		return "min"
-	}
-	return "max"
 }
 
 // constantFinding is FP4004 at node ni, which writes constant c (most
