@@ -10,24 +10,39 @@ const (
 	ModeTrain = "train"
 )
 
+// TrainingSchema names the JSON shape of TrainingReport (its "schema"
+// field). It changes only when a field is removed or changes meaning.
+//
+// v2: the backward is judged by mass — a loss scale is
+// clean when no gradient overflows and no parameter gradient loses more
+// than a tolerance of its L2 norm to fp16 (lost_mass), no longer by the
+// fraction of elements flushed; the report says where a GradScaler
+// settles from init_scale (settled_exp, skipped_steps) and lists the
+// parameters; underflow_fraction, flush_free_exp and the per-scale
+// flushing lists are gone, and the init-scale-overflow verdict with them
+// (a GradScaler settling below init_scale is healthy when little is lost
+// there). Reports without the field are v1.
+const TrainingSchema = "fp16audit.training/v2"
+
 // Backward verdicts (BackwardReport.Verdict), in the order they are
 // tested.
 const (
 	// BackwardFP32Broken: the fp32 backward itself holds NaN/Inf.
 	BackwardFP32Broken = "backward-fp32-broken"
-	// BackwardOverflowEveryScale: a gradient overflows fp16 even at the
-	// smallest scale searched; no loss scale trains this model in fp16.
+	// BackwardOverflowEveryScale: a gradient overflows fp16 at every
+	// scale down to 2^MinExp.
 	BackwardOverflowEveryScale = "backward-overflow-every-scale"
-	// BackwardUnderflow: a module's gradients flush to zero at every scale
-	// that keeps the backward finite: use bf16 or keep the module in fp32.
+	// BackwardUnderflow: at the scale a GradScaler settles at, a
+	// parameter gradient loses more than the tolerance of its norm, and
+	// no scale without overflow keeps it: use bf16 or keep the module in
+	// fp32.
 	BackwardUnderflow = "backward-underflow"
-	// BackwardInitOverflow: the first backward at the initial loss scale
-	// overflows; a lower init_scale is clean.
-	BackwardInitOverflow = "init-scale-overflow"
-	// BackwardInitUnderflow: at the initial loss scale a module's
-	// gradients flush to zero; a higher init_scale is clean.
+	// BackwardInitUnderflow: at the initial scale (where the scaler
+	// stays, nothing overflowing) a parameter gradient loses more than the
+	// tolerance; a higher init_scale keeps it.
 	BackwardInitUnderflow = "init-scale-underflow"
-	// BackwardHealthy: the initial loss scale lies in the clean window.
+	// BackwardHealthy: at the scale the GradScaler settles at, no
+	// parameter gradient loses more than the tolerance.
 	BackwardHealthy = "healthy"
 )
 
@@ -52,6 +67,8 @@ const (
 // Dropout) and in reports written before the training audit existed (the
 // field was added within schema v1.1).
 type TrainingReport struct {
+	// Schema is TrainingSchema.
+	Schema string `json:"schema"`
 	// Mode is ModeEval or ModeTrain.
 	Mode string `json:"mode"`
 	// BatchNorms lists the BatchNormalization nodes.
@@ -111,9 +128,12 @@ type CrossEntropyReport struct {
 	Targets int64 `json:"targets"`
 }
 
-// BackwardReport is the backward audit: the loss, its scaled gradient and
-// every fp16 gradient at the loss scales searched, and what init_scale a
-// GradScaler should start from. Exponents e stand for loss scale 2^e.
+// BackwardReport is the backward audit: the loss, its scaled gradient,
+// where a GradScaler starting at InitScale settles (the largest scale
+// without overflow, halving from InitScale) and how much of each
+// parameter gradient's L2 norm fp16 loses there (lost mass, ‖fp16(g·S)/S
+// − g‖ / ‖g‖, flushing and rounding together, measured by an emulated
+// backward against the fp32 one). Exponents e stand for loss scale 2^e.
 type BackwardReport struct {
 	// Loss is cross-entropy, bce, mse, l1 or output (the model returns
 	// its loss), applied to the graph output Output; Target is the file
@@ -131,12 +151,12 @@ type BackwardReport struct {
 	// InitScale is the GradScaler's initial scale, 2^InitExp.
 	InitScale float64 `json:"init_scale"`
 	InitExp   int     `json:"init_exp"`
-	// MinExp and MaxExp bound the exponents searched.
+	// MinExp and MaxExp bound the exponents judged.
 	MinExp int `json:"min_exp"`
 	MaxExp int `json:"max_exp"`
-	// UnderflowFraction: a gradient flushing more than this fraction of
-	// its nonzero elements to zero counts as underflowing.
-	UnderflowFraction float64 `json:"underflow_fraction"`
+	// Tolerance: a loss scale is clean when no parameter gradient loses
+	// more than this share of its L2 norm.
+	Tolerance float64 `json:"tolerance"`
 	// Verdict is one of the Backward* constants; VerdictText says it with
 	// the module, the scales and the fix.
 	Verdict     string `json:"verdict"`
@@ -147,28 +167,42 @@ type BackwardReport struct {
 	// SeedMaxAbs is max |dL/dpred| in fp32 at scale 1: × the scale it is
 	// the scaled loss gradient; null when not finite.
 	SeedMaxAbs *float64 `json:"seed_max_abs"`
-	// MaxCleanExp is the largest exponent at which no fp16 gradient
-	// overflows (null: even MinExp overflows); FlushFreeExp the smallest
-	// from which no gradient flushes more than UnderflowFraction (null:
-	// not even MaxExp).
-	MaxCleanExp  *int `json:"max_clean_exp"`
-	FlushFreeExp *int `json:"flush_free_exp"`
-	// Window is the range of exponents where neither happens; null when
-	// there is none.
+	// MaxCleanExp is the largest exponent at which no gradient overflows
+	// (null: none down to MinExp).
+	MaxCleanExp *int `json:"max_clean_exp"`
+	// SettledExp is where a GradScaler starting at InitScale settles: the
+	// largest exponent ≤ InitExp without overflow (null: none), reached
+	// after SkippedSteps skipped steps (each overflow halves the scale).
+	SettledExp   *int `json:"settled_exp"`
+	SkippedSteps int  `json:"skipped_steps"`
+	// LostMass is the largest share of a parameter gradient's norm lost at
+	// SettledExp (null: no settled scale), WorstParameter that parameter.
+	LostMass       *float64 `json:"lost_mass"`
+	WorstParameter string   `json:"worst_parameter,omitempty"`
+	// CleanFromExp is the smallest exponent from which every scale up to
+	// MaxCleanExp loses at most Tolerance (null: not even MaxCleanExp):
+	// measured where Scales marks the exponent measured, else by the
+	// estimate, counted clean only when four times it is within Tolerance.
+	CleanFromExp *int `json:"clean_from_exp"`
+	// Window is the range of clean exponents, CleanFromExp to
+	// MaxCleanExp; null when there is none.
 	Window *ScaleWindow `json:"window"`
 	// InitScaleAdvice is the init_scale to pass to learn.to_fp16() or
-	// GradScaler when InitScale is outside the window; null otherwise.
+	// GradScaler when a different start helps; null otherwise.
 	InitScaleAdvice *float64 `json:"init_scale_advice"`
 	// FirstOverflow is the gradient that overflows first, in backward
 	// order, at InitScale; null when none does.
 	FirstOverflow *GradientReport `json:"first_overflow"`
-	// Underflowing lists the modules whose gradients flush beyond
-	// UnderflowFraction at every exponent up to MaxCleanExp.
+	// Underflowing lists the modules with a parameter gradient losing
+	// more than Tolerance at SettledExp.
 	Underflowing []string `json:"underflowing"`
-	// Scales lists the exponents run, in order.
+	// Scales lists the exponents around the settled scale and the
+	// window, in order.
 	Scales []ScaleReport `json:"scales"`
 	// Modules summarizes the gradients per module, in forward order.
 	Modules []ModuleGradientReport `json:"modules"`
+	// Parameters lists every parameter gradient, in forward order.
+	Parameters []ParameterReport `json:"parameters"`
 	// Gradients lists every gradient held in reduced precision, in
 	// forward order.
 	Gradients []GradientReport `json:"gradients"`
@@ -180,8 +214,9 @@ type BackwardReport struct {
 	Unsupported []UnsupportedOp `json:"unsupported"`
 	// Fixes are remedies verified by a rerun (bf16).
 	Fixes []Fix `json:"fixes"`
-	// Runs counts the backward runs, and ElapsedSecs their time with the
-	// graph generation.
+	// Runs counts the backward runs (the fp32 one and the emulated ones
+	// at the exponents Scales marks measured), and ElapsedSecs their
+	// time with the graph generation.
 	Runs        int     `json:"runs"`
 	ElapsedSecs float64 `json:"elapsed_seconds"`
 }
@@ -192,16 +227,20 @@ type ScaleWindow struct {
 	To   int `json:"to"`
 }
 
-// ScaleReport is the backward at one loss scale 2^Exp.
+// ScaleReport is the backward at one loss scale 2^Exp: from the fp32
+// backward's mass by exponent, or measured by an emulated run (Measured).
 type ScaleReport struct {
 	Exp int `json:"exp"`
+	// Measured is set when an emulated backward ran at this scale.
+	Measured bool `json:"measured"`
 	// Overflow is set when a gradient holds Inf/NaN; FirstOverflow names
 	// the first one in backward order (its module, or value).
 	Overflow      bool   `json:"overflow"`
 	FirstOverflow string `json:"first_overflow,omitempty"`
-	// Flushing lists the modules with a gradient flushing beyond the
-	// threshold.
-	Flushing []string `json:"flushing"`
+	// LostMass is the largest share of a parameter gradient's norm lost,
+	// in the module WorstModule; 0 where the scale overflows.
+	LostMass    float64 `json:"lost_mass"`
+	WorstModule string  `json:"worst_module,omitempty"`
 }
 
 // GradientReport is one gradient held in reduced precision.
@@ -217,35 +256,62 @@ type GradientReport struct {
 	Kind      string `json:"kind"`
 	Precision string `json:"precision"`
 	// FP32MaxAbs is max |gradient| of the fp32 backward at scale 1 (null:
-	// not finite).
+	// not finite), Log2Min log2 of its smallest nonzero |element| (null:
+	// none).
 	FP32MaxAbs *float64 `json:"fp32_max_abs"`
-	// AtInit is the gradient at the initial scale: max |gradient| before
-	// rounding (null: not finite), whether it overflowed, and the
-	// fraction of its nonzero elements flushed to zero.
-	MaxAbsAtInit   *float64 `json:"max_abs_at_init"`
-	OverflowAtInit bool     `json:"overflow_at_init"`
-	FlushedAtInit  float64  `json:"flushed_at_init"`
+	Log2Min    *float64 `json:"log2_min"`
 	// MaxCleanExp is the largest exponent at which it is finite (null:
-	// none); FlushFreeExp the smallest from which it flushes at most the
-	// threshold (null: none up to MaxExp).
-	MaxCleanExp  *int `json:"max_clean_exp"`
-	FlushFreeExp *int `json:"flush_free_exp"`
+	// none).
+	MaxCleanExp *int `json:"max_clean_exp"`
+	// LostMass is the share of its norm its own rounding loses at the
+	// settled scale (from the fp32 backward's mass by exponent).
+	LostMass float64 `json:"lost_mass"`
 	// Partial is set when the gradient misses the share of an op without
 	// a gradient rule.
 	Partial bool `json:"partial,omitempty"`
 }
 
-// ModuleGradientReport summarizes the reduced-precision gradients of one
-// module: the smallest MaxCleanExp, the largest FlushFreeExp and the
-// worst values at the initial scale among them.
+// ModuleGradientReport is one module's gradients: the range of its
+// reduced-precision gradients in the fp32 backward at scale 1 — × the
+// settled scale against fp16's band it shows what overflows and what
+// flushes — and what its parameters lose at the settled scale.
 type ModuleGradientReport struct {
-	Module         string   `json:"module"`
-	Gradients      int      `json:"gradients"`
-	MaxCleanExp    *int     `json:"max_clean_exp"`
-	FlushFreeExp   *int     `json:"flush_free_exp"`
-	MaxAbsAtInit   *float64 `json:"max_abs_at_init"`
-	OverflowAtInit bool     `json:"overflow_at_init"`
-	FlushedAtInit  float64  `json:"flushed_at_init"`
+	Module string `json:"module"`
+	// Gradients counts its reduced-precision gradients, Parameters its
+	// parameter gradients.
+	Gradients  int `json:"gradients"`
+	Parameters int `json:"parameters"`
+	// Log2Min and Log2Max are log2 of the smallest nonzero and the
+	// largest |element| of its reduced-precision gradients (null: none).
+	Log2Min *float64 `json:"log2_min"`
+	Log2Max *float64 `json:"log2_max"`
+	// MaxCleanExp is the largest exponent at which none of them overflows.
+	MaxCleanExp *int `json:"max_clean_exp"`
+	// HeldLost is the share of their mass fp16 cannot hold at the settled
+	// scale (their own rounding); LostMass the largest share of one of
+	// its parameter gradients' norm lost there, rounding compounded
+	// through the backward (null: no parameter or no settled scale).
+	HeldLost float64  `json:"held_lost_mass"`
+	LostMass *float64 `json:"lost_mass"`
+}
+
+// ParameterReport is one parameter's gradient.
+type ParameterReport struct {
+	Name   string `json:"name"`
+	Module string `json:"module"`
+	// Norm is the L2 norm of its fp32 gradient at scale 1.
+	Norm float64 `json:"norm"`
+	// LostMass is the share of that norm lost at the settled scale (null:
+	// none), Measured whether an emulated run measured it (else it is
+	// estimated from the mass by exponent of the gradients it is computed
+	// from).
+	LostMass *float64 `json:"lost_mass"`
+	Measured bool     `json:"measured"`
+	// Noise is set when the fp32 gradient is zero up to rounding (below
+	// 2^-16 of the norm of a gradient it is computed from, a sum that
+	// cancels such as an attention key's bias gradient): its relative
+	// loss measures noise, and the verdict does not judge it.
+	Noise bool `json:"noise,omitempty"`
 }
 
 // UnsupportedOp is a node the backward pass could not differentiate.

@@ -103,6 +103,15 @@ type audit struct {
 // flags), *ModelError (the model cannot be loaded or run) or
 // *onnxrt.LibraryNotFoundError.
 func Run(ctx context.Context, cfg Config) (*report.Report, error) {
+	a, err := run(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return a.report, nil
+}
+
+// run is Run, returning the audit's state with its report.
+func run(ctx context.Context, cfg Config) (*audit, error) {
 	start := time.Now()
 	if cfg.Policy == "" {
 		cfg.Policy = precision.DefaultPolicy
@@ -190,7 +199,7 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 		return nil, a.runError(err)
 	}
 	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()
-	return a.report, nil
+	return a, nil
 }
 
 // runError classifies an error of the passes: a cancelled context stays

@@ -49,22 +49,26 @@ type TrainConfig struct {
 	// InitScale is the GradScaler's initial loss scale, a power of two;
 	// 0 means DefaultInitScale.
 	InitScale float64
-	// UnderflowFraction: a gradient flushing more than this fraction of
-	// its nonzero elements to zero underflows; 0 means
-	// DefaultGradUnderflowFraction.
-	UnderflowFraction float64
+	// Tolerance: a loss scale is clean when no parameter gradient loses
+	// more than this share of its L2 norm to fp16 (mass lost); 0 means
+	// DefaultGradMassTolerance.
+	Tolerance float64
 }
 
 // Defaults of the training audit: torch.amp's GradScaler starts at 2^16,
-// and PyTorch's fp16 experiment (fixtures/torch/train) calls a gradient
-// flushed when more than 1% of it is.
+// and a scale is clean when no parameter gradient loses more than 1% of
+// its norm (the same measure as the Python companion's telemetry and
+// fp16audit scales).
 const (
-	DefaultInitScale             = 65536
-	DefaultGradUnderflowFraction = 0.01
-	// sweepMaxExp is the largest loss-scale exponent searched unless the
+	DefaultInitScale         = 65536
+	DefaultGradMassTolerance = 0.01
+	// judgedMaxExp is the largest loss-scale exponent judged unless the
 	// initial scale is larger: 2^24 is where a GradScaler that never saw
-	// an overflow would be after 16000 clean steps.
-	sweepMaxExp = 24
+	// an overflow would be after 16000 clean steps. judgedMinExp is the
+	// smallest: the GradScaler halves without a floor, and 2^-126 is
+	// float32's smallest normal scale.
+	judgedMaxExp = 24
+	judgedMinExp = -126
 )
 
 // trainer is the training state of one audit.
@@ -107,11 +111,11 @@ func (a *audit) applyMode() error {
 	if _, exp := math.Frexp(c.InitScale); c.InitScale <= 0 || math.Ldexp(0.5, exp) != c.InitScale {
 		return &UsageError{Err: fmt.Errorf("init scale %g: want a power of two such as 65536 (2^16), as a GradScaler's scales are", c.InitScale)}
 	}
-	if c.UnderflowFraction == 0 {
-		c.UnderflowFraction = DefaultGradUnderflowFraction
+	if c.Tolerance == 0 {
+		c.Tolerance = DefaultGradMassTolerance
 	}
-	if c.UnderflowFraction < 0 || c.UnderflowFraction >= 1 {
-		return &UsageError{Err: fmt.Errorf("grad underflow fraction %g: want a fraction in (0, 1), such as 0.01", c.UnderflowFraction)}
+	if c.Tolerance < 0 || c.Tolerance >= 1 {
+		return &UsageError{Err: fmt.Errorf("grad mass tolerance %g: want a share of the gradient norm in (0, 1), such as 0.01", c.Tolerance)}
 	}
 	proto, ch, err := rewrite.SetMode(a.model.Proto, c.Mode, a.cfg.Seed, a.model.Dir)
 	if err != nil {
@@ -160,8 +164,7 @@ const lmTokens = "input_ids"
 // backward audit — and adds its report and findings.
 func (a *audit) auditTraining(ctx context.Context) error {
 	c := a.cfg.Train
-	f := &training.Facts{Model: a.model, Policy: a.policy, Assign: a.static.Assign, Mode: c.Mode,
-		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[diagnose.PassFP32]}
+	f := a.trainingFacts()
 	if c.Loss != "" {
 		b, err := a.backward(ctx)
 		if err != nil {
@@ -178,9 +181,17 @@ func (a *audit) auditTraining(ctx context.Context) error {
 	return nil
 }
 
-// backward builds the backward graph with autocast's rounding and without
-// any, and runs them: the rounded one at the scales a sweep needs, the
-// fp32 one once at scale 1.
+// trainingFacts returns the facts of the training diagnosis, without a
+// backward.
+func (a *audit) trainingFacts() *training.Facts {
+	return &training.Facts{Model: a.model, Policy: a.policy, Assign: a.static.Assign, Mode: a.cfg.Train.Mode,
+		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[diagnose.PassFP32]}
+}
+
+// backward builds the backward graph with autocast's rounding and runs it
+// in one session: once with the rounding off at scale 1 (the fp32
+// reference, whose mass by exponent judges every scale), then emulated at
+// the few scales the training facts ask to confirm.
 func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	start := time.Now()
 	c := a.cfg.Train
@@ -189,72 +200,70 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	}
 	initExp := exponent(c.InitScale)
 	b := &training.Backward{Loss: grad.Loss(c.Loss), Target: c.Target, InitExp: initExp,
-		MinExp: min(0, initExp), MaxExp: max(sweepMaxExp, initExp), UnderflowFraction: c.UnderflowFraction}
+		MinExp: min(judgedMinExp, initExp), MaxExp: max(judgedMaxExp, initExp), Tolerance: c.Tolerance,
+		Runs: map[int]*grad.Run{}}
 	if len(a.batches) > 1 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the backward audit ran on the first of %d batches, the one its target belongs to", len(a.batches)))
 	}
-	opt := a.engine.Session
-	facts, err := backward.Probe(a.up, a.train.inputs, opt)
+	res, sess, err := a.backwardSession(grad.AutocastRounding(a.up.Graph, a.static.Assign))
 	if err != nil {
 		return nil, err
 	}
-	build := func(r *grad.Rounding) (*grad.Result, error) {
-		res, err := grad.Build(a.up, facts, a.gradOptions(r))
-		if err != nil {
-			return nil, &UsageError{Err: lossHint(err, c)}
-		}
-		return res, nil
-	}
-	rounding := grad.AutocastRounding(a.up.Graph, a.static.Assign)
-	if b.Res, err = build(rounding); err != nil {
-		return nil, err
-	}
-	b.Output = b.Res.Output
-	if b.Scored, err = a.scoredTargets(b.Res); err != nil {
+	defer sess.Close()
+	// An interrupt stops the run in flight, and the audit before the next.
+	defer sess.StopOn(ctx)()
+	b.Res, b.Output = res, res.Output
+	if b.Scored, err = a.scoredTargets(res); err != nil {
 		return nil, err
 	}
 	if a.train.target != nil {
 		b.Targets = a.train.target.Elements()
 	}
-	res32, err := build(nil)
-	if err != nil {
+	if b.FP32, err = sess.Run(0, false); err != nil {
 		return nil, err
 	}
-	sc32, err := backward.NewScanner(res32, opt, a.train.inputs, a.train.target)
-	if err != nil {
-		return nil, err
-	}
-	defer sc32.Close()
-	defer sc32.StopOn(ctx)()
-	if b.FP32, err = sc32.Scan(0); err != nil {
-		return nil, err
-	}
-	sc, err := backward.NewScanner(b.Res, opt, a.train.inputs, a.train.target)
-	if err != nil {
-		return nil, err
-	}
-	defer sc.Close()
-	defer sc.StopOn(ctx)()
-	if len(rounding.Values) == 0 && len(rounding.Inputs) == 0 {
-		// Nothing is held in 16 bits (the fp32 policy): one run says so.
-		s, err := sc.Scan(initExp)
-		if err != nil {
-			return nil, err
+	b.Count = 1
+	f := a.trainingFacts()
+	f.Backward = b
+	for {
+		next := f.NextRuns()
+		if len(next) == 0 {
+			break
 		}
-		b.Scans = map[int]*grad.Scan{initExp: s}
-	} else if b.Scans, err = backward.Sweep(func(e int) (*grad.Scan, error) {
-		// An interrupt stops the run in flight (StopOn) and the sweep
-		// before the next.
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		for _, e := range next {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			r, err := sess.Run(e, true)
+			if err != nil {
+				return nil, err
+			}
+			b.Runs[e] = r
+			b.Count++
 		}
-		return sc.Scan(e)
-	}, b.MinExp, b.MaxExp, []int{initExp}, training.Flags(c.UnderflowFraction, b.FP32)); err != nil {
-		return nil, err
 	}
-	b.Runs = len(b.Scans) + 1
 	b.Elapsed = time.Since(start).Seconds()
 	return b, nil
+}
+
+// backwardSession probes the batch, builds the backward graph with the
+// rounding r and opens its session.
+func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
+	c := a.cfg.Train
+	opt := a.engine.Session
+	facts, err := backward.Probe(a.up, a.train.inputs, opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := grad.Build(a.up, facts, a.gradOptions(r))
+	if err != nil {
+		return nil, nil, &UsageError{Err: lossHint(err, c)}
+	}
+	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.train.inputs, a.train.target)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, sess, nil
 }
 
 // gradOptions are the backward graph's options for the configured loss,
@@ -263,7 +272,7 @@ func (a *audit) gradOptions(r *grad.Rounding) grad.Options {
 	c := a.cfg.Train
 	return grad.Options{Loss: grad.Loss(c.Loss), Output: c.Output, TargetShape: targetShape(a.train.target),
 		CrossEntropy: grad.CrossEntropyOptions{ClassAxis: c.ClassAxis, IgnoreIndex: c.IgnoreIndex, Shift: c.LMShift},
-		Rounding:     r, Summaries: true}
+		Rounding:     r}
 }
 
 // lossHint adds to a backward graph's error the flags that would answer
@@ -411,29 +420,20 @@ func exponent(x float64) int {
 // BF16 runs the backward with the bf16 policy's rounding at scale 1 (the
 // fix training.Run verifies: learn.to_bf16() trains without loss scaling);
 // ctx ending stops its run.
-func (a *audit) BF16(ctx context.Context) (*grad.Result, *grad.Scan, error) {
+func (a *audit) BF16(ctx context.Context) (*grad.Run, error) {
 	pol, err := precision.PolicyByName("autocast-bf16")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if defaultOpset(a.up) < 13 {
-		return nil, nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
+		return nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
 	}
 	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-	facts, err := backward.Probe(a.up, a.train.inputs, a.engine.Session)
+	_, sess, err := a.backwardSession(grad.AutocastRounding(a.up.Graph, asg))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	res, err := grad.Build(a.up, facts, a.gradOptions(grad.AutocastRounding(a.up.Graph, asg)))
-	if err != nil {
-		return nil, nil, err
-	}
-	sc, err := backward.NewScanner(res, a.engine.Session, a.train.inputs, a.train.target)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer sc.Close()
-	defer sc.StopOn(ctx)()
-	s, err := sc.Scan(0)
-	return res, s, err
+	defer sess.Close()
+	defer sess.StopOn(ctx)()
+	return sess.Run(0, true)
 }

@@ -17,13 +17,14 @@ import (
 // train --loss ...`).
 type trainFlags struct {
 	mode, loss, target, output, initScale string
-	underflow                             float64
-	classAxis                             string
-	ignoreIndex                           int64
-	lmShift                               bool
-	// ignoreSet tells whether --ignore-index was given: only
-	// cross-entropy reads it, so elsewhere it is a usage error.
-	ignoreSet func() bool
+	tolerance                             float64
+	// fraction is the flag --grad-mass-tolerance replaced; it is refused
+	// with a message naming the new one.
+	fraction    float64
+	classAxis   string
+	ignoreIndex int64
+	lmShift     bool
+	fs          *pflag.FlagSet
 }
 
 func (t *trainFlags) register(fs *pflag.FlagSet) {
@@ -38,13 +39,18 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.classAxis, "class-axis", "auto", "cross-entropy's class axis: 1 (PyTorch's [N, C, d…] logits, [N, d…] targets), last (a language model's [B, S, V] logits, [B, S] targets) or auto (the one the target's shape fits)")
 	fs.Int64Var(&t.ignoreIndex, "ignore-index", grad.DefaultIgnoreIndex, "cross-entropy: targets equal to this are left out of the loss and its mean (PyTorch's ignore_index)")
 	fs.BoolVar(&t.lmShift, "lm-shift", false, "cross-entropy of a causal language model: the logits at position t are scored against target t+1 (logits[:, :-1] against labels[:, 1:]); the target is the unshifted token ids")
-	t.ignoreSet = func() bool { return fs.Changed("ignore-index") }
 	fs.StringVar(&t.initScale, "init-scale", "65536", "the GradScaler's initial loss scale, a power of two: 65536, 2^16 or 2**16")
-	fs.Float64Var(&t.underflow, "grad-underflow-fraction", audit.DefaultGradUnderflowFraction, "a gradient flushing more than this fraction of its nonzero elements to zero in fp16 underflows (FP6007, FP6008)")
+	fs.Float64Var(&t.tolerance, "grad-mass-tolerance", audit.DefaultGradMassTolerance, "a loss scale is clean when no parameter gradient loses more than this share of its L2 norm to fp16 (mass lost; FP6007, FP6008)")
+	fs.Float64Var(&t.fraction, "grad-underflow-fraction", 0, "replaced by --grad-mass-tolerance")
+	_ = fs.MarkHidden("grad-underflow-fraction")
+	t.fs = fs
 }
 
 // config turns the flags into the audit's TrainConfig.
 func (t *trainFlags) config() (audit.TrainConfig, error) {
+	if f := t.fs.Lookup("grad-underflow-fraction"); f != nil && f.Changed {
+		return audit.TrainConfig{}, fmt.Errorf("--grad-underflow-fraction is gone: the backward is judged by the share of a parameter gradient's L2 norm fp16 loses, not by the fraction of elements flushed; pass --grad-mass-tolerance %g instead", t.fraction)
+	}
 	scale, err := parseScale(t.initScale)
 	if err != nil {
 		return audit.TrainConfig{}, fmt.Errorf("--init-scale: %w", err)
@@ -54,8 +60,8 @@ func (t *trainFlags) config() (audit.TrainConfig, error) {
 		return audit.TrainConfig{}, fmt.Errorf("--class-axis: %w", err)
 	}
 	c := audit.TrainConfig{Mode: t.mode, Loss: t.loss, Target: t.target, Output: t.output,
-		ClassAxis: axis, LMShift: t.lmShift, InitScale: scale, UnderflowFraction: t.underflow}
-	if t.ignoreSet != nil && t.ignoreSet() {
+		ClassAxis: axis, LMShift: t.lmShift, InitScale: scale, Tolerance: t.tolerance}
+	if f := t.fs.Lookup("ignore-index"); f != nil && f.Changed {
 		c.IgnoreIndex = &t.ignoreIndex
 	}
 	return c, nil

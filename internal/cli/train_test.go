@@ -58,11 +58,16 @@ func TestRunTrainingFlags(t *testing.T) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.Training == nil || r.Training.Backward == nil || r.Training.Backward.Verdict != report.BackwardInitOverflow {
-		t.Fatalf("training %+v: want the init-scale-overflow verdict", r.Training)
+	if r.Training == nil || r.Training.Backward == nil || r.Training.Backward.Verdict != report.BackwardHealthy ||
+		r.Training.Schema != report.TrainingSchema || r.Training.Backward.SettledExp == nil || *r.Training.Backward.SettledExp != 3 {
+		t.Fatalf("training %+v: want healthy, settled at 2^3, schema %s", r.Training, report.TrainingSchema)
 	}
-	if code, _, _ := run(t, "run", model, "-i", in, "--mode", "train", "--loss", "mse", "--target", tg, "--fail-on", "warning"); code != exitFindings {
-		t.Errorf("--fail-on warning: exit %d, want %d (FP6004 is a warning)", code, exitFindings)
+	if code, _, _ := run(t, "run", model, "-i", in, "--mode", "train", "--loss", "mse", "--target", tg, "--fail-on", "warning"); code != exitOK {
+		t.Errorf("--fail-on warning: exit %d, want %d (FP6004, the scaler settling, is info)", code, exitOK)
+	}
+	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse", "--target", tg, "--grad-underflow-fraction", "0.05")
+	if code != exitUsage || !strings.Contains(stderr, "--grad-mass-tolerance 0.05") {
+		t.Errorf("--grad-underflow-fraction: exit %d, stderr %q; want a usage error naming --grad-mass-tolerance", code, stderr)
 	}
 	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse", "--target", tg, "--init-scale", "1000")
 	if code != exitUsage || !strings.Contains(stderr, "power of two") {

@@ -147,7 +147,7 @@ func BenchmarkGradient(b *testing.B) {
 		})
 		// The fp16 backward audit: autocast's rounding, and only the
 		// in-session summaries of every gradient and Site fetched.
-		b.Run(c.name+"/backward-fp16-summaries", func(b *testing.B) {
+		b.Run(c.name+"/backward-fp16-mass", func(b *testing.B) {
 			facts, err := backward.Probe(c.f.Model, inputs, opt)
 			if err != nil {
 				b.Fatal(err)
@@ -161,30 +161,20 @@ func BenchmarkGradient(b *testing.B) {
 				b.Fatal(err)
 			}
 			a := precision.Assign(pol, c.f.Model.Graph, ix.Order(), ix.ElemType)
-			res, err := grad.Build(c.f.Model, facts, grad.Options{Loss: c.loss, Rounding: grad.AutocastRounding(c.f.Model.Graph, a), Summaries: true})
+			res, err := grad.Build(c.f.Model, facts, grad.Options{Loss: c.loss, Rounding: grad.AutocastRounding(c.f.Model.Graph, a)})
 			if err != nil {
 				b.Fatal(err)
 			}
-			var names []string
-			add := func(s *grad.Summary) {
-				names = append(names, s.MaxAbs, s.NonFinite, s.NonZero)
-				if s.Flushed != "" {
-					names = append(names, s.Flushed)
-				}
+			lib, err := onnxrt.FindLibrary("")
+			if err != nil {
+				b.Fatal(err)
 			}
-			for _, g := range res.Grads {
-				add(g.Summary)
-			}
-			for _, st := range res.Sites {
-				add(st.Summary)
-			}
-			s, err := backward.NewSession(res, opt, names)
+			s, err := backward.NewMassSession(lib, res, opt, inputs, target(res))
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			tg := target(res)
-			loop(b, func() error { _, err := s.Run(inputs, tg, 65536); return err })
+			loop(b, func() error { _, err := s.Run(16, true); return err })
 		})
 	}
 }

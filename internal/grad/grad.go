@@ -36,10 +36,11 @@
 // For the fp16 backward audit, Rounding names the gradients autocast holds
 // in half precision; each passes through Cast(FLOAT16)→Cast(FLOAT) (or
 // BFLOAT16), as the forward emulation does for activations, and the
-// unrounded value is exposed beside it, so a caller can count overflow and
-// flush-to-zero per value from one run. With Options.Summaries the counts
-// are made inside the session, and a backward.Session can fetch those few
-// scalars per gradient instead of the tensors.
+// unrounded value is exposed beside it, so a caller can see what rounding
+// did to each value from one run. Mass reads where a gradient's norm lies
+// by binary exponent (the in-session histogram backward.MassSession
+// fetches) and says, for every loss scale, whether it overflows and how
+// much of its norm rounding loses.
 //
 // The nodes themselves — the rules, the loss and the summaries — are
 // emitted by package vjp; this package walks the graph and says where each
@@ -136,15 +137,7 @@ type Options struct {
 	InputGrads bool
 	// Rounding names the gradients held in 16 bits (nil: none).
 	Rounding *Rounding
-	// Summaries adds scalar outputs that summarize each gradient and each
-	// Site inside the session (Grad.Summary, Site.Summary), so that a
-	// caller can fetch a few numbers per value instead of every tensor.
-	Summaries bool
 }
-
-// Summary names the scalar graph outputs that summarize one gradient (see
-// vjp.Summary).
-type Summary = vjp.Summary
 
 // Kind tells what a gradient's forward value is.
 type Kind int
@@ -189,9 +182,6 @@ type Grad struct {
 	Node int
 	// Shape is the gradient's (and Value's) shape.
 	Shape []int64
-	// Summary names the outputs summarizing the gradient (nil without
-	// Options.Summaries).
-	Summary *Summary
 	// Partial is set when the gradient misses the share of a consumer
 	// the rules could not differentiate (see Result.Unsupported), directly
 	// or through the values downstream of Value.
@@ -212,9 +202,6 @@ type Site struct {
 	Raw, Rounded string
 	// ElemType is the 16-bit ONNX type rounded to.
 	ElemType int32
-	// Summary names the outputs summarizing the contribution (nil without
-	// Options.Summaries).
-	Summary *Summary
 }
 
 // Unsupported is a forward node whose gradient could not be generated; the
@@ -273,7 +260,7 @@ func (r *Result) GradOf(value string) (Grad, bool) {
 
 // Outputs returns the names of every graph output of Model: the forward
 // outputs, the loss and seed, every gradient (and its unrounded value) and
-// every Site and Summary output.
+// every Site.
 func (r *Result) Outputs() []string {
 	out := make([]string, len(r.Model.Graph.Output))
 	for i, vi := range r.Model.Graph.Output {
@@ -553,9 +540,6 @@ func (d *driver) finalize(v string, kind Kind, node int) string {
 		b.Output(target, gr.Shape)
 	}
 	b.Output(name, gr.Shape)
-	if d.opt.Summaries {
-		gr.Summary = b.Summarize(target, name, name)
-	}
 	d.res.Grads = append(d.res.Grads, gr)
 	return name
 }
@@ -577,9 +561,6 @@ func (d *driver) roundSite(i, j int, v, dx string) string {
 	b.Output(raw, shape)
 	b.Output(rounded, shape)
 	site := Site{Node: i, Input: j, Value: v, Raw: raw, Rounded: rounded, ElemType: et}
-	if d.opt.Summaries {
-		site.Summary = b.Summarize(raw, rounded, rounded)
-	}
 	d.res.Sites = append(d.res.Sites, site)
 	return rounded
 }

@@ -54,6 +54,7 @@ enum {
 	ortc_CreateSessionFromArray = 8,
 	ortc_Run = 9,
 	ortc_CreateSessionOptions = 10,
+	ortc_DisableMemPattern = 17,
 	ortc_SetSessionGraphOptimizationLevel = 23,
 	ortc_SetIntraOpNumThreads = 24,
 	ortc_CreateCustomOpDomain = 26,
@@ -98,6 +99,7 @@ enum {
 	ortc_arena_allocator = 1,    // OrtAllocatorType OrtArenaAllocator
 	ortc_mem_default = 0,        // OrtMemType OrtMemTypeDefault
 	ortc_io_required = 0,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_REQUIRED
+	ortc_io_optional = 1,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_OPTIONAL
 	ortc_io_variadic = 2,        // OrtCustomOpInputOutputCharacteristic INPUT_OUTPUT_VARIADIC
 };
 
@@ -105,6 +107,7 @@ enum {
 enum {
 	ortc_float = 1,
 	ortc_int64 = 7,
+	ortc_double = 11,
 };
 
 // Function pointer types of the entries called.
@@ -124,6 +127,7 @@ typedef OrtStatus *(*ortc_CreateRunOptions_fn)(OrtRunOptions **out);
 typedef OrtStatus *(*ortc_RunOptionsSetTerminate_fn)(OrtRunOptions *);
 typedef OrtStatus *(*ortc_SetSessionGraphOptimizationLevel_fn)(OrtSessionOptions *, int level);
 typedef OrtStatus *(*ortc_SetIntraOpNumThreads_fn)(OrtSessionOptions *, int threads);
+typedef OrtStatus *(*ortc_DisableMemPattern_fn)(OrtSessionOptions *);
 typedef OrtStatus *(*ortc_AddSessionConfigEntry_fn)(OrtSessionOptions *, const char *key, const char *value);
 typedef OrtStatus *(*ortc_AddInitializer_fn)(OrtSessionOptions *, const char *name, const OrtValue *);
 typedef OrtStatus *(*ortc_CreateCustomOpDomain_fn)(const char *domain, OrtCustomOpDomain **out);

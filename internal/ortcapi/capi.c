@@ -83,6 +83,7 @@ OrtStatus *ortc_create_env(OrtEnv **out) {
 OrtStatus *ortc_options_new(OrtSessionOptions **out) { return ORTC_FN(api, ortc_CreateSessionOptions)(out); }
 void ortc_options_release(OrtSessionOptions *o) { ORTC_RELEASE(api, ortc_ReleaseSessionOptions)(o); }
 OrtStatus *ortc_options_threads(OrtSessionOptions *o, int n) { return ORTC_FN(api, ortc_SetIntraOpNumThreads)(o, n); }
+OrtStatus *ortc_options_no_mem_pattern(OrtSessionOptions *o) { return ORTC_FN(api, ortc_DisableMemPattern)(o); }
 OrtStatus *ortc_options_level(OrtSessionOptions *o, int level) {
 	return ORTC_FN(api, ortc_SetSessionGraphOptimizationLevel)(o, level);
 }

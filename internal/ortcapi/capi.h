@@ -41,6 +41,7 @@ OrtStatus *ortc_create_env(OrtEnv **out);
 OrtStatus *ortc_options_new(OrtSessionOptions **out);
 void ortc_options_release(OrtSessionOptions *o);
 OrtStatus *ortc_options_threads(OrtSessionOptions *o, int n);
+OrtStatus *ortc_options_no_mem_pattern(OrtSessionOptions *o);
 OrtStatus *ortc_options_level(OrtSessionOptions *o, int level);
 OrtStatus *ortc_options_config(OrtSessionOptions *o, const char *key, const char *value);
 OrtStatus *ortc_options_domain(OrtSessionOptions *o, OrtCustomOpDomain *d);

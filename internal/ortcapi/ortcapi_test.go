@@ -83,8 +83,9 @@ func TestOpenTwice(t *testing.T) {
 func TestRunPreallocatedAndAllocated(t *testing.T) {
 	rt := runtimeForTest(t)
 	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{0.5, -1, 2}
-	for _, level := range []Level{LevelNone, LevelAll} {
-		s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, Options{Level: level})
+	for _, o := range []Options{{Level: LevelNone}, {Level: LevelAll}, {Level: LevelAll, NoMemPattern: true}} {
+		level := o.Level
+		s, err := rt.NewSession(affineModel(t, w, b), []string{"x"}, []string{"y"}, o)
 		if err != nil {
 			t.Fatal(err)
 		}

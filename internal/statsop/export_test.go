@@ -87,3 +87,7 @@ func FailRegisterOnce() error {
 	}
 	return failure
 }
+
+// Mass is what the Mass operator returns for x, computed on the calling
+// goroutine.
+var Mass = mass

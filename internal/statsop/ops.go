@@ -60,6 +60,33 @@ const (
 	AttrTo  = C.FA_ATTR_TO
 )
 
+// OpMass is Mass(x) -> h in Domain: where the mass of the float tensor x
+// lies by binary exponent, as MassLen float64s (see ops.h): element counts
+// by float32 exponent field in h[0:256], their sums of squares from
+// MassSumSq, max |x| over the finite elements at MassMax and the count of
+// NaN and Inf at MassNonFinite. The backward audit reads one per gradient
+// held in 16 bits (internal/grad's Mass interprets it).
+const (
+	OpMass        = C.FA_OP_MASS
+	MassLen       = C.FA_MASS_LEN
+	MassSumSq     = C.FA_MASS_SUMSQ
+	MassMax       = C.FA_MASS_MAX
+	MassNonFinite = C.FA_MASS_NONFINITE
+)
+
+// mass computes, on the calling goroutine, what the Mass operator returns
+// for x: the same numbers, bit for bit (the tests check the operator and
+// the kernel through it).
+func mass(x []float32) []float64 {
+	h := make([]float64, MassLen)
+	var p *C.float
+	if len(x) > 0 {
+		p = (*C.float)(unsafe.Pointer(&x[0]))
+	}
+	C.fa_mass(p, C.int64_t(len(x)), (*C.double)(unsafe.Pointer(&h[0])))
+	return h
+}
+
 // RecordLen is the number of int64 slots of one record.
 const RecordLen = C.FA_REC_LEN
 
@@ -100,8 +127,8 @@ var registered struct {
 // newDomain creates the domain; the tests replace it to make it fail.
 var newDomain = (*ortcapi.Runtime).NewCustomOpDomain
 
-// Register creates the custom operator domain of Observe and Round, once
-// per process; pass it in ortcapi.Options.Domains of every session whose
+// Register creates the custom operator domain of Observe, Round and Mass,
+// once per process; pass it in ortcapi.Options.Domains of every session whose
 // model uses it. A failure is not kept: the next call tries again.
 func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
 	registered.mu.Lock()
@@ -109,7 +136,7 @@ func Register(rt *ortcapi.Runtime) (*ortcapi.CustomOpDomain, error) {
 	if registered.d != nil {
 		return registered.d, nil
 	}
-	var ops [2]unsafe.Pointer
+	var ops [3]unsafe.Pointer
 	C.fa_ops_init(rt.API(), (*unsafe.Pointer)(unsafe.Pointer(&ops[0])))
 	d, err := newDomain(rt, Domain, ops[:]...)
 	if err != nil {

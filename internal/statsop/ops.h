@@ -67,16 +67,42 @@ enum {
 int64_t fa_sink_new(int64_t *rec, int64_t nrec);
 void fa_sink_free(int64_t id);
 
-// FA_OP_ROUND is Round(x) -> y: the float tensor x rounded to the format
-// its int attribute "to" names (FLOAT16 = 10 or BFLOAT16 = 16) and back to
-// float32, bit for bit what Cast(to) followed by Cast(to=FLOAT) returns
-// (see round.h), in one pass over the data. Combine puts it in place of
-// the emulated passes' Cast pairs.
+// FA_OP_ROUND is Round(x [, on]) -> y: the float tensor x rounded to the
+// format its int attribute "to" names (FLOAT16 = 10 or BFLOAT16 = 16) and
+// back to float32, bit for bit what Cast(to) followed by Cast(to=FLOAT)
+// returns (see round.h), in one pass over the data. Combine puts it in
+// place of the emulated passes' Cast pairs. With the optional float input
+// on, a run whose on holds 0 copies x unrounded: one backward graph then
+// serves both the fp32 run and the emulated ones.
 #define FA_OP_ROUND "Round"
 #define FA_ATTR_TO "to"
 
+// FA_OP_MASS is Mass(x) -> h: where the mass of the float tensor x lies,
+// by binary exponent, as FA_MASS_LEN doubles: h[e] counts the elements
+// whose float32 exponent field is e (0: zeros and float32 subnormals,
+// 1..254: |x| in [2^(e-127), 2^(e-126))), h[FA_MASS_SUMSQ + e] sums their
+// squares, h[FA_MASS_MAX] is max |x| over the finite elements and
+// h[FA_MASS_NONFINITE] counts the NaN and Inf elements (exponent field
+// 255, in neither table). From it the share of x's L2 norm that rounding
+// to a narrower format loses at any scale follows without another read
+// (internal/grad's Mass).
+#define FA_OP_MASS "Mass"
+enum {
+	FA_MASS_BUCKETS = 256,
+	FA_MASS_SUMSQ = FA_MASS_BUCKETS,
+	FA_MASS_MAX = 2 * FA_MASS_BUCKETS,
+	FA_MASS_NONFINITE,
+	FA_MASS_LEN,
+};
+
+// fa_mass writes the FA_MASS_LEN numbers of Mass(x[0:n]) into h, on the
+// calling thread, chunked as the operator chunks them (so the sums agree
+// bit for bit).
+void fa_mass(const float *x, int64_t n, double *h);
+
 // fa_ops_init stores the function table the kernels call and writes the
-// two operators, Observe and Round, as OrtCustomOp pointers into ops[0:2].
+// three operators, Observe, Round and Mass, as OrtCustomOp pointers into
+// ops[0:3].
 void fa_ops_init(const void *api, const void **ops);
 
 // fa_fail_allocs makes the n-th allocation of the operators from now fail

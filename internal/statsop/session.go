@@ -137,6 +137,21 @@ func (ss *Session) handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared st
 // creating serialises session creation (see NewSession).
 var creating sync.Mutex
 
+// NewModelSession creates a plain session of a model that may use the
+// operators of Domain (a backward graph's Round and Mass nodes): the
+// domain registered on top of opts, the creation serialised as
+// NewSession's.
+func NewModelSession(rt *ortcapi.Runtime, model []byte, inputs, outputs []string, opts ortcapi.Options) (*ortcapi.Session, error) {
+	d, err := Register(rt)
+	if err != nil {
+		return nil, fmt.Errorf("register the statistics operators: %w", err)
+	}
+	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
+	creating.Lock()
+	defer creating.Unlock()
+	return rt.NewSession(model, inputs, outputs, opts)
+}
+
 // withSink returns m with every Observe node writing into sink.
 func withSink(m *onnx.ModelProto, sink int64) *onnx.ModelProto {
 	out := onnx.ShallowCopy(m)

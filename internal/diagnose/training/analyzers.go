@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"sort"
 	"strings"
 
 	"fp16audit/checks"
@@ -22,11 +23,11 @@ func Analyzers() []*Analyzer {
 		{Check: checkBNStats, Requires: []*Requirement{needEval}, Run: runBNStats},
 		{Check: checkFoldedBN, Requires: []*Requirement{needTrain}, Run: runFoldedBN},
 		{Check: checkFP32Backward, Requires: []*Requirement{needFP32Backward}, Run: runFP32Backward},
-		{Check: checkSeedOverflow, Requires: []*Requirement{needSweep}, Run: runInitOverflow(true)},
-		{Check: checkBackwardOverflow, Requires: []*Requirement{needSweep}, Run: runInitOverflow(false)},
-		{Check: checkOverflowEveryScale, Requires: []*Requirement{needSweep}, Run: runOverflowEveryScale},
-		{Check: checkUnderflowEveryScale, Requires: []*Requirement{needSweep}, Run: runUnderflowEveryScale},
-		{Check: checkUnderflowAtInit, Requires: []*Requirement{needSweep}, Run: runUnderflowAtInit},
+		{Check: checkSeedOverflow, Requires: []*Requirement{needMass}, Run: runSettle(true)},
+		{Check: checkBackwardOverflow, Requires: []*Requirement{needMass}, Run: runSettle(false)},
+		{Check: checkOverflowEveryScale, Requires: []*Requirement{needMass}, Run: runOverflowEveryScale},
+		{Check: checkUnderflowEveryScale, Requires: []*Requirement{needMass}, Run: runUnderflowEveryScale},
+		{Check: checkUnderflowAtInit, Requires: []*Requirement{needMass}, Run: runUnderflowAtInit},
 		{Check: checkNoGradRule, Requires: []*Requirement{needBackward}, Run: runNoGradRule},
 	}
 }
@@ -40,7 +41,7 @@ var (
 	needTrain        = &Requirement{Name: "train mode", Met: func(f *Facts) bool { return f.Mode == rewrite.ModeTrain }}
 	needBackward     = &Requirement{Name: "backward", Met: func(f *Facts) bool { return f.Backward != nil }}
 	needFP32Backward = &Requirement{Name: "fp32 backward", Met: func(f *Facts) bool { return f.Backward != nil && f.Backward.FP32 != nil }}
-	needSweep        = &Requirement{Name: "backward sweep with a finite fp32 loss", Met: (*Facts).backwardReady}
+	needMass         = &Requirement{Name: "backward finite in fp32 with gradients held in 16 bits", Met: (*Facts).ready}
 )
 
 func (f *Facts) finding(c *checks.Check, node int, value, msg string) checks.Finding {
@@ -139,51 +140,43 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 
 func runFP32Backward(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
+	if !b.fp32Broken() {
+		return nil, nil
+	}
 	if isNaNOrInf(b.FP32.Loss) {
 		return []checks.Finding{f.finding(checkFP32Backward, -1, b.Res.Loss, fmt.Sprintf("the fp32 %s loss on %q is %g: every gradient is NaN/Inf; check the prediction and the target (range, dtype, class indices within the number of classes)", b.Loss, b.Output, b.FP32.Loss))}, nil
 	}
-	var bad []string
-	first := -1
-	for k := len(b.Res.Grads) - 1; k >= 0; k-- {
-		g := b.Res.Grads[k]
-		r := b.FP32.Grads[g.Value]
-		if overflowed(r) {
-			bad = append(bad, g.Value)
-			if first < 0 {
-				first = k
-			}
-		}
-	}
-	if first < 0 {
-		return nil, nil
-	}
-	g := b.Res.Grads[first]
+	bad := f.fp32NonFinite()
 	msg := fmt.Sprintf("in fp32 at loss scale 1 the gradient of %q is NaN/Inf first (in backward order), and %d gradient(s) in all: not an fp16 problem; fix the model or the data first",
-		g.Value, len(bad))
-	return []checks.Finding{f.finding(checkFP32Backward, g.Node, g.Value, msg)}, nil
+		bad[0].value, len(bad))
+	return []checks.Finding{f.finding(checkFP32Backward, bad[0].node, bad[0].value, msg)}, nil
 }
 
-// backwardReady reports whether the backward facts can say anything about
-// fp16: a backward ran, it is finite in fp32, and something is held in 16
-// bits.
-func (f *Facts) backwardReady() bool {
-	b := f.Backward
-	if b == nil || len(b.Scans) == 0 {
-		return false
-	}
-	if b.FP32 != nil && (isNaNOrInf(b.FP32.Loss) || fp32Broken(b)) {
-		return false
-	}
-	return len(f.gradients().entries) > 0
+// namedValue is a gradient named for a reader: its value and node.
+type namedValue struct {
+	value string
+	node  int
 }
 
-func fp32Broken(b *Backward) bool {
-	for _, r := range b.FP32.Grads {
-		if overflowed(r) {
-			return true
+// fp32NonFinite lists the gradients holding NaN/Inf in the fp32 backward,
+// in backward order: those held in 16 bits, then the parameters.
+func (f *Facts) fp32NonFinite() []namedValue {
+	b, t := f.Backward, f.gradients()
+	var out []namedValue
+	for i := len(t.entries) - 1; i >= 0; i-- {
+		if m := t.entries[i].mass(b.FP32); m != nil && m.NonFinite > 0 {
+			out = append(out, namedValue{t.entries[i].value, t.entries[i].node})
 		}
 	}
-	return false
+	for _, gr := range b.Res.Params() {
+		if _, ok := grad.LostMass(b.FP32.Params[gr.Value], b.FP32.Params[gr.Value], 0); !ok {
+			out = append(out, namedValue{gr.Value, gr.Node})
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, namedValue{b.Res.Loss, -1})
+	}
+	return out
 }
 
 // what names the gradient of entry e.
@@ -202,16 +195,15 @@ func (e *entry) describe() string {
 	return e.what()
 }
 
-func runInitOverflow(seed bool) func(*Facts) ([]checks.Finding, error) {
+// runSettle: FP6004 or FP6005 when the first backward overflows at the
+// initial scale, which the GradScaler answers by skipping steps until it
+// settles.
+func runSettle(seed bool) func(*Facts) ([]checks.Finding, error) {
 	return func(f *Facts) ([]checks.Finding, error) {
 		b, t := f.Backward, f.gradients()
-		maxClean, _, _ := t.window()
-		init := b.Scans[b.InitExp]
-		if maxClean == nil || init == nil {
-			return nil, nil
-		}
-		k := t.firstOverflow(init)
-		if k < 0 {
+		s := f.scales()
+		over, k := f.overflow(b.InitExp)
+		if s.settled == nil || !over || k < 0 {
 			return nil, nil
 		}
 		e := t.entries[k]
@@ -219,35 +211,35 @@ func runInitOverflow(seed bool) func(*Facts) ([]checks.Finding, error) {
 		if isSeed != seed {
 			return nil, nil
 		}
-		r, _ := e.reading(init)
-		fix := fmt.Sprintf("any scale ≤ 2^%d keeps the backward finite: pass learn.to_fp16(init_scale=2.**%d) (or GradScaler(init_scale=2.**%d))", *maxClean, *maxClean, *maxClean)
+		n := b.InitExp - *s.settled
+		settle := fmt.Sprintf("the GradScaler skips %d step(s), halving the scale each time, and settles at 2^%d; to start there, pass learn.to_fp16(init_scale=2.**%d) (or GradScaler(init_scale=2.**%d))",
+			n, *s.settled, *s.settled, *s.settled)
 		if seed {
 			seedMax := math.NaN()
-			if b.FP32 != nil {
-				seedMax = b.FP32.Grads[b.Output].MaxAbs
+			if m := e.mass(b.FP32); m != nil {
+				seedMax = m.Max
 			}
-			msg := fmt.Sprintf("the scaled loss gradient overflows at 2^%d: scale × max |dL/dpred| = 2^%d × %.4g = %.4g > 65504 at %q, held in %s; the first backward is Inf before any layer; %s",
-				b.InitExp, b.InitExp, seedMax, math.Ldexp(seedMax, b.InitExp), b.Output, e.prec, fix)
+			msg := fmt.Sprintf("the scaled loss gradient overflows at 2^%d: scale × max |dL/dpred| = 2^%d × %.4g = %.4g > 65504 at %q, held in %s; %s",
+				b.InitExp, b.InitExp, seedMax, math.Ldexp(seedMax, b.InitExp), b.Output, e.prec, settle)
 			if b.Loss == "mse" || b.Loss == "l1" {
-				msg += ", or scale the targets"
+				msg += "; scaling the targets gives the loss a sensible size"
 			}
 			return []checks.Finding{f.finding(checkSeedOverflow, e.node, e.value, msg)}, nil
 		}
-		msg := fmt.Sprintf("the first backward overflows at 2^%d, first at %s (max |g| %s before rounding); %s",
-			b.InitExp, e.describe(), fmtMax(r.MaxAbs), fix)
+		msg := fmt.Sprintf("the first backward overflows at 2^%d, first at %s (max |g| %s at scale 1); %s",
+			b.InitExp, e.describe(), fmtMax(e.mass(b.FP32).Max), settle)
 		return []checks.Finding{f.finding(checkBackwardOverflow, e.node, e.value, msg)}, nil
 	}
 }
 
 func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	b, t := f.Backward, f.gradients()
-	if maxClean, _, _ := t.window(); maxClean != nil {
+	if f.scales().maxClean != nil {
 		return nil, nil
 	}
-	low := b.Scans[b.MinExp]
-	k := t.firstOverflow(low)
+	b, t := f.Backward, f.gradients()
+	_, k := f.overflow(b.MinExp)
 	if k < 0 {
-		return nil, nil
+		k = len(t.entries) - 1
 	}
 	e := t.entries[k]
 	msg := fmt.Sprintf("even at scale 2^%d the fp16 backward overflows, first at %s: no loss scale keeps it finite; use learn.to_bf16() or keep %s in fp32",
@@ -255,120 +247,78 @@ func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
 	return []checks.Finding{f.finding(checkOverflowEveryScale, e.node, e.value, msg)}, nil
 }
 
-func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
-	b, t := f.Backward, f.gradients()
-	maxClean, _, under := t.window()
-	if maxClean == nil {
-		return nil, nil
-	}
-	var out []checks.Finding
-	top := b.Scans[*maxClean]
-	for _, mod := range under {
-		// The module's worst gradient at the largest clean scale.
-		worst, frac, need := -1, -1.0, (*int)(nil)
-		for i, e := range t.entries {
-			if e.label() != mod {
-				continue
-			}
-			if ff := t.flushFree[i]; ff != nil && *ff <= *maxClean {
-				continue
-			}
-			r, _ := e.reading(top)
-			if fr := e.lost(r); fr > frac {
-				worst, frac = i, fr
-			}
-			if ff := t.freeAbove(b, i); ff != nil && (need == nil || *ff > *need) {
-				need = ff
-			}
-		}
-		if worst < 0 {
+// losing lists the parameters losing more than the tolerance at x, worst
+// first, with what they lose.
+func (f *Facts) losing(x int) (idx []int, lost []float64) {
+	t := f.gradients()
+	for k := range t.params {
+		if f.noise(k) {
 			continue
 		}
-		e := t.entries[worst]
-		needs := "no larger scale at which it stays finite keeps it"
-		if need != nil {
-			needs = fmt.Sprintf("it would need 2^%d", *need)
+		if l, _ := f.lost(k, x); l > f.Backward.Tolerance {
+			idx, lost = append(idx, k), append(lost, l)
 		}
-		msg := fmt.Sprintf("module %s's fp16 gradients underflow at every scale that keeps the backward finite (≤ 2^%d): at 2^%d, %.1f%% of the %s is lost to underflow (threshold %.1f%%); %s. fp16 cannot train it: use learn.to_bf16() or keep %s in fp32",
-			mod, *maxClean, *maxClean, 100*frac, e.what(), 100*b.UnderflowFraction, needs, mod)
-		out = append(out, f.finding(checkUnderflowEveryScale, e.node, e.value, msg))
 	}
-	return out, nil
+	order := make([]int, len(idx))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, c int) bool { return lost[order[a]] > lost[order[c]] })
+	oi, ol := make([]int, len(idx)), make([]float64, len(idx))
+	for i, o := range order {
+		oi[i], ol[i] = idx[o], lost[o]
+	}
+	return oi, ol
 }
 
-// freeAbove returns the smallest scanned exponent from which entry i
-// loses at most the threshold at every larger scale where it is finite,
-// ignoring the overflow of other gradients (nil: not even at the largest
-// such scale). It searches from the top, as buildTable does.
-func (t *table) freeAbove(b *Backward, i int) *int {
-	e := t.entries[i]
-	var free *int
-	for k := len(t.exps) - 1; k >= 0; k-- {
-		r, ok := e.reading(b.Scans[t.exps[k]])
-		if !ok || overflowed(r) {
-			continue
+// lossText names the parameters that lose too much, by module.
+func (f *Facts) lossText(idx []int, lost []float64) (text string, modules []string) {
+	t := f.gradients()
+	var parts []string
+	seen := map[string]bool{}
+	for i, k := range idx {
+		p := t.params[k]
+		if !seen[p.label()] {
+			seen[p.label()] = true
+			modules = append(modules, p.label())
 		}
-		if e.flushes(r, b.UnderflowFraction) {
-			break
-		}
-		free = ptr(t.exps[k])
+		parts = append(parts, fmt.Sprintf("%s %.1f%%", p.value, 100*lost[i]))
 	}
-	return free
+	return strings.Join(limit(parts, 4), ", "), modules
+}
+
+func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
+	b, t := f.Backward, f.gradients()
+	s := f.scales()
+	if s.settled == nil || s.cleanFrom != nil {
+		return nil, nil
+	}
+	idx, lost := f.losing(*s.settled)
+	if len(idx) == 0 {
+		return nil, nil
+	}
+	text, mods := f.lossText(idx, lost)
+	p := t.params[idx[0]]
+	msg := fmt.Sprintf("at 2^%d, where the GradScaler settles (the largest scale without overflow is 2^%d), fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; no scale that keeps the backward finite keeps them. fp16 cannot train them: use learn.to_bf16() or keep %s in fp32",
+		*s.settled, *s.maxClean, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, strings.Join(limit(mods, 3), ", "))
+	return []checks.Finding{f.finding(checkUnderflowEveryScale, p.node, p.value, msg)}, nil
 }
 
 func runUnderflowAtInit(f *Facts) ([]checks.Finding, error) {
 	b, t := f.Backward, f.gradients()
-	maxClean, flushFree, under := t.window()
-	init := b.Scans[b.InitExp]
-	if maxClean == nil || len(under) > 0 || flushFree == nil || init == nil || b.InitExp > *maxClean {
+	s := f.scales()
+	if s.settled == nil || s.cleanFrom == nil || *s.cleanFrom <= *s.settled {
 		return nil, nil
 	}
-	// Where the flushing happens, in backward order, and the modules that
-	// only lose their gradient because a gradient after them flushed.
-	var own, downstream []string
-	first := -1
-	seen := map[string]bool{}
-	for i := len(t.entries) - 1; i >= 0; i-- {
-		e := t.entries[i]
-		r, _ := e.reading(init)
-		if !e.flushes(r, b.UnderflowFraction) || seen[e.label()] {
-			continue
-		}
-		seen[e.label()] = true
-		if r.FlushedFraction() > b.UnderflowFraction {
-			own = append(own, fmt.Sprintf("%s (%.1f%%)", e.label(), 100*r.FlushedFraction()))
-			if first < 0 {
-				first = i
-			}
-		} else {
-			downstream = append(downstream, fmt.Sprintf("%s (%.1f%% lost)", e.label(), 100*e.lost(r)))
-		}
-	}
-	if first < 0 && len(downstream) == 0 {
+	idx, lost := f.losing(*s.settled)
+	if len(idx) == 0 {
 		return nil, nil
 	}
-	where := "the fp16 gradients of " + strings.Join(limit(downstream, 6), ", ") + " are lost to underflow"
-	if len(own) > 0 {
-		where = "fp16 gradients flush to zero at " + strings.Join(limit(own, 6), ", ")
-		if len(downstream) > 0 {
-			where += fmt.Sprintf(", and %d module(s) before them lose their gradient with them (%s)", len(downstream), strings.Join(limit(downstream, 4), ", "))
-		}
-	}
-	if first < 0 {
-		first = len(t.entries) - 1
-		for first > 0 && !t.entries[first].flushes(mustReading(t.entries[first], init), b.UnderflowFraction) {
-			first--
-		}
-	}
-	e := t.entries[first]
-	msg := fmt.Sprintf("at the initial scale 2^%d %s (threshold %.1f%%); scales 2^%d to 2^%d are clean: pass learn.to_fp16(init_scale=2.**%d) (the GradScaler only doubles its scale every 2000 clean steps)",
-		b.InitExp, where, 100*b.UnderflowFraction, *flushFree, *maxClean, *flushFree)
-	return []checks.Finding{f.finding(checkUnderflowAtInit, e.node, e.value, msg)}, nil
-}
-
-func mustReading(e *entry, s *grad.Scan) grad.Reading {
-	r, _ := e.reading(s)
-	return r
+	text, mods := f.lossText(idx, lost)
+	p := t.params[idx[0]]
+	msg := fmt.Sprintf("at the initial scale 2^%d fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; scales 2^%d to 2^%d keep every parameter gradient within %.1f%%: pass learn.to_fp16(init_scale=2.**%d) (the GradScaler only doubles its scale every 2000 clean steps)",
+		*s.settled, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, *s.cleanFrom, *s.maxClean, 100*b.Tolerance, *s.cleanFrom)
+	return []checks.Finding{f.finding(checkUnderflowAtInit, p.node, p.value, msg)}, nil
 }
 
 func runNoGradRule(f *Facts) ([]checks.Finding, error) {

@@ -38,43 +38,53 @@ or a gradient is not finite without any reduced precision (a loss on a
 non-finite prediction, a target out of the loss's domain, a sqrt or log at
 0 in the forward). No loss scale can help; fix the model, the loss or the
 data first.`})
-	checkSeedOverflow = checks.Register(&checks.Check{ID: "FP6004", Title: "scaled loss gradient overflows fp16", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale, scale × dL/dpred — the gradient the GradScaler
+	checkSeedOverflow = checks.Register(&checks.Check{ID: "FP6004", Title: "scaled loss gradient overflows fp16 at the initial scale", Policies: fp16Policies, Severity: checks.SevInfo, Doc: `At the initial loss scale, scale × dL/dpred — the gradient the GradScaler
 hands to the model's last layer, which holds its output in fp16 — exceeds
 65504: the first backward is Inf and the step is skipped. fastai computes
 the loss in fp32 (to_float(pred)), but the gradient flows back into fp16
-at the prediction. Typical causes are regression targets in their own
-units (a house price, a count) with an MSE loss, or a sum-reduced loss.
-The report gives the largest clean scale: pass it as
-learn.to_fp16(init_scale=2.**k) or GradScaler(init_scale=2.**k), or scale
-the targets (often the better fix: the loss then has a sensible size).`})
-	checkBackwardOverflow = checks.Register(&checks.Check{ID: "FP6005", Title: "backward overflows at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale an activation or weight gradient of the fp16
+at the prediction. The GradScaler halves its scale on every skipped step
+(without a floor, so below 1 too) and settles at the largest scale without
+overflow: the finding says where and after how many skipped steps. That
+warm-up is the scaler working; whether fp16 trains the model is decided
+by what the gradients lose at the settled scale (FP6007, FP6008). To skip
+the warm-up pass learn.to_fp16(init_scale=2.**k) with the settled k, or
+scale the targets (regression targets in their own units, a sum-reduced
+loss), which gives the loss a sensible size.`})
+	checkBackwardOverflow = checks.Register(&checks.Check{ID: "FP6005", Title: "backward overflows at the initial loss scale", Policies: fp16Policies, Severity: checks.SevInfo, Doc: `At the initial loss scale an activation or weight gradient of the fp16
 backward overflows (the finding names the first one in backward order,
 with its module) while the scaled loss gradient itself is finite. The
-GradScaler skips that step and halves the scale until one is clean, so
-training survives, but every skipped step is lost work and a model that
-keeps overflowing collapses the scale. The report gives the largest
-clean scale: pass it as learn.to_fp16(init_scale=2.**k).`})
-	checkOverflowEveryScale = checks.Register(&checks.Check{ID: "FP6006", Title: "backward overflows at every loss scale", Policies: fp16Policies, Severity: checks.SevError, Doc: `An fp16 gradient overflows even at the smallest loss scale searched (2^0
-unless the initial scale is lower): its magnitude exceeds 65504 without any
-scaling. The GradScaler would keep halving the scale and skipping steps.
-Use learn.to_bf16() (bf16 has fp32's range; the report verifies it by a
+GradScaler skips that step and halves the scale until one is clean: the
+finding says where it settles and after how many skipped steps. That
+warm-up is the scaler working; what the gradients lose at the settled
+scale decides whether fp16 trains the model (FP6007, FP6008). To skip it,
+pass learn.to_fp16(init_scale=2.**k) with the settled k.`})
+	checkOverflowEveryScale = checks.Register(&checks.Check{ID: "FP6006", Title: "backward overflows at every loss scale", Policies: fp16Policies, Severity: checks.SevError, Doc: `An fp16 gradient overflows even at the smallest loss scale judged: its
+magnitude exceeds 65504 at every scale a GradScaler can reach. Use
+learn.to_bf16() (bf16 has fp32's range; the report verifies it by a
 rerun), keep the named module in fp32, or rescale what makes its gradient
 so large (the loss, the targets, the module's output).`})
-	checkUnderflowEveryScale = checks.Register(&checks.Check{ID: "FP6007", Title: "gradients underflow at every scale that avoids overflow", Policies: fp16Policies, Severity: checks.SevError, Doc: `A module's fp16 gradients flush to zero beyond the threshold (1% of their
-nonzero elements by default, --grad-underflow-fraction) at every loss scale
-small enough to keep the whole backward finite: no GradScaler setting
-trains this module in fp16, and training plateaus above the fp32 baseline.
-Tiny gradients next to large ones come from tiny branch scales (LayerScale
-gammas, zero-initialized residual branches), from a normalization dividing
-the gradient by a large batch variance (unnormalized inputs before
-BatchNorm), or from a very deep stack. Use learn.to_bf16() (Ampere or
-newer; the report verifies it by a rerun) or keep the named modules in
-fp32 with torch.autocast(device_type="cuda", enabled=False).`})
-	checkUnderflowAtInit = checks.Register(&checks.Check{ID: "FP6008", Title: "gradients flush to zero at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale a module's fp16 gradients flush to zero beyond
-the threshold, but a larger scale that keeps the backward finite does not
-flush them. The GradScaler grows the scale only after 2000 clean steps
-(growth_interval), so the first thousands of steps lose these gradients.
-Start from the scale the report gives: learn.to_fp16(init_scale=2.**k).`})
+	checkUnderflowEveryScale = checks.Register(&checks.Check{ID: "FP6007", Title: "gradients lose their norm at every scale that avoids overflow", Policies: fp16Policies, Severity: checks.SevError, Doc: `At the loss scale a GradScaler settles at — the largest scale at most
+init_scale at which no gradient overflows — fp16 loses more than the
+tolerance (1% by default, --grad-mass-tolerance) of a parameter gradient's
+L2 norm, ‖fp16(g·S)/S − g‖ / ‖g‖, flushing and rounding together,
+measured by an emulated fp16 backward against the fp32 one; and no larger
+scale without overflow keeps it. The measure is mass, not a count of
+flushed elements: the softmax tails of a confident classifier flush and
+cost nothing. No GradScaler setting trains these parameters in fp16, and
+training plateaus above the fp32 baseline. Tiny gradients next to large
+ones come from tiny branch scales (LayerScale gammas, zero-initialized
+residual branches), from a normalization dividing the gradient by a
+large batch variance (unnormalized inputs before BatchNorm), or from a
+very deep stack of saturating activations. Use learn.to_bf16() (Ampere
+or newer; the report verifies it by the same measure) or keep the named
+modules in fp32 with torch.autocast(device_type="cuda", enabled=False).`})
+	checkUnderflowAtInit = checks.Register(&checks.Check{ID: "FP6008", Title: "gradients lose their norm at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale, where the GradScaler stays because nothing
+overflows, fp16 loses more than the tolerance of a parameter gradient's
+L2 norm (mass lost, --grad-mass-tolerance), but a larger scale that keeps
+the backward finite keeps it. The GradScaler grows the scale only after
+2000 clean steps (growth_interval), so the first thousands of steps lose
+these gradients. Start from the scale the report gives:
+learn.to_fp16(init_scale=2.**k).`})
 	checkNoGradRule = checks.Register(&checks.Check{ID: "FP6009", Title: "backward audit skips ops without a gradient rule", Severity: checks.SevInfo, Doc: `Some nodes have an op fp16audit has no gradient rule for (see the list in
 README.md: ConvTranspose, RNNs, Einsum, Resize, GroupNormalization,
 InstanceNormalization, PRelu, Max/Min, CumSum, Scatter, trig ops...). The

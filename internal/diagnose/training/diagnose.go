@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 	"strings"
 
 	"fp16audit/checks"
@@ -79,7 +80,7 @@ func Run(ctx context.Context, f *Facts, run Runner, sel checks.Selection) (*repo
 	if err != nil {
 		return nil, nil, err
 	}
-	tr := &report.TrainingReport{Mode: f.Mode, BatchNorms: f.batchNorms(), Dropouts: len(f.Changes.Dropouts), Notes: []string{}}
+	tr := &report.TrainingReport{Schema: report.TrainingSchema, Mode: f.Mode, BatchNorms: f.batchNorms(), Dropouts: len(f.Changes.Dropouts), Notes: []string{}}
 	if tr.BatchNorms == nil {
 		tr.BatchNorms = []report.BatchNormReport{}
 	}
@@ -121,7 +122,7 @@ func (f *Facts) modeNotes() []string {
 	return notes
 }
 
-// backwardReport assembles the backward audit from the table and the
+// backwardReport assembles the backward audit from the facts and the
 // findings: the verdict follows the findings, so a check switched off
 // cannot decide it.
 func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, run Runner) (*report.BackwardReport, error) {
@@ -130,93 +131,117 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 	br := &report.BackwardReport{
 		Loss: string(b.Loss), Output: b.Output, Target: b.Target, Batch: b.Batch,
 		InitScale: math.Ldexp(1, b.InitExp), InitExp: b.InitExp, MinExp: b.MinExp, MaxExp: b.MaxExp,
-		UnderflowFraction: b.UnderflowFraction, OutputPrecision: precOf(f.Assign.Value[b.Output]),
+		Tolerance: b.Tolerance, OutputPrecision: precOf(f.Assign.Value[b.Output]),
 		Underflowing: []string{}, Scales: []report.ScaleReport{}, Modules: []report.ModuleGradientReport{},
-		Gradients: []report.GradientReport{}, FP32NonFinite: []string{}, Unsupported: []report.UnsupportedOp{},
-		Fixes: []report.Fix{}, Runs: b.Runs, ElapsedSecs: b.Elapsed,
+		Parameters: []report.ParameterReport{}, Gradients: []report.GradientReport{}, FP32NonFinite: []string{},
+		Unsupported: []report.UnsupportedOp{}, Fixes: []report.Fix{}, Runs: b.Count, ElapsedSecs: b.Elapsed,
 	}
 	if ce := b.Res.CrossEntropy; ce != nil {
 		br.CrossEntropy = &report.CrossEntropyReport{ClassAxis: ce.ClassAxis, Classes: ce.Classes, IgnoreIndex: ce.IgnoreIndex,
 			LMShift: ce.Shift, Scored: b.Scored, Targets: b.Targets}
 	}
-	if b.FP32 != nil {
-		br.LossValue = finite(b.FP32.Loss)
-		br.SeedMaxAbs = finite(b.FP32.Grads[b.Output].MaxAbs)
-		for _, g := range b.Res.Grads {
-			if overflowed(b.FP32.Grads[g.Value]) {
-				br.FP32NonFinite = append(br.FP32NonFinite, g.Value)
-			}
-		}
-	}
 	for _, u := range b.Res.Unsupported {
 		br.Unsupported = append(br.Unsupported, report.UnsupportedOp{Node: u.Name, OpType: u.OpType, Reason: u.Reason})
 	}
-	maxClean, flushFree, under := t.window()
-	br.MaxCleanExp, br.FlushFreeExp = maxClean, flushFree
-	if under != nil {
-		br.Underflowing = under
+	if b.FP32 == nil {
+		f.verdict(br, findings)
+		return br, nil
 	}
-	if maxClean != nil && flushFree != nil && *flushFree <= *maxClean {
-		br.Window = &report.ScaleWindow{From: *flushFree, To: *maxClean}
-	}
-	init := b.Scans[b.InitExp]
-	for _, x := range t.exps {
-		s := b.Scans[x]
-		sr := report.ScaleReport{Exp: x, Flushing: []string{}}
-		if k := t.firstOverflow(s); k >= 0 {
-			sr.Overflow, sr.FirstOverflow = true, t.entries[k].label()
-		}
-		seen := map[string]bool{}
-		for _, e := range t.entries {
-			if r, ok := e.reading(s); ok && e.flushes(r, b.UnderflowFraction) && !seen[e.label()] {
-				seen[e.label()] = true
-				sr.Flushing = append(sr.Flushing, e.label())
+	br.LossValue = finite(b.FP32.Loss)
+	for _, e := range t.entries {
+		if !e.site && e.value == b.Output {
+			if m := e.mass(b.FP32); m != nil && m.NonFinite == 0 {
+				br.SeedMaxAbs = ptr(m.Max)
 			}
 		}
-		br.Scales = append(br.Scales, sr)
+	}
+	if b.fp32Broken() {
+		for _, v := range f.fp32NonFinite() {
+			br.FP32NonFinite = append(br.FP32NonFinite, v.value)
+		}
+	}
+	s := f.scales()
+	br.MaxCleanExp, br.SettledExp, br.CleanFromExp = s.maxClean, s.settled, s.cleanFrom
+	if s.cleanFrom != nil {
+		br.Window = &report.ScaleWindow{From: *s.cleanFrom, To: *s.maxClean}
+	}
+	settled := b.InitExp
+	if s.settled != nil {
+		settled = *s.settled
+		br.SkippedSteps = b.InitExp - settled
+		l, k := f.worst(settled)
+		if k >= 0 {
+			br.LostMass, br.WorstParameter = ptr(l), t.params[k].value
+		}
+		idx, lost := f.losing(settled)
+		_, br.Underflowing = f.lossText(idx, lost)
+		if br.Underflowing == nil {
+			br.Underflowing = []string{}
+		}
+	}
+	if f.ready() {
+		br.Scales = f.scaleRows(s)
+	}
+	if over, k := f.overflow(b.InitExp); f.ready() && over && k >= 0 {
+		gr := f.gradientReport(t.entries[k], settled)
+		br.FirstOverflow = &gr
 	}
 	mods := map[string]int{}
-	for i, e := range t.entries {
-		gr := report.GradientReport{Value: e.value, OpType: e.op, Module: e.module, Kind: e.kind, Precision: e.prec,
-			MaxCleanExp: t.maxClean[i], FlushFreeExp: t.flushFree[i], Partial: e.partial}
-		if e.node >= 0 {
-			gr.Node = onnx2name(f, e.node)
-		}
-		if b.FP32 != nil {
-			if r, ok := e.reading(b.FP32); ok {
-				gr.FP32MaxAbs = finite(r.MaxAbs)
-			}
-		}
-		if init != nil {
-			r, _ := e.reading(init)
-			gr.MaxAbsAtInit, gr.OverflowAtInit, gr.FlushedAtInit = finite(r.MaxAbs), overflowed(r), e.lost(r)
-		}
-		br.Gradients = append(br.Gradients, gr)
-		k, ok := mods[e.label()]
+	module := func(label string) *report.ModuleGradientReport {
+		k, ok := mods[label]
 		if !ok {
 			k = len(br.Modules)
-			mods[e.label()] = k
-			br.Modules = append(br.Modules, report.ModuleGradientReport{Module: e.label(), MaxCleanExp: gr.MaxCleanExp, FlushFreeExp: gr.FlushFreeExp})
+			mods[label] = k
+			br.Modules = append(br.Modules, report.ModuleGradientReport{Module: label})
 		}
-		m := &br.Modules[k]
-		m.Gradients++
-		m.MaxCleanExp = minPtr(m.MaxCleanExp, gr.MaxCleanExp)
-		if gr.FlushFreeExp == nil || m.FlushFreeExp == nil {
-			m.FlushFreeExp = nil
-		} else if *gr.FlushFreeExp > *m.FlushFreeExp {
-			m.FlushFreeExp = gr.FlushFreeExp
-		}
-		if gr.MaxAbsAtInit == nil {
-			m.MaxAbsAtInit = nil
-		} else if m.Gradients == 1 || (m.MaxAbsAtInit != nil && *gr.MaxAbsAtInit > *m.MaxAbsAtInit) {
-			m.MaxAbsAtInit = gr.MaxAbsAtInit
-		}
-		m.OverflowAtInit = m.OverflowAtInit || gr.OverflowAtInit
-		m.FlushedAtInit = math.Max(m.FlushedAtInit, gr.FlushedAtInit)
+		return &br.Modules[k]
 	}
-	if init != nil {
-		if k := t.firstOverflow(init); k >= 0 {
-			br.FirstOverflow = &br.Gradients[k]
+	held := map[string]*grad.Mass{}
+	formats := map[string]grad.Format{}
+	for _, e := range t.entries {
+		gr := f.gradientReport(e, settled)
+		br.Gradients = append(br.Gradients, gr)
+		m := module(e.label())
+		m.Gradients++
+		if gr.MaxCleanExp != nil && (m.MaxCleanExp == nil || *gr.MaxCleanExp < *m.MaxCleanExp) {
+			m.MaxCleanExp = gr.MaxCleanExp
+		}
+		if x := e.mass(b.FP32); x != nil {
+			if held[e.label()] == nil {
+				held[e.label()] = &grad.Mass{}
+				formats[e.label()] = e.format
+			}
+			held[e.label()].Add(x)
+		}
+	}
+	for k, p := range t.params {
+		pr := report.ParameterReport{Name: p.value, Module: p.module}
+		if g, ok := b.FP32.Params[p.value]; ok {
+			var ss float64
+			for _, v := range g {
+				ss += float64(v) * float64(v)
+			}
+			pr.Norm = math.Sqrt(ss)
+		}
+		pr.Noise = f.noise(k)
+		if s.settled != nil {
+			l, measured := f.lost(k, settled)
+			pr.LostMass, pr.Measured = finite(l), measured
+		}
+		br.Parameters = append(br.Parameters, pr)
+		m := module(p.label())
+		m.Parameters++
+		if pr.LostMass != nil && !pr.Noise && (m.LostMass == nil || *pr.LostMass > *m.LostMass) {
+			m.LostMass = pr.LostMass
+		}
+	}
+	for i := range br.Modules {
+		m := &br.Modules[i]
+		if x := held[m.Module]; x != nil {
+			if lo, hi, ok := x.Range(); ok {
+				m.Log2Min, m.Log2Max = ptr(lo), ptr(hi)
+			}
+			m.HeldLost = x.Lost(settled, formats[m.Module])
 		}
 	}
 	f.verdict(br, findings)
@@ -226,18 +251,74 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 			return nil, err
 		}
 		br.Fixes = append(br.Fixes, fix)
+		if !fix.Works {
+			// The advice follows the verification: bf16 loses too much as
+			// well, so only fp32 remains.
+			br.VerdictText = strings.Replace(br.VerdictText, "use learn.to_bf16() or keep", "learn.to_bf16() does not keep them either (verified): keep", 1)
+		}
 	}
 	return br, nil
 }
 
-func minPtr(a, b *int) *int {
-	if a == nil || b == nil {
-		return nil
+// gradientReport describes entry e, with its own rounding's loss at the
+// exponent settled.
+func (f *Facts) gradientReport(e *entry, settled int) report.GradientReport {
+	gr := report.GradientReport{Value: e.value, OpType: e.op, Module: e.module, Kind: e.kind, Precision: e.prec, Partial: e.partial}
+	if e.node >= 0 {
+		gr.Node = onnx2name(f, e.node)
 	}
-	if *b < *a {
-		return b
+	if m := e.mass(f.Backward.FP32); m != nil && m.NonFinite == 0 {
+		gr.FP32MaxAbs = ptr(m.Max)
+		if lo, _, ok := m.Range(); ok {
+			gr.Log2Min = ptr(lo)
+		}
+		if c := m.MaxCleanExp(e.format); c < math.MaxInt32 {
+			gr.MaxCleanExp = ptr(c)
+		}
+		gr.LostMass = m.Lost(settled, e.format)
 	}
-	return a
+	return gr
+}
+
+// scaleRows describes the exponents that matter and their neighbours:
+// the initial, settled and largest clean scale, the clean window's start,
+// and every measured one.
+func (f *Facts) scaleRows(s scales) []report.ScaleReport {
+	b, t := f.Backward, f.gradients()
+	keys := []int{b.InitExp}
+	for _, x := range []*int{s.maxClean, s.settled, s.cleanFrom} {
+		if x != nil {
+			keys = append(keys, *x)
+		}
+	}
+	for x := range b.Runs {
+		keys = append(keys, x)
+	}
+	var exps []int
+	for _, k := range keys {
+		for x := k - 1; x <= k+1; x++ {
+			if x >= b.MinExp && x <= b.MaxExp && !slices.Contains(exps, x) {
+				exps = append(exps, x)
+			}
+		}
+	}
+	sort.Ints(exps)
+	var rows []report.ScaleReport
+	for _, x := range exps {
+		_, measured := b.Runs[x]
+		sr := report.ScaleReport{Exp: x, Measured: measured}
+		over, k := f.overflow(x)
+		if over {
+			sr.Overflow = true
+			if k >= 0 {
+				sr.FirstOverflow = t.entries[k].label()
+			}
+		} else if l, p := f.worst(x); p >= 0 {
+			sr.LostMass, sr.WorstModule = l, t.params[p].label()
+		}
+		rows = append(rows, sr)
+	}
+	return rows
 }
 
 // verdict walks the backward's decision tree over the findings.
@@ -246,9 +327,17 @@ func (f *Facts) verdict(br *report.BackwardReport, findings []checks.Finding) {
 		return slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == c.ID })
 	}
 	b := f.Backward
-	window := "no module's gradients flush beyond the threshold"
-	if br.Window != nil {
-		window = fmt.Sprintf("scales 2^%d to 2^%d keep every %s gradient finite with at most %.1f%% flushed", br.Window.From, br.Window.To, f.Policy.Lower, 100*b.UnderflowFraction)
+	lost := func() string {
+		if br.LostMass == nil {
+			return "no parameter gradient"
+		}
+		return fmt.Sprintf("at most %.2f%% of any parameter gradient's norm (%s)", 100**br.LostMass, br.WorstParameter)
+	}
+	settle := func() string {
+		if br.SkippedSteps == 0 {
+			return fmt.Sprintf("the GradScaler stays at its initial scale 2^%d (no gradient overflows)", b.InitExp)
+		}
+		return fmt.Sprintf("from 2^%d the GradScaler skips %d step(s) and settles at 2^%d, the largest scale without overflow", b.InitExp, br.SkippedSteps, *br.SettledExp)
 	}
 	switch {
 	case has(checkFP32Backward):
@@ -256,104 +345,77 @@ func (f *Facts) verdict(br *report.BackwardReport, findings []checks.Finding) {
 		br.VerdictText = "the backward produces NaN/Inf even in fp32: fix the model, the loss or the data before choosing a loss scale"
 	case has(checkOverflowEveryScale):
 		br.Verdict = report.BackwardOverflowEveryScale
+		first := "an unnamed value"
+		if len(br.Scales) > 0 && br.Scales[0].FirstOverflow != "" {
+			first = br.Scales[0].FirstOverflow
+		}
 		br.VerdictText = fmt.Sprintf("the fp16 backward overflows even at scale 2^%d, first at %s: no loss scale trains it in fp16; use learn.to_bf16() or keep that module in fp32",
-			b.MinExp, labelOr(br.Scales[0].FirstOverflow))
+			b.MinExp, first)
 	case has(checkUnderflowEveryScale):
 		br.Verdict = report.BackwardUnderflow
-		br.VerdictText = fmt.Sprintf("the gradients of %s underflow at every scale that avoids overflow (≤ 2^%d): fp16 cannot train them; use learn.to_bf16() or keep them in fp32",
-			strings.Join(limit(br.Underflowing, 4), ", "), derefOr(br.MaxCleanExp, b.MinExp))
-	case has(checkSeedOverflow) || has(checkBackwardOverflow):
-		br.Verdict = report.BackwardInitOverflow
-		k := *br.MaxCleanExp
-		br.InitScaleAdvice = ptr(math.Ldexp(1, k))
-		what := fmt.Sprintf("the first backward overflows at module %s at scale 2^%d", gradLabel(br.FirstOverflow), b.InitExp)
-		if has(checkSeedOverflow) {
-			what = fmt.Sprintf("the scaled loss gradient overflows at 2^%d", b.InitExp)
-		}
-		br.VerdictText = fmt.Sprintf("%s; any scale ≤ 2^%d is clean: pass learn.to_fp16(init_scale=2.**%d)", what, k, k)
-		if br.Window != nil {
-			br.VerdictText += fmt.Sprintf("; %s", window)
-		}
+		br.VerdictText = fmt.Sprintf("%s, where fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%), and no scale without overflow keeps it: fp16 cannot train %s; use learn.to_bf16() or keep them in fp32",
+			settle(), 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, strings.Join(limit(br.Underflowing, 4), ", "))
 	case has(checkUnderflowAtInit):
 		br.Verdict = report.BackwardInitUnderflow
 		br.InitScaleAdvice = ptr(math.Ldexp(1, br.Window.From))
-		br.VerdictText = fmt.Sprintf("at the initial scale 2^%d gradients flush to zero (%s); %s: pass learn.to_fp16(init_scale=2.**%d)",
-			b.InitExp, strings.Join(limit(br.Scales[indexOf(br.Scales, b.InitExp)].Flushing, 4), ", "), window, br.Window.From)
+		br.VerdictText = fmt.Sprintf("at the initial scale 2^%d fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%); scales 2^%d to 2^%d keep every parameter gradient: pass learn.to_fp16(init_scale=2.**%d)",
+			b.InitExp, 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, br.Window.From, br.Window.To, br.Window.From)
 	default:
 		br.Verdict = report.BackwardHealthy
 		switch {
-		case br.Window != nil:
-			br.VerdictText = fmt.Sprintf("the initial scale 2^%d lies in the clean window: %s", b.InitExp, window)
 		case len(f.gradients().entries) == 0:
 			br.VerdictText = "no gradient is held in 16 bits under this policy: nothing can overflow or flush"
+		case br.SettledExp != nil:
+			br.VerdictText = fmt.Sprintf("%s; there fp16 loses %s", settle(), lost())
+			if br.SkippedSteps > 0 {
+				br.InitScaleAdvice = ptr(math.Ldexp(1, *br.SettledExp))
+			}
 		default:
 			br.VerdictText = fmt.Sprintf("the fp16 backward is clean at the initial scale 2^%d", b.InitExp)
 		}
 	}
 }
 
-// gradLabel names a reported gradient by its module, or its value.
-func gradLabel(g *report.GradientReport) string { return labelOf(g.Module, g.Value) }
-
-func labelOr(s string) string {
-	if s == "" {
-		return "an unnamed value"
-	}
-	return s
-}
-
-func derefOr(p *int, def int) int {
+func derefF(p *float64) float64 {
 	if p == nil {
-		return def
+		return math.NaN()
 	}
 	return *p
 }
 
-func indexOf(scales []report.ScaleReport, exp int) int {
-	for i, s := range scales {
-		if s.Exp == exp {
-			return i
-		}
-	}
-	return 0
-}
-
 // bf16Fix verifies learn.to_bf16(): the backward with the bf16 policy's
-// rounding at scale 1 (fastai trains bf16 without a GradScaler) must be
-// finite and flush at most the threshold in the modules fp16 fails.
+// rounding at scale 1 (fastai trains bf16 without a GradScaler) must keep
+// every parameter gradient finite and lose at most the tolerance of its
+// norm, the measure the verdict used.
 func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardReport) (report.Fix, error) {
-	res, scan, err := run.BF16(ctx)
+	r, err := run.BF16(ctx)
 	if err != nil {
 		return report.Fix{}, fmt.Errorf("bf16 backward: %w", err)
 	}
-	thr := f.Backward.UnderflowFraction
-	bad, flushed := 0, 0
-	worst := 0.0
-	count := func(r grad.Reading, ref float64) {
-		lost := lostFraction(r, ref)
+	b := f.Backward
+	bad, over := 0, 0
+	worst, name := 0.0, ""
+	for _, p := range f.gradients().params {
+		l, ok := grad.LostMass(r.Params[p.value], b.FP32.Params[p.value], r.Exp)
 		switch {
-		case overflowed(r):
+		case !ok:
 			bad++
-		case lost > thr:
-			flushed++
+			continue
+		case l > b.Tolerance:
+			over++
 		}
-		worst = math.Max(worst, lost)
-	}
-	for _, g := range res.Grads {
-		var ref float64
-		if f.Backward.FP32 != nil {
-			ref = f.Backward.FP32.Grads[g.Value].NonZero
+		if l > worst {
+			worst, name = l, p.value
 		}
-		count(scan.Grads[g.Value], ref)
 	}
-	for _, s := range res.Sites {
-		count(scan.Sites[s.Rounded], 0)
-	}
-	fix := report.Fix{Kind: report.FixBF16, Works: bad == 0 && flushed == 0, Modules: br.Underflowing}
+	fix := report.Fix{Kind: report.FixBF16, Works: bad == 0 && over == 0, Modules: br.Underflowing}
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("learn.to_bf16(): the backward with bf16 gradients (no loss scaling) is finite and flushes at most %.2f%% of any gradient", 100*worst)
+		fix.Summary = fmt.Sprintf("learn.to_bf16(): the backward with bf16 gradients (no loss scaling) is finite and loses at most %.2f%% of any parameter gradient's norm", 100*worst)
+		if name != "" {
+			fix.Summary += " (" + name + ")"
+		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not fix it: with bf16 gradients %d gradient(s) are NaN/Inf and %d flush more than %.1f%%", bad, flushed, 100*thr)
+		fix.Summary = fmt.Sprintf("learn.to_bf16() does not fix it: with bf16 gradients %d parameter gradient(s) are NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", bad, over, 100*b.Tolerance, 100*worst, name)
 	}
 	return fix, nil
 }

@@ -1,6 +1,6 @@
 // Package vjp emits the nodes of a backward graph: the Builder that
 // appends nodes, constants and outputs to a forward graph, the loss and its
-// seed gradient, the in-session summaries of a gradient, and one rule (the
+// seed gradient, and one rule (the
 // vector–Jacobian product) per op type. It is part of the rewrite stage:
 // a function from a model to a model, which never runs one. Package grad
 // drives it over a whole graph; this file is the surface that driver uses.
@@ -103,11 +103,6 @@ func (b *Builder) Shape(v string) []int64 { return b.mustShape(v) }
 
 // IsFloat reports whether a forward value is FLOAT.
 func (b *Builder) IsFloat(v string) bool { return b.isFloat(v) }
-
-// Summarize adds the summary outputs of a gradient (see summarize).
-func (b *Builder) Summarize(raw, rounded, prefix string) *Summary {
-	return b.summarize(raw, rounded, prefix)
-}
 
 // NodeLabel names forward node i in the names the backward graph invents:
 // its name, or op type and index when it has none.

@@ -14,7 +14,6 @@ const (
 	elemFloat16  = int32(onnx.TensorProto_FLOAT16)
 	elemBFloat16 = int32(onnx.TensorProto_BFLOAT16)
 	elemInt64    = int32(onnx.TensorProto_INT64)
-	elemBool     = int32(onnx.TensorProto_BOOL)
 )
 
 // builder accumulates the backward graph: the forward graph (nodes cloned
@@ -526,48 +525,4 @@ func attrString(n *onnx.NodeProto, name, def string) string {
 		return string(a.S)
 	}
 	return def
-}
-
-// summarize adds the scalar outputs of a Summary of the gradient raw
-// (before rounding) and rounded (after; the same name when not rounded),
-// named after prefix. Each statistic is one or two passes over the tensor
-// (ONNX Runtime's reductions run on every thread):
-//
-//   - max |raw| = max(ReduceMax(raw), −ReduceMin(raw));
-//   - the sum of the rounded gradient is Inf or NaN exactly when an
-//     element is (an fp32 sum of fp16-range values cannot overflow);
-//   - casting to BOOL and back marks the nonzero elements, and rounding
-//     never makes a zero nonzero, so the flushed ones are the difference
-//     of the counts before and after.
-func (b *Builder) summarize(raw, rounded, prefix string) *Summary {
-	b.label = prefix
-	s := &Summary{MaxAbs: prefix + "::max", NonFinite: prefix + "::nonfinite", NonZero: prefix + "::nonzero"}
-	hi := b.op("ReduceMax", []string{raw}, onnx.AttrInt("keepdims", 0))
-	lo := b.op("ReduceMin", []string{raw}, onnx.AttrInt("keepdims", 0))
-	b.emitTo("Max", []string{hi, b.neg(lo)}, s.MaxAbs)
-	b.scalarOutput(s.MaxAbs, onnx.TensorProto_FLOAT)
-	sum := b.sumAll(rounded)
-	b.emitTo("IsNaN", []string{b.sub(sum, sum)}, s.NonFinite)
-	b.scalarOutput(s.NonFinite, onnx.TensorProto_BOOL)
-	nonzero := func(x, out string) {
-		// x → BOOL is x ≠ 0 (ONNX Runtime's Sign is several times slower)
-		nz := b.op("Cast", []string{b.op("Cast", []string{x}, onnx.AttrInt("to", int64(elemBool)))}, onnx.AttrInt("to", int64(elemFloat)))
-		b.emitTo("ReduceSum", []string{nz}, out, onnx.AttrInt("keepdims", 0))
-	}
-	nonzero(raw, s.NonZero)
-	b.scalarOutput(s.NonZero, onnx.TensorProto_FLOAT)
-	if rounded != raw {
-		s.Flushed = prefix + "::flushed"
-		kept := b.fresh()
-		nonzero(rounded, kept)
-		b.emitTo("Sub", []string{s.NonZero, kept}, s.Flushed)
-		b.scalarOutput(s.Flushed, onnx.TensorProto_FLOAT)
-	}
-	return s
-}
-
-// scalarOutput declares a rank-0 graph output.
-func (b *Builder) scalarOutput(name string, et onnx.TensorProto_DataType) {
-	b.declared[name] = true
-	b.outputs = append(b.outputs, onnx.TensorValueInfo(name, et))
 }

@@ -52,23 +52,3 @@ const (
 	// TargetInput is the graph input holding the target of the loss.
 	TargetInput = "target::fp16audit"
 )
-
-// Summary names the scalar graph outputs that summarize one gradient. For
-// a rounded gradient the counts compare the value before rounding (Raw)
-// with the value after; otherwise both are the gradient itself. Counts are
-// FLOAT, exact up to 2^24 elements per tensor.
-type Summary struct {
-	// MaxAbs (FLOAT) is max |x| before rounding: against 65504 it says
-	// how close an fp16 gradient is to overflowing. It is NaN or Inf when
-	// the unrounded gradient already holds NaN or Inf.
-	MaxAbs string
-	// NonFinite (BOOL) is set when an element after rounding is Inf or
-	// NaN: the gradient overflowed, and a GradScaler skips the step.
-	NonFinite string
-	// NonZero (FLOAT) counts the nonzero elements before rounding.
-	NonZero string
-	// Flushed (FLOAT) counts the elements nonzero before rounding and zero
-	// after: the gradient fp16 (or bf16) loses to underflow. "" when the
-	// gradient is not rounded.
-	Flushed string
-}

@@ -90,22 +90,77 @@ func crossEntropyText(ce *report.CrossEntropyReport) string {
 	return s + fmt.Sprintf(", ignore_index %d)", ce.IgnoreIndex)
 }
 
-// flushingText lists the modules flushing at one scale, shortened.
-func flushingText(s report.ScaleReport) string {
-	if len(s.Flushing) == 0 {
-		return "-"
+// settleLine says where the GradScaler settles and what that costs.
+func settleLine(b *report.BackwardReport) string {
+	if b.SettledExp == nil {
+		return fmt.Sprintf("no scale from 2^%d down to 2^%d keeps the fp16 backward finite", b.InitExp, b.MinExp)
 	}
-	if len(s.Flushing) > 4 {
-		return strings.Join(s.Flushing[:4], ", ") + fmt.Sprintf(" and %d more", len(s.Flushing)-4)
+	s := fmt.Sprintf("GradScaler from 2^%d settles at 2^%d", b.InitExp, *b.SettledExp)
+	if b.SkippedSteps > 0 {
+		s += fmt.Sprintf(" after %d skipped step(s)", b.SkippedSteps)
+	} else {
+		s += " (no step skipped)"
 	}
-	return strings.Join(s.Flushing, ", ")
+	if b.LostMass != nil {
+		s += fmt.Sprintf("; there fp16 loses at most %s of a parameter gradient's norm (%s; tolerance %s)", pctText(*b.LostMass), b.WorstParameter, pctText(b.Tolerance))
+	}
+	if b.Window != nil {
+		s += fmt.Sprintf("; clean from 2^%d to 2^%d", b.Window.From, b.Window.To)
+	} else if b.MaxCleanExp != nil {
+		s += fmt.Sprintf("; no overflow up to 2^%d, but no clean scale", *b.MaxCleanExp)
+	}
+	return s
+}
+
+// pctText writes a share as a percentage with two significant decimals
+// below 1%.
+func pctText(x float64) string {
+	if x < 0.01 {
+		return fmt.Sprintf("%.3f%%", 100*x)
+	}
+	return fmt.Sprintf("%.1f%%", 100*x)
 }
 
 func overflowText(s report.ScaleReport) string {
 	if !s.Overflow {
 		return "-"
 	}
+	if s.FirstOverflow == "" {
+		return "yes"
+	}
 	return "at " + s.FirstOverflow
+}
+
+// lostText is a scale's worst loss, "-" where it overflows.
+func lostText(s report.ScaleReport) string {
+	if s.Overflow {
+		return "-"
+	}
+	if s.WorstModule == "" {
+		return pctText(s.LostMass)
+	}
+	return pctText(s.LostMass) + " (" + s.WorstModule + ")"
+}
+
+// scaleMark says what a scale is: settled, the window's ends.
+func scaleMark(b *report.BackwardReport, s report.ScaleReport) string {
+	var marks []string
+	if s.Exp == b.InitExp {
+		marks = append(marks, "initial")
+	}
+	if b.SettledExp != nil && s.Exp == *b.SettledExp {
+		marks = append(marks, "settled")
+	}
+	if b.Window != nil && s.Exp == b.Window.From {
+		marks = append(marks, "clean from")
+	}
+	if b.MaxCleanExp != nil && s.Exp == *b.MaxCleanExp {
+		marks = append(marks, "largest without overflow")
+	}
+	if s.Measured {
+		marks = append(marks, "measured")
+	}
+	return strings.Join(marks, ", ")
 }
 
 func maxText(x *float64) string {
@@ -113,6 +168,89 @@ func maxText(x *float64) string {
 		return "nan/inf"
 	}
 	return formatMag(*x)
+}
+
+func lostPtr(x *float64) string {
+	if x == nil {
+		return "-"
+	}
+	return pctText(*x)
+}
+
+// band is the picture's axis: the exponents it spans and where fp16's
+// band lies, with every module's range shifted by the settled scale.
+type band struct {
+	lo, hi   int // axis, exponents (columns lo..hi-1)
+	shift    int // the settled exponent
+	min, max int // fp16: smallest subnormal 2^-24, overflow from 2^16
+}
+
+func pictureBand(b *report.BackwardReport) band {
+	bd := band{lo: -32, hi: 18, min: -24, max: 16}
+	if b.SettledExp != nil {
+		bd.shift = *b.SettledExp
+	} else {
+		bd.shift = b.InitExp
+	}
+	for _, m := range b.Modules {
+		if m.Log2Min == nil {
+			continue
+		}
+		bd.lo = min(bd.lo, int(math.Floor(*m.Log2Min))+bd.shift-1)
+		bd.hi = max(bd.hi, int(math.Floor(*m.Log2Max))+bd.shift+2)
+	}
+	bd.lo = max(bd.lo, -60)
+	bd.hi = min(bd.hi, 40)
+	return bd
+}
+
+// bar draws one module's range as text: one column per binary exponent,
+// █ where fp16 holds it, ░ below its smallest subnormal (flushed), ▲ at
+// and above 2^16 (overflow); · marks fp16's band where the module has
+// nothing, | its ends.
+func (bd band) bar(m report.ModuleGradientReport) string {
+	var sb strings.Builder
+	lo, hi := math.Inf(1), math.Inf(-1)
+	if m.Log2Min != nil {
+		lo, hi = *m.Log2Min+float64(bd.shift), *m.Log2Max+float64(bd.shift)
+	}
+	for x := bd.lo; x < bd.hi; x++ {
+		in := float64(x+1) > lo && float64(x) <= hi
+		switch {
+		case in && x < bd.min:
+			sb.WriteString("░")
+		case in && x >= bd.max:
+			sb.WriteString("▲")
+		case in:
+			sb.WriteString("█")
+		case x == bd.min || x == bd.max:
+			sb.WriteString("|")
+		case x > bd.min && x < bd.max:
+			sb.WriteString("·")
+		default:
+			sb.WriteString(" ")
+		}
+	}
+	return sb.String()
+}
+
+// axis labels the picture's columns at fp16's band ends.
+func (bd band) axis() string {
+	cols := make([]rune, bd.hi-bd.lo)
+	for i := range cols {
+		cols[i] = ' '
+	}
+	put := func(x int, s string) {
+		for i, r := range s {
+			if k := x - bd.lo + i; k >= 0 && k < len(cols) {
+				cols[k] = r
+			}
+		}
+	}
+	put(bd.min, "2^-24")
+	put(bd.max-4, "2^16")
+	put(bd.lo, fmt.Sprintf("2^%d", bd.lo))
+	return strings.TrimRight(string(cols), " ")
 }
 
 // training writes the text section.
@@ -135,6 +273,7 @@ func (t *textWriter) training(tr *report.TrainingReport) {
 	}
 	t.para(t.Style(markup.Bold+col, mark+" backward: "+b.Verdict)+" — ", b.VerdictText, 2)
 	t.para("  ", seedLine(b), 2)
+	t.para("  ", settleLine(b), 2)
 	for _, f := range b.Fixes {
 		fm := t.Style(markup.Red, "does not work")
 		if f.Works {
@@ -149,21 +288,18 @@ func (t *textWriter) training(tr *report.TrainingReport) {
 		}
 		t.para("  no gradient rule: ", strings.Join(ops, ", "), 4)
 	}
-	t.para("  ", fmt.Sprintf("loss scales run (%d backward runs, %.2f s; a gradient flushes when more than %.1f%% of it does):",
-		b.Runs, b.ElapsedSecs, 100*b.UnderflowFraction), 2)
-	rows := [][]string{{"scale", "overflow", "flushing modules"}}
+	t.para("  ", fmt.Sprintf("loss scales (%d backward runs, %.2f s: the fp32 backward's mass by exponent, measured by an emulated fp16 backward where marked; lost: the largest share of a parameter gradient's norm):",
+		b.Runs, b.ElapsedSecs), 2)
+	rows := [][]string{{"scale", "overflow", "lost", ""}}
 	for _, s := range b.Scales {
-		rows = append(rows, []string{fmt.Sprintf("2^%d", s.Exp), overflowText(s), flushingText(s)})
+		rows = append(rows, []string{fmt.Sprintf("2^%d", s.Exp), overflowText(s), lostText(s), scaleMark(b, s)})
 	}
 	t.grid(rows)
-	t.para("  ", fmt.Sprintf("gradients held in 16 bits, per module (clean: the largest scale without overflow; flush-free: the smallest scale flushing at most %.1f%%):", 100*b.UnderflowFraction), 2)
-	rows = [][]string{{"module", "grads", "clean up to", "flush-free from", fmt.Sprintf("max |g| at 2^%d", b.InitExp), "flushed"}}
+	bd := pictureBand(b)
+	t.para("  ", fmt.Sprintf("gradients per module × the settled scale 2^%d against fp16 (█ held, ░ flushed below 2^-24, ▲ overflow from 2^16; held lost: the share of the module's 16-bit gradients' mass fp16 cannot hold; params lost: its worst parameter gradient):", bd.shift), 2)
+	rows = [][]string{{"module", bd.axis(), "held lost", "params lost"}}
 	for _, m := range b.Modules {
-		mx := maxText(m.MaxAbsAtInit)
-		if m.OverflowAtInit {
-			mx = "overflow"
-		}
-		rows = append(rows, []string{m.Module, fmt.Sprint(m.Gradients), exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, fmt.Sprintf("%.1f%%", 100*m.FlushedAtInit)})
+		rows = append(rows, []string{m.Module, bd.bar(m), pctText(m.HeldLost), lostPtr(m.LostMass)})
 	}
 	t.grid(rows)
 }
@@ -214,7 +350,7 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 	if bw.Verdict == report.BackwardHealthy {
 		mark = "✅"
 	}
-	fmt.Fprintf(b, "\n**Backward: %s `%s`** — %s\n\n%s.\n", mark, bw.Verdict, markup.MDText(bw.VerdictText), markup.MDText(seedLine(bw)))
+	fmt.Fprintf(b, "\n**Backward: %s `%s`** — %s\n\n%s.\n\n%s.\n", mark, bw.Verdict, markup.MDText(bw.VerdictText), markup.MDText(seedLine(bw)), markup.MDText(settleLine(bw)))
 	for _, f := range bw.Fixes {
 		res := "❌ does not work"
 		if f.Works {
@@ -222,17 +358,14 @@ func trainingMarkdown(b *strings.Builder, tr *report.TrainingReport) {
 		}
 		fmt.Fprintf(b, "\nFix `%s` (verified by rerun): %s — %s\n", f.Kind, res, markup.MDText(f.Summary))
 	}
-	b.WriteString("\n| scale | overflow | flushing modules |\n|--:|---|---|\n")
+	b.WriteString("\n| scale | overflow | lost | |\n|--:|---|---|---|\n")
 	for _, s := range bw.Scales {
-		fmt.Fprintf(b, "| 2^%d | %s | %s |\n", s.Exp, markup.MDText(overflowText(s)), markup.MDText(flushingText(s)))
+		fmt.Fprintf(b, "| 2^%d | %s | %s | %s |\n", s.Exp, markup.MDText(overflowText(s)), markup.MDText(lostText(s)), markup.MDText(scaleMark(bw, s)))
 	}
-	fmt.Fprintf(b, "\n| module | gradients | clean up to | flush-free from | max \\|g\\| at 2^%d | flushed |\n|---|--:|--:|--:|--:|--:|\n", bw.InitExp)
+	bd := pictureBand(bw)
+	fmt.Fprintf(b, "\nGradients per module × the settled scale 2^%d against fp16 (█ held, ░ flushed below 2^-24, ▲ overflow from 2^16):\n\n| module | range | held lost | params lost |\n|---|---|--:|--:|\n", bd.shift)
 	for _, m := range bw.Modules {
-		mx := maxText(m.MaxAbsAtInit)
-		if m.OverflowAtInit {
-			mx = "overflow"
-		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %.1f%% |\n", markup.MDCode(m.Module), m.Gradients, exp2(m.MaxCleanExp), exp2(m.FlushFreeExp), mx, 100*m.FlushedAtInit)
+		fmt.Fprintf(b, "| %s | `%s` | %s | %s |\n", markup.MDCode(m.Module), bd.bar(m), pctText(m.HeldLost), lostPtr(m.LostMass))
 	}
 }
 
@@ -246,23 +379,76 @@ func trainingHTML(tr *report.TrainingReport) (template.HTML, error) {
 	return template.HTML(b.String()), err
 }
 
+// Picture geometry, in SVG user units: one row per module.
+const (
+	picLabel = 180
+	picW     = 900
+	picRow   = 18
+	picTop   = 22
+)
+
+// pictureSVG draws every module's gradient range × the settled scale
+// against fp16's band: grey the band, blue the part fp16 holds, orange
+// the part below its smallest subnormal (flushed), red the part at and
+// above 2^16 (overflow).
+func pictureSVG(b *report.BackwardReport) template.HTML {
+	bd := pictureBand(b)
+	span := float64(bd.hi - bd.lo)
+	x := func(e float64) string {
+		return markup.Coord(picLabel + (e-float64(bd.lo))/span*float64(picW-picLabel-10))
+	}
+	h := picTop + picRow*len(b.Modules) + 20
+	var sb strings.Builder
+	fmt.Fprintf(&sb, `<svg class="gradpic" viewBox="0 0 %d %d" role="img" aria-label="gradient range per module against fp16 at the settled scale">`, picW, h)
+	fmt.Fprintf(&sb, `<rect x="%s" y="%d" width="%s" height="%d" fill="#e8e8e8"/>`, x(float64(bd.min)), picTop-4,
+		markup.Coord(float64(bd.max-bd.min)/span*float64(picW-picLabel-10)), picRow*len(b.Modules)+8)
+	for _, e := range []int{bd.min, bd.max} {
+		fmt.Fprintf(&sb, `<text x="%s" y="14" font-size="11" text-anchor="middle">2^%d</text>`, x(float64(e)), e)
+	}
+	for i, m := range b.Modules {
+		y := picTop + i*picRow
+		fmt.Fprintf(&sb, `<text x="%d" y="%d" font-size="11" text-anchor="end"><title>%s</title>%s</text>`, picLabel-6, y+11,
+			template.HTMLEscapeString(m.Module), template.HTMLEscapeString(shorten(m.Module, 28)))
+		if m.Log2Min == nil {
+			continue
+		}
+		lo, hi := *m.Log2Min+float64(bd.shift), *m.Log2Max+float64(bd.shift)
+		seg := func(a, c float64, color, what string) {
+			a, c = math.Max(a, float64(bd.lo)), math.Min(c, float64(bd.hi))
+			if c <= a {
+				return
+			}
+			fmt.Fprintf(&sb, `<rect x="%s" y="%d" width="%s" height="%d" fill="%s"><title>%s: %s</title></rect>`, x(a), y+2,
+				markup.Coord((c-a)/span*float64(picW-picLabel-10)), picRow-6, color, template.HTMLEscapeString(m.Module), what)
+		}
+		seg(lo, math.Min(hi, float64(bd.min)), "#e69138", "below fp16's smallest subnormal: flushed")
+		seg(math.Max(lo, float64(bd.min)), math.Min(hi, float64(bd.max)), "#3d85c6", "held by fp16")
+		seg(math.Max(lo, float64(bd.max)), hi, "#cc0000", "overflows fp16")
+	}
+	sb.WriteString(`</svg>`)
+	return template.HTML(sb.String())
+}
+
 var trainingCard = template.Must(template.New("training").Funcs(template.FuncMap{
-	"mode": trainingMode, "seed": seedLine, "exp2": exp2, "maxText": maxText,
-	"over": overflowText, "flushing": flushingText,
-	"pct": func(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) },
+	"mode": trainingMode, "seed": seedLine, "settle": settleLine, "exp2": exp2, "maxText": maxText,
+	"over": overflowText, "lost": lostText, "mark": scaleMark, "pct": pctText, "lostPtr": lostPtr,
+	"picture": pictureSVG,
 }).Parse(`<section class="card" id="training">
 <h2>Training</h2>
 <p>{{mode .}}.</p>
 {{range .Notes}}<p class="small">Note: {{.}}</p>{{end}}
-{{with .Backward}}<div class="{{if eq .Verdict "healthy"}}ok{{else}}fail{{end}}">
+{{with .Backward}}{{$b := .}}<div class="{{if eq .Verdict "healthy"}}ok{{else}}fail{{end}}">
 <h3><span class="badge">{{if eq .Verdict "healthy"}}✓{{else}}✗{{end}}</span> backward: {{.Verdict}}</h3>
 <p class="vtext">{{.VerdictText}}</p></div>
 <p>{{seed .}}.</p>
+<p>{{settle .}}.</p>
 {{range .Fixes}}<p>Fix <b>{{.Kind}}</b> ({{if .Works}}works{{else}}does not work{{end}}, verified by rerun): {{.Summary}}</p>{{end}}
-<table class="plain"><thead><tr><th>scale</th><th>overflow</th><th>flushing modules</th></tr></thead><tbody>
-{{range .Scales}}<tr><td>2^{{.Exp}}</td><td>{{over .}}</td><td>{{flushing .}}</td></tr>
+<h3>Gradients per module against fp16 at the settled scale</h3>
+{{picture .}}
+<table class="plain"><thead><tr><th>module</th><th>gradients</th><th>parameters</th><th>clean up to</th><th>held lost</th><th>params lost</th></tr></thead><tbody>
+{{range .Modules}}<tr><td><code>{{.Module}}</code></td><td>{{.Gradients}}</td><td>{{.Parameters}}</td><td>{{exp2 .MaxCleanExp}}</td><td>{{pct .HeldLost}}</td><td>{{lostPtr .LostMass}}</td></tr>
 {{end}}</tbody></table>
-<table class="plain"><thead><tr><th>module</th><th>gradients</th><th>clean up to</th><th>flush-free from</th><th>max |g| at 2^{{.InitExp}}</th><th>flushed</th></tr></thead><tbody>
-{{range .Modules}}<tr><td><code>{{.Module}}</code></td><td>{{.Gradients}}</td><td>{{exp2 .MaxCleanExp}}</td><td>{{exp2 .FlushFreeExp}}</td><td>{{if .OverflowAtInit}}overflow{{else}}{{maxText .MaxAbsAtInit}}{{end}}</td><td>{{pct .FlushedAtInit}}</td></tr>
+<table class="plain"><thead><tr><th>scale</th><th>overflow</th><th>lost</th><th></th></tr></thead><tbody>
+{{range .Scales}}<tr><td>2^{{.Exp}}</td><td>{{over .}}</td><td>{{lost .}}</td><td>{{mark $b .}}</td></tr>
 {{end}}</tbody></table>
 {{end}}</section>`))

@@ -1,0 +1,318 @@
+package backward
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"fp16audit/internal/grad"
+	"fp16audit/internal/grad/vjp"
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/statsop"
+	"fp16audit/internal/tensor"
+)
+
+// RoundInput is the scalar float input of a MassSession's graph that
+// switches the rounding of the 16-bit gradients on (1) or off (0).
+const RoundInput = "round::fp16audit"
+
+// MassSession runs a backward graph built with autocast's rounding for the
+// backward audit. Every rounding Cast pair becomes statsop's Round, which
+// the input RoundInput switches off, so one session runs the fp32
+// backward (the reference) and the emulated ones; every gradient held in
+// 16 bits is summarised before its rounding by statsop's Mass; and only
+// those summaries, the loss and the parameter gradients leave ONNX
+// Runtime, into buffers allocated once.
+type MassSession struct {
+	rt     *ortcapi.Runtime
+	s      *ortcapi.Session
+	res    *grad.Result
+	inputs []*tensor.Tensor
+	target *tensor.Tensor
+	// The outputs, in the session's output order: the loss and the
+	// masses (grads, then sites) into buffers allocated once, and the
+	// parameter gradients (of plens elements each) into new ones per run,
+	// which the run's result keeps.
+	loss   []float32
+	masses [][]float64
+	plens  []int64
+	keys   []massKey
+	pnames []string
+}
+
+type massKey struct {
+	key  string
+	site bool
+}
+
+// NewMassSession opens the session of res (built with a Rounding) that
+// feeds inputs and target on every run. opt configures ONNX Runtime as
+// for the forward passes; library is the ONNX Runtime library.
+func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
+	rt, err := ortcapi.Open(library)
+	if err != nil {
+		return nil, err
+	}
+	ms := &MassSession{rt: rt, res: res, inputs: inputs, target: target}
+	m, outputs, err := ms.graph()
+	if err != nil {
+		return nil, err
+	}
+	data, err := onnx.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("backward session: %w", err)
+	}
+	level, err := ortcapi.ParseLevel(opt.Optimization)
+	if err != nil {
+		return nil, err
+	}
+	// The audit runs the session two to five times: memory patterns
+	// would make the first two runs both fault in fresh memory.
+	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+	if opt.ExternalDataDir != "" {
+		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
+	}
+	var names []string
+	for _, vi := range onnxIndexInputs(res.Model) {
+		if vi != res.Target && vi != res.Scale {
+			names = append(names, vi)
+		}
+	}
+	if len(names) != len(inputs) {
+		return nil, fmt.Errorf("backward session: the model takes %d inputs, got %d", len(names), len(inputs))
+	}
+	if res.Target != "" {
+		names = append(names, res.Target)
+	}
+	names = append(names, res.Scale, RoundInput)
+	if ms.s, err = statsop.NewModelSession(rt, data, names, outputs, o); err != nil {
+		return nil, fmt.Errorf("backward session: %w", err)
+	}
+	return ms, nil
+}
+
+func onnxIndexInputs(m *onnx.ModelProto) []string {
+	init := map[string]bool{}
+	for _, t := range m.Graph.Initializer {
+		init[t.Name] = true
+	}
+	var out []string
+	for _, vi := range m.Graph.Input {
+		if !init[vi.Name] {
+			out = append(out, vi.Name)
+		}
+	}
+	return out
+}
+
+// graph returns res.Model with Round in place of the rounding Cast pairs,
+// a Mass node per 16-bit gradient and the outputs the session fetches,
+// and allocates their buffers.
+func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
+	res := ms.res
+	m := onnx.ShallowCopy(res.Model)
+	g := m.Graph
+	producer := map[string]int{}
+	for i, n := range g.Node {
+		for _, o := range n.Output {
+			producer[o] = i
+		}
+	}
+	drop := map[int]bool{}
+	var added []*onnx.NodeProto
+	// round replaces the Cast pair raw → mid → rounded by Round(raw, on).
+	round := func(raw, rounded string, et int32) error {
+		i, ok := producer[rounded]
+		if !ok || g.Node[i].OpType != "Cast" || len(g.Node[i].Input) != 1 {
+			return fmt.Errorf("backward session: %q is not a rounding Cast", rounded)
+		}
+		j, ok := producer[g.Node[i].Input[0]]
+		if !ok || g.Node[j].OpType != "Cast" || len(g.Node[j].Input) != 1 || g.Node[j].Input[0] != raw {
+			return fmt.Errorf("backward session: %q is not rounded from %q", rounded, raw)
+		}
+		drop[i], drop[j] = true, true
+		n := onnx.Node(statsop.OpRound, rounded+"::round"+vjp.Internal, []string{raw, RoundInput}, []string{rounded},
+			onnx.AttrInt(statsop.AttrTo, int64(et)))
+		n.Domain = statsop.Domain
+		added = append(added, n)
+		return nil
+	}
+	mass := func(raw string, k massKey) {
+		out := raw + "::mass" + vjp.Internal
+		n := onnx.Node(statsop.OpMass, out, []string{raw}, []string{out})
+		n.Domain = statsop.Domain
+		added = append(added, n)
+		ms.keys = append(ms.keys, k)
+		ms.masses = append(ms.masses, make([]float64, statsop.MassLen))
+	}
+	var masses []string
+	for _, gr := range res.Grads {
+		if gr.Raw == "" {
+			continue
+		}
+		if err := round(gr.Raw, gr.Name, elemTypeOf(g, gr.Name, producer)); err != nil {
+			return nil, nil, err
+		}
+		mass(gr.Raw, massKey{key: gr.Value})
+		masses = append(masses, gr.Raw+"::mass"+vjp.Internal)
+	}
+	for _, s := range res.Sites {
+		if err := round(s.Raw, s.Rounded, s.ElemType); err != nil {
+			return nil, nil, err
+		}
+		mass(s.Raw, massKey{key: s.Rounded, site: true})
+		masses = append(masses, s.Raw+"::mass"+vjp.Internal)
+	}
+	var nodes []*onnx.NodeProto
+	for i, n := range g.Node {
+		if !drop[i] {
+			nodes = append(nodes, n)
+		}
+	}
+	g = &onnx.GraphProto{Node: append(nodes, added...), Name: g.Name, Initializer: g.Initializer,
+		SparseInitializer: g.SparseInitializer, Input: append(append([]*onnx.ValueInfoProto(nil), g.Input...),
+			onnx.TensorValueInfo(RoundInput, onnx.TensorProto_FLOAT)), ValueInfo: g.ValueInfo}
+	outputs := []string{res.Loss}
+	g.Output = append(g.Output, onnx.TensorValueInfo(res.Loss, onnx.TensorProto_FLOAT))
+	ms.loss = make([]float32, 1)
+	for _, name := range masses {
+		g.Output = append(g.Output, onnx.TensorValueInfo(name, onnx.TensorProto_DOUBLE, int64(statsop.MassLen)))
+		outputs = append(outputs, name)
+	}
+	for _, p := range res.Params() {
+		if p.Shape == nil {
+			return nil, nil, fmt.Errorf("backward session: the gradient of %q has no known shape", p.Value)
+		}
+		dims := make([]any, len(p.Shape))
+		n := int64(1)
+		for i, d := range p.Shape {
+			dims[i] = d
+			n *= d
+		}
+		g.Output = append(g.Output, onnx.TensorValueInfo(p.Name, onnx.TensorProto_FLOAT, dims...))
+		outputs = append(outputs, p.Name)
+		ms.plens = append(ms.plens, n)
+		ms.pnames = append(ms.pnames, p.Value)
+	}
+	m.Graph = g
+	m.OpsetImport = append(append([]*onnx.OperatorSetIdProto(nil), m.OpsetImport...), &onnx.OperatorSetIdProto{Domain: statsop.Domain, Version: 1})
+	return m, outputs, nil
+}
+
+// elemTypeOf returns the 16-bit type the Cast pair producing rounded
+// goes through.
+func elemTypeOf(g *onnx.GraphProto, rounded string, producer map[string]int) int32 {
+	i := producer[rounded]
+	j := producer[g.Node[i].Input[0]]
+	return int32(onnx.IntAttr(g.Node[j], "to", int64(onnx.TensorProto_FLOAT16)))
+}
+
+// Close releases the session.
+func (ms *MassSession) Close() {
+	if ms.s != nil {
+		ms.s.Close()
+		ms.s = nil
+	}
+}
+
+// Run runs forward and backward at loss scale 2^exp, with the 16-bit
+// gradients rounded or left in fp32, and returns what the run says.
+func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
+	scale := []float32{float32(math.Ldexp(1, exp))}
+	on := []float32{0}
+	if rounded {
+		on[0] = 1
+	}
+	feeds := append([]*tensor.Tensor(nil), ms.inputs...)
+	if ms.res.Target != "" {
+		if ms.target == nil {
+			return nil, fmt.Errorf("backward: the loss needs a target")
+		}
+		feeds = append(feeds, ms.target)
+	}
+	var in, out []*ortcapi.Value
+	defer func() {
+		for _, v := range append(in, out...) {
+			v.Release()
+		}
+	}()
+	for _, x := range feeds {
+		var p unsafe.Pointer
+		if len(x.Data) > 0 {
+			p = unsafe.Pointer(&x.Data[0])
+		}
+		v, err := ms.rt.NewTensor(ortcapi.ElemType(x.DType), x.Shape, p, len(x.Data))
+		if err != nil {
+			return nil, fmt.Errorf("backward: input %q: %w", x.Name, err)
+		}
+		in = append(in, v)
+	}
+	for _, s := range [][]float32{scale, on} {
+		v, err := tensorOf(ms.rt, []int64{}, s)
+		if err != nil {
+			return nil, err
+		}
+		in = append(in, v)
+	}
+	add := func(v *ortcapi.Value, err error) error {
+		if err == nil {
+			out = append(out, v)
+		}
+		return err
+	}
+	if err := add(tensorOf(ms.rt, []int64{}, ms.loss)); err != nil {
+		return nil, err
+	}
+	for _, h := range ms.masses {
+		if err := add(tensorOf(ms.rt, []int64{int64(len(h))}, h)); err != nil {
+			return nil, err
+		}
+	}
+	params := ms.res.Params()
+	grads := make([][]float32, len(ms.plens))
+	for k, n := range ms.plens {
+		grads[k] = make([]float32, n)
+		if err := add(tensorOf(ms.rt, params[k].Shape, grads[k])); err != nil {
+			return nil, err
+		}
+	}
+	if err := ms.s.Run(in, out); err != nil {
+		return nil, fmt.Errorf("backward at scale 2^%d: %w", exp, err)
+	}
+	r := &grad.Run{Exp: exp, Rounded: rounded, Loss: float64(ms.loss[0]), Grads: map[string]*grad.Mass{},
+		Sites: map[string]*grad.Mass{}, Params: map[string][]float32{}}
+	for k, h := range ms.masses {
+		m, err := grad.MassFrom(h)
+		if err != nil {
+			return nil, err
+		}
+		if ms.keys[k].site {
+			r.Sites[ms.keys[k].key] = m
+		} else {
+			r.Grads[ms.keys[k].key] = m
+		}
+	}
+	for k, g := range grads {
+		r.Params[ms.pnames[k]] = g
+	}
+	return r, nil
+}
+
+// tensorOf wraps a Go slice as a float32 or float64 tensor of shape,
+// without copying (pinned until the value is released).
+func tensorOf[T float32 | float64](rt *ortcapi.Runtime, shape []int64, data []T) (*ortcapi.Value, error) {
+	var zero T
+	t := ortcapi.Float32
+	if _, ok := any(zero).(float64); ok {
+		t = ortcapi.Float64
+	}
+	return rt.NewTensor(t, shape, unsafe.Pointer(unsafe.SliceData(data)), len(data)*int(unsafe.Sizeof(zero)))
+}
+
+// StopOn stops the session's runs when ctx ends (ortcapi.Session.StopOn):
+// the run in flight ends at its next node, with ctx's cause. The function
+// returned detaches ctx.
+func (ms *MassSession) StopOn(ctx context.Context) (detach func() bool) { return ms.s.StopOn(ctx) }
