@@ -24,7 +24,9 @@ type Block struct {
 	// holds no such value with a nonzero finite element: values held in
 	// fp32 have no headroom to lose. Values whose NaN/Inf in the policy's
 	// pass reach no output (a mask constant that is -Inf in fp16, absorbed
-	// by softmax) do not count here.
+	// by softmax) do not count here, nor values that carry a mask (a fill
+	// of torch.finfo(x.dtype).min: -3.4e38 in fp32, the format's limit in
+	// the policy's pass).
 	MaxAbs       *float64 `json:"max_abs,omitempty"`
 	MaxAbsValue  string   `json:"max_abs_value,omitempty"`
 	HeadroomBits *float64 `json:"headroom_bits,omitempty"`

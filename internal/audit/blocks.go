@@ -82,8 +82,9 @@ func numeric(s string) bool {
 // blockReports rolls the node reports up by block, in the order the blocks
 // first appear, and sets each node's Block. main is the policy's emulated
 // pass ("" under fp32); origins are the report's, the ones that reach an
-// output.
-func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport, main string, origins []report.Origin) []report.Block {
+// output; masked tells the nodes whose values carry a mask rather than
+// computed values (diagnose.Facts.Masked), which set no headroom.
+func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport, main string, origins []report.Origin, masked func(int) bool) []report.Block {
 	modules := make([]string, len(nodes))
 	for i, n := range nodes {
 		modules[i] = n.Module
@@ -149,7 +150,7 @@ func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport,
 		}
 		for j := range n.Outputs {
 			o := &n.Outputs[j]
-			if (n.Precision == "fp16" || n.Precision == "bf16") && !absorbed && o.Stats[report.PassFP32].MaxAbs != nil {
+			if (n.Precision == "fp16" || n.Precision == "bf16") && !absorbed && !masked(n.Index) && o.Stats[report.PassFP32].MaxAbs != nil {
 				if x := *o.Stats[report.PassFP32].MaxAbs; x > 0 && (b.MaxAbs == nil || x > *b.MaxAbs) {
 					b.MaxAbs, b.MaxAbsValue = &x, o.Name
 				}

@@ -193,7 +193,7 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	a.report.Verdict, a.report.VerdictText = d.Verdict, d.VerdictText
 	a.report.Origins, a.report.Fixes, a.report.Findings = d.Origins, d.Fixes, d.Findings
 	a.report.OutputAgreement = d.OutputAgreement
-	a.report.Blocks = blockReports(m.Proto.Graph, m.Index, a.report.Nodes, a.main, a.report.Origins)
+	a.report.Blocks = blockReports(m.Proto.Graph, m.Index, a.report.Nodes, a.main, a.report.Origins, facts.Masked)
 	a.report.Notes = append(a.report.Notes, d.Notes...)
 	if err := a.auditTraining(ctx); err != nil {
 		return nil, a.runError(err)

@@ -18,7 +18,7 @@ import (
 type trainFlags struct {
 	mode, loss, target, output, initScale string
 	tolerance                             float64
-	// fraction is the flag --grad-mass-tolerance replaced; it is refused
+	// fraction is the flag --lost-mass-tolerance replaced; it is refused
 	// with a message naming the new one.
 	fraction    float64
 	classAxis   string
@@ -40,8 +40,8 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 	fs.Int64Var(&t.ignoreIndex, "ignore-index", grad.DefaultIgnoreIndex, "cross-entropy: targets equal to this are left out of the loss and its mean (PyTorch's ignore_index)")
 	fs.BoolVar(&t.lmShift, "lm-shift", false, "cross-entropy of a causal language model: the logits at position t are scored against target t+1 (logits[:, :-1] against labels[:, 1:]); the target is the unshifted token ids")
 	fs.StringVar(&t.initScale, "init-scale", "65536", "the GradScaler's initial loss scale, a power of two: 65536, 2^16 or 2**16")
-	fs.Float64Var(&t.tolerance, "grad-mass-tolerance", audit.DefaultGradMassTolerance, "a loss scale is clean when no parameter gradient loses more than this share of its L2 norm to fp16 (mass lost; FP6007, FP6008)")
-	fs.Float64Var(&t.fraction, "grad-underflow-fraction", 0, "replaced by --grad-mass-tolerance")
+	fs.Float64Var(&t.tolerance, "lost-mass-tolerance", audit.DefaultGradMassTolerance, "a loss scale is clean when no parameter gradient loses more than this share of its L2 norm to fp16 (mass lost; FP6007, FP6008)")
+	fs.Float64Var(&t.fraction, "grad-underflow-fraction", 0, "replaced by --lost-mass-tolerance")
 	_ = fs.MarkHidden("grad-underflow-fraction")
 	t.fs = fs
 }
@@ -49,7 +49,7 @@ func (t *trainFlags) register(fs *pflag.FlagSet) {
 // config turns the flags into the audit's TrainConfig.
 func (t *trainFlags) config() (audit.TrainConfig, error) {
 	if f := t.fs.Lookup("grad-underflow-fraction"); f != nil && f.Changed {
-		return audit.TrainConfig{}, fmt.Errorf("--grad-underflow-fraction is gone: the backward is judged by the share of a parameter gradient's L2 norm fp16 loses, not by the fraction of elements flushed; pass --grad-mass-tolerance %g instead", t.fraction)
+		return audit.TrainConfig{}, fmt.Errorf("--grad-underflow-fraction is gone: the backward is judged by the share of a parameter gradient's L2 norm fp16 loses, not by the fraction of elements flushed; pass --lost-mass-tolerance %g instead", t.fraction)
 	}
 	scale, err := parseScale(t.initScale)
 	if err != nil {

@@ -66,8 +66,8 @@ func TestRunTrainingFlags(t *testing.T) {
 		t.Errorf("--fail-on warning: exit %d, want %d (FP6004, the scaler settling, is info)", code, exitOK)
 	}
 	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse", "--target", tg, "--grad-underflow-fraction", "0.05")
-	if code != exitUsage || !strings.Contains(stderr, "--grad-mass-tolerance 0.05") {
-		t.Errorf("--grad-underflow-fraction: exit %d, stderr %q; want a usage error naming --grad-mass-tolerance", code, stderr)
+	if code != exitUsage || !strings.Contains(stderr, "--lost-mass-tolerance 0.05") {
+		t.Errorf("--grad-underflow-fraction: exit %d, stderr %q; want a usage error naming --lost-mass-tolerance", code, stderr)
 	}
 	code, _, stderr = run(t, "run", model, "-i", in, "--loss", "mse", "--target", tg, "--init-scale", "1000")
 	if code != exitUsage || !strings.Contains(stderr, "power of two") {

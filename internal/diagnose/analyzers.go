@@ -9,6 +9,7 @@ import (
 	"fp16audit/internal/lint"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -246,9 +247,11 @@ func (f *Facts) halfCastMessage(o report.Origin) string {
 // runConstantOrigins reports the constants beyond a format's range that
 // the emulated pass writes into reduced-precision values: an error where
 // PyTorch raises or the Inf reaches an output, a warning where it is
-// absorbed; and, as a warning, the mask fills of float32's extreme, which
-// are -Inf on purpose there but which PyTorch refuses when they are
-// hard-coded (torch.finfo(torch.float32).min).
+// absorbed; and, as warnings, the mask fills of float32's extreme: the
+// numbers torch.finfo(dtype) wrote, which the pass writes as the format's
+// limit, and tensors of that value, which are -Inf on purpose there. Code
+// that hard-codes torch.finfo(torch.float32).min writes the same number,
+// which PyTorch refuses.
 func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, o := range f.mainOrigins() {
@@ -266,7 +269,24 @@ func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
 		fd.Severity = checks.SevWarning
 		out = append(out, fd)
 	}
+	for _, w := range f.finfo {
+		carried := slices.ContainsFunc(f.fills[f.Main], func(c fill) bool { return c.node == w.Node && c.constant == w.Constant })
+		if w.Reduced() && !carried {
+			out = append(out, f.finfoFinding(w))
+		}
+	}
 	return out, nil
+}
+
+// finfoFinding is FP4004's warning where the emulated pass reads a number
+// torch.finfo(dtype) wrote as its format's limit.
+func (f *Facts) finfoFinding(w rewrite.FinfoFill) checks.Finding {
+	n := f.graph().Node[w.Node]
+	fd := f.nodeFinding(lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: %s; the %s pass writes that limit too. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+		moduleOr(onnx.ModulePath(n), f.nodeName(w.Node)), n.OpType, f.nodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
+		lint.FillAt(n, w.Slot).DtypeAware(w.Precision, w.Value, w.Limit()), f.Main))
+	fd.Severity = checks.SevWarning
+	return fd
 }
 
 // constantFinding is FP4004 at node ni, which writes constant c (most

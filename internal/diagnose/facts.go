@@ -15,6 +15,7 @@ import (
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -99,6 +100,9 @@ type derived struct {
 	origins    map[string][]report.Origin
 	deliberate map[string]map[string]bool
 	fills      map[string][]fill
+	// finfo lists where the policy's emulated pass reads a number
+	// torch.finfo(dtype) wrote as its format's limit (rewrite.FinfoFills).
+	finfo []rewrite.FinfoFill
 	// masked marks the nodes whose values carry a mask (see prepare).
 	masked map[int]bool
 	// lowHeadroom lists the values of a clean emulated pass below the
@@ -147,6 +151,12 @@ func (f *Facts) prepare() {
 		}
 	}
 	f.masked = map[int]bool{}
+	if f.Main != "" {
+		f.finfo = rewrite.FinfoFills(g, f.assign[f.Main])
+		for ni := range f.finfoCarriers(f.finfo) {
+			f.masked[ni] = true
+		}
+	}
 	idx := f.Static.Model.Index
 	for _, p := range []string{PassFP32, f.Main} {
 		for v := range f.deliberate[p] {
@@ -434,6 +444,12 @@ func formatMax(p precision.Precision) float64 {
 	}
 	return 0
 }
+
+// Masked reports whether node ni's values carry a mask — infinities the
+// model writes on purpose, a constant written beyond the format's range,
+// or a number torch.finfo(dtype) wrote — rather than computed values: they
+// have no headroom to lose.
+func (f *Facts) Masked(ni int) bool { return f.masked[ni] }
 
 // MinHeadroom is the smallest headroom over the observed values the policy
 // holds in reduced precision (mask values aside), the value that has it and

@@ -8,6 +8,7 @@ import (
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -340,6 +341,57 @@ func (f *Facts) deliberateValues(pass string, res *observe.PassResult, asg *prec
 		}
 	}
 	return out, fills
+}
+
+// finfoCarriers returns the nodes whose values hold a number
+// torch.finfo(dtype) wrote, read in fp16 or bf16 as that format's limit
+// (fills, rewrite.FinfoFills): the readers, and the mask-carrying ops after
+// them while the fp32 reference of what they make still lies beyond the
+// format's range (the exported ±3.4e38 the limit stands for) — a mask
+// added to the scores, expanded, cast for softmax. Their values differ
+// from fp32's on purpose.
+func (f *Facts) finfoCarriers(fills []rewrite.FinfoFill) map[int]bool {
+	g := f.graph()
+	idx := f.Static.Model.Index
+	ref := f.Passes[PassFP32]
+	out := map[int]bool{}
+	type reach struct {
+		node  int
+		limit float64
+	}
+	var queue []reach
+	for _, w := range fills {
+		if w.Reduced() && !out[w.Node] {
+			out[w.Node] = true
+			queue = append(queue, reach{w.Node, math.Abs(w.Limit())})
+		}
+	}
+	if ref == nil {
+		return out
+	}
+	beyond := func(ni int, limit float64) bool {
+		for _, v := range g.Node[ni].Output {
+			if s, ok := ref.Stats[v]; ok && (float64(s.MaxAbs) > limit || s.PosInf+s.NegInf > 0) {
+				return true
+			}
+		}
+		return false
+	}
+	for len(queue) > 0 {
+		r := queue[0]
+		queue = queue[1:]
+		for _, v := range g.Node[r.node].Output {
+			for _, c := range idx.Consumers(v) {
+				n := g.Node[c]
+				if out[c] || !onnx.IsDefaultDomain(n.Domain) || !maskCarriers[n.OpType] || !beyond(c, r.limit) {
+					continue
+				}
+				out[c] = true
+				queue = append(queue, reach{c, r.limit})
+			}
+		}
+	}
+	return out
 }
 
 // fillValue returns the value a ConstantOfShape node writes (0 without a

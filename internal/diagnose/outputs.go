@@ -8,6 +8,7 @@ import (
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
 
@@ -261,11 +262,19 @@ func (f *Facts) precisionOrigin(res *observe.PassResult, asg *precision.Assignme
 		return !math.IsNaN(e) && e > tol && d.NewNonFinite == 0
 	}
 	g := f.graph()
+	// A number torch.finfo(dtype) wrote is the format's limit in this pass
+	// and ±3.4e38 in fp32's: the values that carry it differ on purpose,
+	// and count as agreeing where an op reads them.
+	limits := f.finfoCarriers(rewrite.FinfoFills(g, asg))
+	idx := f.Static.Model.Index
 	for _, ni := range f.Static.Order {
+		if limits[ni] {
+			continue
+		}
 		n := g.Node[ni]
 		inputsAgree := true
 		for _, in := range n.Input {
-			if in != "" && !f.consts[in] && beyond(in) {
+			if in != "" && !f.consts[in] && !limits[idx.Producer(in)] && beyond(in) {
 				inputsAgree = false
 				break
 			}

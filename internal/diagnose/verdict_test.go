@@ -486,7 +486,7 @@ func sampleRange(t *testing.T, source string) (lo, n int64) {
 // an origin of its own: an error and the verdict where its -Inf reaches an
 // output, an error beside a healthy verdict where softmax absorbs it
 // (PyTorch raises), and float32's extreme (finfo(x.dtype).min traced in
-// fp32) only a warning.
+// fp32), which the emulated pass writes as fp16's -65504, only a warning.
 func TestConstantFill(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -499,7 +499,7 @@ func TestConstantFill(t *testing.T) {
 			outcome{verdict: report.VerdictOverflow, origin: "/attn/Where", errors: []string{"FP4004"}, text: "writes the constant fill = -1e+09", fixes: []string{"finfo-constant=works"}}, false},
 		{"raises, absorbed", fillNet(-1e9, true), map[string]*observe.Stats{"w": bad(3, 0, 0, 6)},
 			outcome{verdict: report.VerdictHealthy, errors: []string{"FP4004"}, text: "; but "}, false},
-		{"finfo(x.dtype).min", fillNet(-math.MaxFloat32, true), map[string]*observe.Stats{"w": bad(3, 0, 0, 6)},
+		{"finfo(x.dtype).min", fillNet(-math.MaxFloat32, true), map[string]*observe.Stats{"w": fin(65504)},
 			outcome{verdict: report.VerdictHealthy, text: "no NaN/Inf in the fp16 pass"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -512,6 +512,81 @@ func TestConstantFill(t *testing.T) {
 				t.Errorf("FP4004 warning %v, want %v: %v", warned, tc.warning, d.Findings)
 			}
 		})
+	}
+}
+
+// TestFinfoFill: where the emulated pass writes a number torch.finfo(dtype)
+// wrote as its format's limit (fp32: -3.4e38, fp16: -65504, bf16: its
+// minimum), the diagnosis warns that only the dtype-aware idiom is fine
+// (FP4004), and the masked scores, which differ from fp32's on purpose,
+// neither set the headroom nor make an output's precision origin.
+func TestFinfoFill(t *testing.T) {
+	for _, tc := range []struct {
+		policy, pass, limit string
+		fill                float32
+	}{
+		{"autocast-fp16", PassFP16, "fp16's own limit -65504", 65504},
+		{"half", PassFP16, "fp16's own limit -65504", 65504},
+		{"autocast-bf16", PassBF16, "bf16's own limit -3.38953e+38", tensor.BF16Max},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			w := world{g: fillNet(-math.MaxFloat32, true), policy: tc.policy, passes: map[string]map[string]*observe.Stats{
+				PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "p": fin(1), "y": fin(3)},
+				tc.pass:  {"s": fin(2), "w": fin(tc.fill), "p": fin(1), "y": fin(3)}}}
+			f, batches := w.facts(t)
+			d, err := Run(context.Background(), f, &runner{values: f.Values}, batches, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(t, d, outcome{verdict: report.VerdictHealthy, text: "no NaN/Inf in the " + tc.pass + " pass"})
+			var warned []string
+			for _, fd := range d.Findings {
+				switch {
+				case fd.Check == lint.CheckConstRange.ID && fd.Severity == checks.SevWarning:
+					warned = append(warned, fd.Node)
+					if !strings.Contains(fd.Message, tc.limit) || !strings.Contains(fd.Message, "hard-coded torch.finfo(torch.float32).min") {
+						t.Errorf("FP4004 says %q, want it to name %s and the hard-coded finfo", fd.Message, tc.limit)
+					}
+				case fd.Check == "FP2004":
+					t.Errorf("headroom finding on a mask: %s", fd.Message)
+				}
+			}
+			if !slices.Equal(warned, []string{"/attn/Where"}) {
+				t.Errorf("FP4004 warnings at %v, want /attn/Where", warned)
+			}
+			if !f.Masked(2) || f.Masked(0) {
+				t.Errorf("masked: Where %v, MatMul %v; want the Where only", f.Masked(2), f.Masked(0))
+			}
+			if _, v, _, _ := f.MinHeadroom(); v == "w" {
+				t.Error("the smallest headroom is the mask's")
+			}
+		})
+	}
+	// Wrong outputs with nothing overflowing: the first value beyond the
+	// tolerance is the head's, not the mask the Where writes before it.
+	g := newGraph([]string{"y"}, []*onnx.TensorProto{weight("Wq", 4, 4), weight("W2", 4, 4),
+		onnx.FloatTensor("zero", nil, []float32{0}), onnx.FloatTensor("fill", nil, []float32{-math.MaxFloat32})},
+		node("MatMul", "/attn/MatMul", "x Wq", "s"),
+		node("Less", "/attn/Less", "s zero", "cond"),
+		node("Where", "/attn/Where", "cond fill s", "w"),
+		node("MatMul", "/head/MatMul", "w W2", "y"))
+	w := world{g: g, policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
+		PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "y": fin(3)},
+		PassFP16: {"s": fin(2), "w": fin(65504), "y": fin(3)}}}
+	f, _ := w.facts(t)
+	res := f.Passes[PassFP16]
+	res.Diffs = map[string]*observe.Diff{}
+	for v, e := range map[string]float64{"s": 0, "w": 1, "y": 0.5} {
+		res.Diffs[v] = &observe.Diff{SumSqRef: 1, SumSqDiff: e * e, BothFinite: 16, NonzeroRef: 16}
+	}
+	res.Outputs = outputDiffs(0.5)[:1]
+	f.prepare()
+	var got []string
+	for _, o := range f.Origins(PassFP16) {
+		got = append(got, o.Node+" "+o.Cause)
+	}
+	if !slices.Equal(got, []string{"/head/MatMul " + report.CausePrecision}) {
+		t.Errorf("origins of the wrong output %v, want the head's precision", got)
 	}
 }
 

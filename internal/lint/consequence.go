@@ -58,3 +58,18 @@ func infName(v float64) string {
 	}
 	return "+Inf"
 }
+
+// DtypeAware says, for a message, what becomes of a number that
+// torch.finfo(dtype) wrote — exported from an fp32 trace as ±float32's
+// largest value — where it is read in p: the limit of p, which fp16audit
+// run writes too (rewrite.FinfoFills), and what a hard-coded
+// torch.finfo(torch.float32) would do instead, which the graph cannot tell
+// apart.
+func (f Fill) DtypeAware(p precision.Precision, value, limit float64) string {
+	field := "max"
+	if value < 0 {
+		field = "min"
+	}
+	return fmt.Sprintf("that is torch.finfo(x.dtype).%s as an fp32 export writes it, and such code writes %s's own limit %.6g there at run time; a hard-coded torch.finfo(torch.float32).%s is not the same (%s)",
+		field, p, limit, field, f.Consequence(p, value))
+}

@@ -7,6 +7,7 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 )
 
 // CheckConstRange is FP4004. The dynamic audit reports it too, at the node
@@ -37,7 +38,18 @@ PyTorch raises there or the Inf reaches a graph output and as a warning
 when it is absorbed, and verifies the fix by a rerun with the constant in
 range. Fix masks with torch.finfo(scores.dtype).min or a dtype-aware fill
 (scores.masked_fill(mask, torch.finfo(scores.dtype).min)), and keep
-weights in range (they should be far below 65504).`})
+weights in range (they should be far below 65504).
+
+A 0-dim constant of exactly ±3.4028235e38 is how such dtype-aware code
+looks in an fp32 export: a Python number that torch.finfo(dtype) makes the
+limit of the dtype it is written into (-65504 in fp16, -3.3895e38 in
+bf16). Where it is read in fp16 or bf16 the finding is a warning, and
+fp16audit run's emulated passes write that limit there, as PyTorch does at
+run time; where an op reads it in fp32 it is information. The graph cannot
+tell it from a hard-coded torch.finfo(torch.float32).min, which PyTorch
+refuses in masked_fill on a half tensor: fp16audit takes it for the
+dtype-aware idiom. A tensor of that value (a mask buffer, which
+model.half() casts to -Inf) is judged like any other constant.`})
 
 var constRangeAnalyzer = &Analyzer{Check: CheckConstRange, Run: runConstRange}
 
@@ -45,6 +57,16 @@ func runConstRange(f *Facts) ([]checks.Finding, error) {
 	consts, err := f.Constants()
 	if err != nil {
 		return nil, err
+	}
+	// The numbers torch.finfo(dtype) wrote, by reader and constant: read
+	// as the limit of the precision they are read in, as at run time.
+	type read struct {
+		node     int
+		constant string
+	}
+	finfo := map[read]rewrite.FinfoFill{}
+	for _, w := range rewrite.FinfoFills(f.Model.Proto.GetGraph(), f.Assign) {
+		finfo[read{w.Node, w.Constant}] = w
 	}
 	var out []checks.Finding
 	for _, c := range consts {
@@ -55,11 +77,17 @@ func runConstRange(f *Facts) ([]checks.Finding, error) {
 		what := fmt.Sprintf("%s %q holds %s", c.Kind(), c.Name, describeRange(c))
 		for _, i := range f.Model.Index.Consumers(c.Name) {
 			held := f.HeldAt(c.Name, i)
+			w, dtypeAware := finfo[read{i, c.Name}]
 			var sev checks.Severity
 			var why string
 			switch {
 			case st.NaN > 0:
 				sev, why = checks.SevError, "NaN propagates in every precision"
+			case dtypeAware && w.Reduced():
+				sev, why = checks.SevWarning, fmt.Sprintf("it is read in %s there under %s: %s", w.Precision, f.Policy.Name,
+					fillAt(f.node(i), c.Name).DtypeAware(w.Precision, w.Value, w.Limit()))
+			case dtypeAware:
+				sev, why = checks.SevInfo, fmt.Sprintf("the op computes in fp32 under %s, and a number takes the dtype of the op that reads it, so it stays finite", f.Policy.Name)
 			case held == precision.FP16 && st.OverFP16 > 0, held == precision.BF16 && st.OverBF16 > 0:
 				sev, why = checks.SevError, fmt.Sprintf("it is held in %s there under %s, where %s is %s; %s", held, f.Policy.Name, fmtVal(st.Extreme), infOf(st.Extreme),
 					fillAt(f.node(i), c.Name).Consequence(held, st.Extreme))

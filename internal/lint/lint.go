@@ -144,20 +144,9 @@ func (f *Facts) HeldAtIn(asg *precision.Assignment, name string, i int) precisio
 		if asg.CastInputs[i][j] {
 			return np
 		}
-		if s, ok := f.Model.Index.Shape(name); ok && s.Rank() == 0 && !f.paramSlot(n, j) {
+		if s, ok := f.Model.Index.Shape(name); ok && s.Rank() == 0 && precision.DataSlot(n.GetOpType(), j) {
 			return np
 		}
 	}
 	return own
-}
-
-// paramSlot reports whether input j of n is a parameter that takes no part
-// in type promotion (the scale of a normalization, Resize's scales).
-func (f *Facts) paramSlot(n *onnx.NodeProto, j int) bool {
-	switch n.GetOpType() {
-	case "Resize", "Upsample", "Dropout", "LayerNormalization", "GroupNormalization",
-		"RMSNormalization", "InstanceNormalization", "BatchNormalization":
-		return j >= 1
-	}
-	return false
 }

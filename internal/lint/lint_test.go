@@ -86,6 +86,18 @@ func whereMask(v float32) *onnx.GraphProto {
 	return g
 }
 
+// fp32Fill is (1 - keep.float()) * v with v a 0-dim Constant: the model's
+// own cast to FLOAT keeps the product in fp32 under every policy.
+func fp32Fill(v float32) *onnx.GraphProto {
+	return graph([]*onnx.NodeProto{
+		onnx.Node("Cast", "/mask/Cast", []string{"cond"}, []string{"k"}, onnx.AttrInt("to", int64(F))),
+		onnx.Node("Constant", "/mask/Constant", nil, []string{"low"}, onnx.AttrTensor("value", onnx.FloatTensor("", []int64{}, []float32{v}))),
+		onnx.Node("Mul", "/mask/Mul", []string{"k", "low"}, []string{"y"}),
+	}, nil,
+		[]*onnx.ValueInfoProto{onnx.TensorValueInfo("cond", onnx.TensorProto_BOOL, 1, 4, 4)},
+		[]*onnx.ValueInfoProto{onnx.TensorValueInfo("y", F, 1, 4, 4)})
+}
+
 // layerNorm is a LayerNormalization with the given epsilon after a Gemm.
 func layerNorm(eps float32) *onnx.GraphProto {
 	return graph([]*onnx.NodeProto{
@@ -155,11 +167,24 @@ func TestAnalyzers(t *testing.T) {
 			"fp32":          {{"FP4004", "info", "/attn/Add", "mask", nil}},
 		}},
 		{"additive -1e4 mask", addMask(-1e4), nil, map[string][]want{"autocast-fp16": nil, "half": nil}},
+		// The number torch.finfo(scores.dtype).min exports as: the
+		// dtype-aware idiom, which writes the format's own limit.
 		{"finfo min masked_fill", whereMask(-math.MaxFloat32), nil, map[string][]want{
-			"autocast-fp16": {{"FP4004", "error", "/attn/Where", "fillv", []string{`constant "fillv" holds -3.403e+38`, "held in fp16 there under autocast-fp16"}}},
-			"autocast-bf16": {{"FP4004", "error", "/attn/Where", "fillv", []string{"held in bf16", "-Inf"}}},
-			"half":          {{"FP4004", "error", "/attn/Where", "fillv", nil}},
+			"autocast-fp16": {{"FP4004", "warning", "/attn/Where", "fillv", []string{`constant "fillv" holds -3.403e+38`, "read in fp16 there under autocast-fp16", "fp16's own limit -65504", "hard-coded torch.finfo(torch.float32).min", "PyTorch raises"}}},
+			"autocast-bf16": {{"FP4004", "warning", "/attn/Where", "fillv", []string{"read in bf16", "bf16's own limit -3.38953e+38"}}},
+			"half":          {{"FP4004", "warning", "/attn/Where", "fillv", []string{"read in fp16 there under half"}}},
 			"fp32":          {{"FP4004", "info", "/attn/Where", "fillv", nil}},
+		}},
+		// Under half the policy holds the number in fp16, but an op in fp32
+		// reads it as a Python number: finite.
+		{"finfo min read in fp32", fp32Fill(-math.MaxFloat32), nil, map[string][]want{
+			"half":          {{"FP4004", "info", "/mask/Mul", "low", []string{"computes in fp32 under half", "stays finite"}}},
+			"autocast-fp16": {{"FP4004", "info", "/mask/Mul", "low", []string{"held in fp32", "stays finite"}}},
+		}},
+		// A tensor of it is a buffer model.half() casts to -Inf.
+		{"finfo min mask buffer", addMask(-math.MaxFloat32), nil, map[string][]want{
+			"autocast-fp16": {{"FP4004", "info", "/attn/Add", "mask", []string{"held in fp32", "stays finite"}}},
+			"half":          {{"FP4004", "error", "/attn/Add", "mask", []string{"held in fp16 there under half", "-Inf"}}},
 		}},
 		{"-1e9 masked_fill under bf16", whereMask(-1e9), nil, map[string][]want{
 			"autocast-fp16": {{"FP4004", "error", "/attn/Where", "fillv", nil}},

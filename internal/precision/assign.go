@@ -878,6 +878,16 @@ var (
 	}
 )
 
+// DataSlot reports whether input slot j of an op of type opType takes part
+// in type promotion: every input does, except the parameters after the
+// leading data inputs of Resize, Upsample, Dropout and the normalization
+// ops (roi and scales, the ratio, scale and bias), which keep their own
+// type whatever the data's.
+func DataSlot(opType string, j int) bool {
+	k, ok := dataInputs[opType]
+	return !ok || j < k
+}
+
 // explicitDType returns the element type a factory-like op is told to
 // produce by its attributes, if any: dtype, output_datatype, output_dtype,
 // or the tensor type of ConstantOfShape's value.

@@ -19,6 +19,12 @@ import (
 // rounded result, so consumers, graph outputs and the statistics all see
 // what the next op would see; the op's unrounded result gets an internal
 // name.
+//
+// A number torch.finfo(dtype) wrote (±float32's largest value in the fp32
+// export) is written as the format's own limit where it lands in reduced
+// precision, as PyTorch does at run time (see FinfoFill): each such reader
+// reads an initializer of the limit of the precision it reads the number
+// in, and a number the assignment holds in half is not rounded itself.
 func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment) *onnx.ModelProto {
 	out := onnx.ShallowCopy(up)
 	g := out.Graph
@@ -30,7 +36,6 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 			onnx.Node("Cast", mid, []string{src}, []string{mid}, onnx.AttrInt("to", int64(p.ElemType()))),
 			onnx.Node("Cast", onnx.InternalName(dst, "back"), []string{mid}, []string{dst}, onnx.AttrInt("to", int64(elemFloat))))
 	}
-	isHalfPrec := func(p precision.Precision) bool { return p == precision.FP16 || p == precision.BF16 }
 	// Autocast leaves float64 tensors alone (only float32 is eligible for
 	// its casts), and rounding one through a Cast back to FLOAT would change
 	// its type; so values the graph holds in DOUBLE are never rounded.
@@ -39,17 +44,35 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 		isDouble = func(name string) bool { return ix.ElemType(name) == elemDouble }
 	}
 
+	// Numbers torch.finfo(dtype) wrote: a number the assignment holds in
+	// half is not rounded (a reader in fp32 reads it as exported), and a
+	// reader in fp16 or bf16 reads that format's limit.
+	fillAt := map[[2]int]string{}
+	filledSource, limits := map[string]bool{}, map[string]bool{}
+	for _, f := range FinfoFills(up.Graph, a) {
+		filledSource[f.Constant] = filledSource[f.Constant] || f.Source
+		if !f.Reduced() {
+			continue
+		}
+		name := onnx.InternalName(f.Constant, "finfo-"+f.Precision.String())
+		if !limits[name] {
+			limits[name] = true
+			g.Initializer = append(g.Initializer, onnx.FloatTensor(name, nil, []float32{float32(f.Limit())}))
+		}
+		fillAt[[2]int{f.Node, f.Slot}] = name
+	}
+
 	// Sources held in half precision (graph inputs and parameters under
 	// half, half initializers of the model) are rounded once; every use
 	// reads the rounded copy.
 	sourceCopy := map[string]string{}
 	for _, vi := range orig.Input {
-		if p := a.Value[vi.Name]; isHalfPrec(p) && !isDouble(vi.Name) {
+		if p := a.Value[vi.Name]; isHalf(p) && !isDouble(vi.Name) && !filledSource[vi.Name] {
 			sourceCopy[vi.Name] = ""
 		}
 	}
 	for _, t := range orig.Initializer {
-		if p := a.Value[t.Name]; isHalfPrec(p) && !isDouble(t.Name) {
+		if p := a.Value[t.Name]; isHalf(p) && !isDouble(t.Name) && !filledSource[t.Name] {
 			sourceCopy[t.Name] = ""
 		}
 	}
@@ -93,12 +116,15 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 				edit().Input[j] = r
 			}
 			if i < len(a.CastInputs) && j < len(a.CastInputs[i]) && a.CastInputs[i][j] &&
-				isHalfPrec(np) && a.Value[in] != np && !isDouble(in) {
+				isHalf(np) && a.Value[in] != np && !isDouble(in) {
 				edit().Input[j] = castOf(cur, np)
+			}
+			if lim, ok := fillAt[[2]int{i, j}]; ok {
+				edit().Input[j] = lim
 			}
 		}
 		for k, o := range on.Output {
-			if o == "" || !isHalfPrec(a.Value[o]) || isDouble(o) {
+			if o == "" || !isHalf(a.Value[o]) || isDouble(o) || filledSource[o] {
 				continue
 			}
 			raw := onnx.InternalName(o, "raw")

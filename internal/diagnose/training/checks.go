@@ -65,7 +65,7 @@ rerun), keep the named module in fp32, or rescale what makes its gradient
 so large (the loss, the targets, the module's output).`})
 	checkUnderflowEveryScale = checks.Register(&checks.Check{ID: "FP6007", Title: "gradients lose their norm at every scale that avoids overflow", Policies: fp16Policies, Severity: checks.SevError, Doc: `At the loss scale a GradScaler settles at — the largest scale at most
 init_scale at which no gradient overflows — fp16 loses more than the
-tolerance (1% by default, --grad-mass-tolerance) of a parameter gradient's
+tolerance (1% by default, --lost-mass-tolerance) of a parameter gradient's
 L2 norm, ‖fp16(g·S)/S − g‖ / ‖g‖, flushing and rounding together,
 measured by an emulated fp16 backward against the fp32 one; and no larger
 scale without overflow keeps it. The measure is mass, not a count of
@@ -80,7 +80,7 @@ or newer; the report verifies it by the same measure) or keep the named
 modules in fp32 with torch.autocast(device_type="cuda", enabled=False).`})
 	checkUnderflowAtInit = checks.Register(&checks.Check{ID: "FP6008", Title: "gradients lose their norm at the initial loss scale", Policies: fp16Policies, Severity: checks.SevWarning, Doc: `At the initial loss scale, where the GradScaler stays because nothing
 overflows, fp16 loses more than the tolerance of a parameter gradient's
-L2 norm (mass lost, --grad-mass-tolerance), but a larger scale that keeps
+L2 norm (mass lost, --lost-mass-tolerance), but a larger scale that keeps
 the backward finite keeps it. The GradScaler grows the scale only after
 2000 clean steps (growth_interval), so the first thousands of steps lose
 these gradients. Start from the scale the report gives:

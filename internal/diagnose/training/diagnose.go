@@ -171,7 +171,7 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 		br.SkippedSteps = b.InitExp - settled
 		l, k := f.worst(settled)
 		if k >= 0 {
-			br.LostMass, br.WorstParameter = ptr(l), t.params[k].value
+			br.LostMass, br.WorstParameter = ptr(l), t.params[k].name()
 		}
 		idx, lost := f.losing(settled)
 		_, br.Underflowing = f.lossText(idx, lost)
@@ -405,7 +405,7 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 			over++
 		}
 		if l > worst {
-			worst, name = l, p.value
+			worst, name = l, p.name()
 		}
 	}
 	fix := report.Fix{Kind: report.FixBF16, Works: bad == 0 && over == 0, Modules: br.Underflowing}

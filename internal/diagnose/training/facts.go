@@ -11,9 +11,11 @@ package training
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"fp16audit/internal/grad"
@@ -254,6 +256,16 @@ func (e *entry) label() string {
 		return e.module
 	}
 	return e.value
+}
+
+// name names a parameter for a reader: its initializer's name or, where
+// the exporter invented that name (a Linear's weight transposed for
+// MatMul is "onnx::MatMul_604"), the weight of the module that reads it.
+func (p *param) name() string {
+	if strings.HasPrefix(p.value, "onnx::") && p.module != "" {
+		return fmt.Sprintf("%s.weight, exported as %s", p.module, p.value)
+	}
+	return p.value
 }
 
 // label names a parameter's module, or the parameter.

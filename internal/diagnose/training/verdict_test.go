@@ -372,3 +372,19 @@ func TestHealthyRunsOnce(t *testing.T) {
 		t.Errorf("window from %v: want the estimate alone to call the scale below clean, and not three below", s.cleanFrom)
 	}
 }
+
+// TestParamName: a weight the exporter renamed is reported by its module.
+func TestParamName(t *testing.T) {
+	for _, c := range []struct {
+		p    param
+		want string
+	}{
+		{param{value: "onnx::MatMul_604", module: "model.layers.0.mlp.down_proj"}, "model.layers.0.mlp.down_proj.weight, exported as onnx::MatMul_604"},
+		{param{value: "fc.bias", module: "fc"}, "fc.bias"},
+		{param{value: "onnx::MatMul_7"}, "onnx::MatMul_7"},
+	} {
+		if got := c.p.name(); got != c.want {
+			t.Errorf("name of %q in %q = %q, want %q", c.p.value, c.p.module, got, c.want)
+		}
+	}
+}
