@@ -8,7 +8,7 @@
 // working set in. This allocator takes its memory in transparent huge
 // pages (one fault per 2 MiB):
 //
-//   - a block of 1 MiB or more is a mapping of its own, aligned to and
+//   - a block over 15 × 64 KiB (960 KiB) is a mapping of its own, aligned to and
 //     advised as huge pages; freed, it is kept for the next allocation of
 //     about its size (up to the peak mapped in use);
 //   - a block from 64 KiB up is one of a size class (multiples of 64 KiB)
@@ -29,9 +29,8 @@
 
 enum {
 	huge_page = 2 << 20, // a transparent huge page (x86-64, and arm64 with 4 KiB pages)
-	huge_min = 1 << 20,  // the smallest block mapped on its own
 	slab_unit = 64 << 10, // the slab size classes' step, and the smallest
-	slab_classes = huge_min / slab_unit - 1, // classes of 1..15 units
+	slab_classes = 15, // classes of 1..15 units; a larger block is mapped on its own
 	huge_hdr = 64, // the header before every block: ONNX Runtime's alignment
 };
 
@@ -193,7 +192,7 @@ static void *huge_alloc(ortc_allocator *a, size_t size) {
 	if (size > SIZE_MAX / 2) {
 		return NULL;
 	}
-	if (size + huge_hdr >= huge_min) {
+	if (size + huge_hdr > (size_t)slab_classes * slab_unit) {
 		return alloc_mapped(size);
 	}
 	if (size + huge_hdr > slab_unit) {

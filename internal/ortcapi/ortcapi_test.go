@@ -288,7 +288,9 @@ func TestParseLevel(t *testing.T) {
 func TestHugePages(t *testing.T) {
 	rt := runtimeForTest(t)
 	w, b := []float32{1, 2, 3, 4, 5, 6}, []float32{0.5, -1, 2}
-	for _, n := range []int{20_000, 200_000} { // y and the product before the Add: 240 kB or 2.4 MB each
+	// y and the product before the Add: 240 kB, 996 kB (above the largest
+	// slab class, 960 KiB, below 1 MiB) or 2.4 MB each
+	for _, n := range []int{20_000, 83_000, 200_000} {
 		x := make([]float32, 2*n)
 		for i := range x {
 			x[i] = float32(i%97) - 48
@@ -319,7 +321,7 @@ func TestHugePages(t *testing.T) {
 			return outs[0], hugeStats()
 		}
 		y1, st := run()
-		big := n*12 >= 1<<20
+		big := n*12+64 > 15*64<<10 // the block and its header
 		switch {
 		case big && st.inUse < int64(12*n):
 			t.Errorf("n=%d: with the output held, %d bytes in use; want at least the output's %d", n, st.inUse, 12*n)
