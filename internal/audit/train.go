@@ -249,9 +249,9 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 // backwardSession builds the backward graph with the rounding r and opens
 // its session. The graph needs every value's shape on the backward's
 // batch: the fp32 pass recorded them on its first batch, the same one,
-// and the probe's forward run (a session and a run, a tenth of a
-// ResNet's training audit) measures them only when that record falls
-// short.
+// and the probe's forward run (a session and a run of its own, 40–100 ms
+// of a ResNet-18's training audit) measures them only when that record
+// falls short.
 func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
 	c := a.cfg.Train
 	opt := a.engine.Session
