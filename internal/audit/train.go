@@ -246,14 +246,24 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	return b, nil
 }
 
-// backwardSession probes the batch, builds the backward graph with the
-// rounding r and opens its session.
+// backwardSession builds the backward graph with the rounding r and opens
+// its session. The graph needs every value's shape on the backward's
+// batch: the fp32 pass recorded them on its first batch, the same one,
+// and the probe's forward run (a session and a run of its own, 40–100 ms
+// of a ResNet-18's training audit) measures them only when that record
+// falls short.
 func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
 	c := a.cfg.Train
 	opt := a.engine.Session
-	facts, err := backward.Probe(a.engine.Library, a.up, a.model.Path, a.train.inputs, opt)
-	if err != nil {
-		return nil, nil, err
+	var facts *grad.Facts
+	if fp32 := a.passes[diagnose.PassFP32]; fp32 != nil {
+		facts = backward.Known(a.up, a.train.inputs, fp32.Shapes)
+	}
+	if facts == nil {
+		var err error
+		if facts, err = backward.Probe(a.engine.Library, a.up, a.model.Path, a.train.inputs, opt); err != nil {
+			return nil, nil, err
+		}
 	}
 	res, err := grad.Build(a.up, facts, a.gradOptions(r))
 	if err != nil {

@@ -76,7 +76,7 @@ func BenchmarkTrainingAudit(b *testing.B) {
 
 // writeTarget saves a target for f's first batch: class 1 for
 // cross-entropy (logits [N, C]), zeros of the output's shape otherwise.
-func writeTarget(b *testing.B, f *fixtures.Fixture, loss, dir string) string {
+func writeTarget(b testing.TB, f *fixtures.Fixture, loss, dir string) string {
 	data, err := onnx.Marshal(f.Model)
 	if err != nil {
 		b.Fatal(err)

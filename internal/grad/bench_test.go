@@ -106,10 +106,14 @@ func loop(b *testing.B, fn func() error) {
 // BenchmarkGradient times one run of the backward graph (forward, loss and
 // every activation and parameter gradient copied out) against one plain
 // forward run of the same model, both on 2 threads without spinning (so
-// that CPU time counts work, not waiting).
+// that CPU time counts work, not waiting), without graph optimizations as
+// the audit runs them: at level all ONNX Runtime's layouts and fusions
+// hide what the generated graph costs (flipping three 512×512×3×3
+// weights for their data gradients took 30 ms of a ResNet-18's 200 ms
+// backward run at level none, and barely showed at level all).
 func BenchmarkGradient(b *testing.B) {
 	requireORT(b)
-	opt := onnxrt.SessionOptions{Threads: 2, NoSpinning: true}
+	opt := onnxrt.SessionOptions{Threads: 2, NoSpinning: true, Optimization: "none"}
 	for _, c := range benchModels() {
 		inputs := c.f.Batches[0].Inputs
 		b.Run(c.name+"/forward", func(b *testing.B) {

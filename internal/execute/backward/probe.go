@@ -199,3 +199,71 @@ func tensorOfValue(name string, v *ortcapi.Value) (*tensor.Tensor, error) {
 	}
 	return t, nil
 }
+
+// dataShaped are the ops whose output shapes depend on the values of
+// their inputs. A forward pass that ran a batch in parts recorded shapes
+// extrapolated from runs of one and two samples, right only for shapes
+// that scale with the batch; the probe runs the whole batch. (Values of
+// integer type, which the passes do not observe, already leave a graph
+// to the probe.)
+var dataShaped = map[string]bool{"NonZero": true, "Compress": true, "Unique": true, "Range": true}
+
+// Known returns the Facts of m on inputs (in the order of the graph inputs
+// that need feeding) from shapes already measured on that batch — a
+// forward pass's record of every value's shape — or nil when they do not
+// suffice: a value m computes has no shape there, or a rule reads a
+// parameter m computes at run time (Probe fetches those), or an op's
+// output shape depends on data (dataShaped). When it is not nil, Probe
+// would return the same Facts from another forward run.
+func Known(m *onnx.ModelProto, inputs []*tensor.Tensor, shapes map[string][]int64) *grad.Facts {
+	ix, err := onnx.NewIndex(m.Graph)
+	if err != nil {
+		return nil
+	}
+	feeds := ix.GraphInputs()
+	if len(inputs) != len(feeds) {
+		return nil
+	}
+	f := &grad.Facts{Shapes: map[string][]int64{}, Values: map[string]*tensor.Tensor{}}
+	for k, vi := range feeds {
+		f.Shapes[vi.Name] = inputs[k].Shape
+	}
+	for _, t := range m.Graph.Initializer {
+		f.Shapes[t.Name] = append([]int64{}, t.Dims...)
+	}
+	for _, n := range m.Graph.Node {
+		if dataShaped[n.OpType] {
+			return nil
+		}
+		for _, o := range n.Output {
+			if o == "" {
+				continue
+			}
+			s, ok := shapes[o]
+			switch {
+			case ok || !onnx.IsDefaultDomain(n.Domain):
+			case n.OpType == "Constant":
+				// The passes observe what the graph computes, not its
+				// constants, nor the mask beside a Dropout's output.
+				if t, err := ix.ConstantValue(o); err == nil {
+					s, ok = t.Shape, true
+				}
+			case n.OpType == "Dropout" && o != n.Output[0]:
+				s, ok = shapes[n.Output[0]]
+			}
+			if !ok {
+				return nil
+			}
+			f.Shapes[o] = append([]int64{}, s...)
+		}
+		for _, k := range vjp.ParamInputs(n.OpType) {
+			if k >= len(n.Input) || n.Input[k] == "" {
+				continue
+			}
+			if _, err := ix.ConstantValue(n.Input[k]); err != nil && ix.Producer(n.Input[k]) >= 0 {
+				return nil
+			}
+		}
+	}
+	return f
+}

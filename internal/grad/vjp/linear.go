@@ -314,13 +314,13 @@ func convWeightGrad(b *Builder, x, g string, xs, ws, ys []int64, groups int64, g
 	return b.reshape(dw, ws)
 }
 
-// convDataGrad returns dL/dX of a Conv. With unit strides it is a Conv of g
-// with W flipped in space and its channel axes swapped per group, padded by
-// (k−1)·d − p on each side: ONNX Runtime's Conv kernels are several times
-// faster than its ConvTranspose. Otherwise (or when a forward pad exceeds
-// the kernel's extent) it is the ConvTranspose of g with W, whose
-// output_padding restores the input size the forward's floor division
-// lost.
+// convDataGrad returns dL/dX of a Conv. With unit strides and a weight no
+// larger than g it is a Conv of g with W flipped in space and its channel
+// axes swapped per group, padded by (k−1)·d − p on each side: there ONNX
+// Runtime's Conv kernels are several times faster than its ConvTranspose.
+// Otherwise (or when a forward pad exceeds the kernel's extent) it is the
+// ConvTranspose of g with W, whose output_padding restores the input size
+// the forward's floor division lost.
 func convDataGrad(b *Builder, g, w string, xs, ws, ys []int64, groups int64, geo convGeometry) string {
 	r := len(xs) - 2
 	kernel := ws[2:]
@@ -331,6 +331,11 @@ func convDataGrad(b *Builder, g, w string, xs, ws, ys []int64, groups int64, geo
 		pads[i], pads[r+i] = ext-geo.padBegin[i], ext-geo.padEnd[i]
 		unit = unit && geo.strides[i] == 1 && pads[i] >= 0 && pads[r+i] >= 0
 	}
+	// The flipped, swapped W is a copy element by element (a Transpose
+	// and a reversing Slice): where W outweighs g (the deep layers of a
+	// ResNet, 512×512×3×3 against 8×512×2×2) it costs several times the
+	// convolution, and ConvTranspose, which reads W as it is, is faster.
+	unit = unit && numel(ws) <= numel(ys)
 	if unit {
 		m, cg := ws[0], ws[1]
 		mg := m / groups
