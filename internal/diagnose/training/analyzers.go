@@ -140,7 +140,7 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 
 func runFP32Backward(f *Facts) ([]checks.Finding, error) {
 	b := f.Backward
-	if !b.fp32Broken() {
+	if !f.fp32Broken() {
 		return nil, nil
 	}
 	if isNaNOrInf(b.FP32.Loss) {

@@ -155,7 +155,7 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 			}
 		}
 	}
-	if b.fp32Broken() {
+	if f.fp32Broken() {
 		for _, v := range f.fp32NonFinite() {
 			br.FP32NonFinite = append(br.FP32NonFinite, v.value)
 		}

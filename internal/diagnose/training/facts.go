@@ -312,10 +312,15 @@ func (f *Facts) ready() bool {
 	if b == nil || b.FP32 == nil {
 		return false
 	}
+	return !f.fp32Broken() && len(f.gradients().entries) > 0
+}
+
+// fp32Broken is Backward.fp32Broken, read once per diagnosis.
+func (f *Facts) fp32Broken() bool {
 	if f.broken == nil {
-		f.broken = ptr(b.fp32Broken())
+		f.broken = ptr(f.Backward.fp32Broken())
 	}
-	return !*f.broken && len(f.gradients().entries) > 0
+	return *f.broken
 }
 
 // overflow says whether the backward at exponent x overflows: measured
@@ -370,9 +375,13 @@ func (f *Facts) runOverflows(r *grad.Run) bool {
 	return v
 }
 
+// allFinite reads the exponent bits alone: a ResNet's parameter
+// gradients are millions of elements, read for the fp32 backward and
+// every emulated run.
 func allFinite(g []float32) bool {
+	const exp = 0x7f800000 // all ones: Inf or NaN
 	for _, x := range g {
-		if v := float64(x); math.IsNaN(v) || math.IsInf(v, 0) {
+		if math.Float32bits(x)&exp == exp {
 			return false
 		}
 	}
