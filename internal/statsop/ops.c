@@ -240,19 +240,28 @@ int fa_observe(int m, const float *const *x, const int64_t *n, int64_t chunk, in
 	return 0;
 }
 
-// input reads input i of the kernel context: its data, element count and
-// shape (the first FA_REC_MAXDIMS dimensions; rank is the full rank).
-static OrtStatus *input(OrtKernelContext *ctx, size_t i, const float **data, int64_t *n, size_t *rank, int64_t *dims) {
-	const OrtValue *v = NULL;
-	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, i, &v);
+// input_info reads input i of the kernel context and its type and shape
+// (released by the caller); missing is the error for an absent input.
+static OrtStatus *input_info(OrtKernelContext *ctx, size_t i, const char *missing, const OrtValue **v, OrtTensorTypeAndShapeInfo **info) {
+	*v = NULL;
+	*info = NULL;
+	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, i, v);
 	if (st != NULL) {
 		return st;
 	}
-	if (v == NULL) {
-		return fail("fp16audit Observe: missing input");
+	if (*v == NULL) {
+		return fail(missing);
 	}
-	OrtTensorTypeAndShapeInfo *info = NULL;
-	if ((st = ORTC_FN(api, ortc_GetTensorTypeAndShape)(v, &info)) != NULL) {
+	return ORTC_FN(api, ortc_GetTensorTypeAndShape)(*v, info);
+}
+
+// input reads input i of the kernel context: its data, element count and
+// shape (the first FA_REC_MAXDIMS dimensions; rank is the full rank).
+static OrtStatus *input(OrtKernelContext *ctx, size_t i, const float **data, int64_t *n, size_t *rank, int64_t *dims) {
+	const OrtValue *v;
+	OrtTensorTypeAndShapeInfo *info;
+	OrtStatus *st = input_info(ctx, i, "fp16audit Observe: missing input", &v, &info);
+	if (st != NULL) {
 		return st;
 	}
 	int type = 0;
@@ -546,16 +555,10 @@ static OrtStatus *round_enabled(OrtKernelContext *ctx, int *to) {
 }
 
 static OrtStatus *round_compute(void *kernel, OrtKernelContext *ctx) {
-	const OrtValue *v = NULL;
-	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, 0, &v);
+	const OrtValue *v;
+	OrtTensorTypeAndShapeInfo *info;
+	OrtStatus *st = input_info(ctx, 0, "fp16audit Round: missing input", &v, &info);
 	if (st != NULL) {
-		return st;
-	}
-	if (v == NULL) {
-		return fail("fp16audit Round: missing input");
-	}
-	OrtTensorTypeAndShapeInfo *info = NULL;
-	if ((st = ORTC_FN(api, ortc_GetTensorTypeAndShape)(v, &info)) != NULL) {
 		return st;
 	}
 	size_t rank = 0, count = 0;
@@ -731,16 +734,10 @@ void fa_mass(const float *x, int64_t n, double *h) {
 
 static OrtStatus *mass_compute(void *kernel, OrtKernelContext *ctx) {
 	(void)kernel;
-	const OrtValue *v = NULL;
-	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, 0, &v);
+	const OrtValue *v;
+	OrtTensorTypeAndShapeInfo *info;
+	OrtStatus *st = input_info(ctx, 0, "fp16audit Mass: missing input", &v, &info);
 	if (st != NULL) {
-		return st;
-	}
-	if (v == NULL) {
-		return fail("fp16audit Mass: missing input");
-	}
-	OrtTensorTypeAndShapeInfo *info = NULL;
-	if ((st = ORTC_FN(api, ortc_GetTensorTypeAndShape)(v, &info)) != NULL) {
 		return st;
 	}
 	size_t count = 0;

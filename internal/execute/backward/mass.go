@@ -65,17 +65,10 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 	if err != nil {
 		return nil, err
 	}
-	level, err := ortcapi.ParseLevel(opt.Optimization)
+	// The audit runs the session two to five times.
+	o, err := fewRunOptions(opt)
 	if err != nil {
 		return nil, err
-	}
-	// The audit runs the session two to five times: memory patterns
-	// would make the first two runs both fault in fresh memory, and huge
-	// pages make the first run's faults few.
-	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, HugePages: true,
-		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
-	if opt.ExternalDataDir != "" {
-		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
 	}
 	var names []string
 	for _, vi := range onnxIndexInputs(res.Model) {

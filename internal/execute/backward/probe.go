@@ -119,16 +119,9 @@ func probeRun(library string, m *onnx.ModelProto, modelFile string, inNames, out
 	if err != nil {
 		return nil, err
 	}
-	level, err := ortcapi.ParseLevel(opt.Optimization)
+	o, err := fewRunOptions(opt)
 	if err != nil {
 		return nil, err
-	}
-	// One run: memory patterns would only cost, and huge pages save the
-	// faults of its fresh memory.
-	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, HugePages: true,
-		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
-	if opt.ExternalDataDir != "" {
-		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
 	}
 	s, err := statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), inNames, outNames, o)
 	if err != nil {
@@ -266,4 +259,21 @@ func Known(m *onnx.ModelProto, inputs []*tensor.Tensor, shapes map[string][]int6
 		}
 	}
 	return f
+}
+
+// fewRunOptions are the options of a session run a few times (the probe
+// once, the mass session two to five times): memory patterns off, since
+// with them the first two runs would both fault in fresh memory, and the
+// memory in huge pages, so that the first run's faults are few.
+func fewRunOptions(opt onnxrt.SessionOptions) (ortcapi.Options, error) {
+	level, err := ortcapi.ParseLevel(opt.Optimization)
+	if err != nil {
+		return ortcapi.Options{}, err
+	}
+	o := ortcapi.Options{Threads: opt.Threads, Level: level, NoMemPattern: true, HugePages: true,
+		Config: map[string]string{"session.intra_op.allow_spinning": "0"}}
+	if opt.ExternalDataDir != "" {
+		o.Config["session.model_external_initializers_file_folder_path"] = opt.ExternalDataDir
+	}
+	return o, nil
 }
