@@ -176,18 +176,35 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		factor += comparedExtra
 	}
 	m.factor = factor
+	// Batches of the same input shapes share their shapes and profile:
+	// inferring and profiling the graph once per batch made thousands of
+	// equal batches cost seconds before the first run.
+	type sized struct {
+		sh   map[string][]int64
+		prof *profile
+	}
+	seen := map[string]sized{}
 	for _, b := range batches {
-		in := map[string][]int64{}
-		for k, t := range b.Inputs {
-			in[e.Inputs[k]] = t.Shape
+		key := fmt.Sprint(b.Size())
+		for _, t := range b.Inputs {
+			key += fmt.Sprint(t.Shape)
 		}
-		var known map[string][]int64
-		if probe != nil {
-			known = probe.full(b.Size())
+		z, ok := seen[key]
+		if !ok {
+			in := map[string][]int64{}
+			for k, t := range b.Inputs {
+				in[e.Inputs[k]] = t.Shape
+			}
+			var known map[string][]int64
+			if probe != nil {
+				known = probe.full(b.Size())
+			}
+			z.sh = shapes.Infer(base, idx, in, known)
+			z.prof = newProfile(base, idx, z.sh, weight)
+			seen[key] = z
 		}
-		sh := shapes.Infer(base, idx, in, known)
+		sh, prof := z.sh, z.prof
 		m.inferred = append(m.inferred, sh)
-		prof := newProfile(base, idx, sh, weight)
 		m.unknown = max(m.unknown, prof.unknown)
 		var inputs int64
 		for _, t := range b.Inputs {
