@@ -186,19 +186,28 @@ func TestFunctionTable(t *testing.T) {
 // fields in the header's order (a uint32 version, then function pointers)
 // and ends where version 17, the one it declares, ends.
 func TestAllocatorLayout(t *testing.T) {
-	want := fieldNames(t, members(t, readFile(t, referenceHeader(t)), "OrtAllocator"))
-	got := fieldNames(t, members(t, readFile(t, "abi.h"), "ortc_allocator"))
-	if len(got) > len(want) {
-		t.Fatalf("ortc_allocator has %d fields, the header's OrtAllocator %d", len(got), len(want))
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			t.Errorf("field %d: ortc_allocator has %s, the header %s", i, got[i], want[i])
-		}
-	}
+	got, want := sameFieldOrder(t, "ortc_allocator", "OrtAllocator")
 	if len(got) < len(want) && want[len(got)] != "Reserve" {
 		t.Errorf("ortc_allocator ends before %s; version 17 allocators end before Reserve (version 18)", want[len(got)])
 	}
+}
+
+// sameFieldOrder checks that abi.h's struct ours lists the fields of the
+// header's struct theirs in the same order, as a prefix, and returns both
+// lists of names.
+func sameFieldOrder(t *testing.T, ours, theirs string) (got, want []string) {
+	t.Helper()
+	want = fieldNames(t, members(t, readFile(t, referenceHeader(t)), theirs))
+	got = fieldNames(t, members(t, readFile(t, "abi.h"), ours))
+	if len(got) > len(want) {
+		t.Fatalf("%s has %d fields, the header's %s %d", ours, len(got), theirs, len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("field %d: %s has %s, the header %s", i, ours, got[i], want[i])
+		}
+	}
+	return got, want
 }
 
 // fieldNames returns the names of a struct's fields: a uint32 or function
@@ -221,16 +230,7 @@ func fieldNames(t *testing.T, ms []string) []string {
 // in the header's order (a uint32 version, then function pointers only, so
 // the same order gives the same offsets) up to the last field it declares.
 func TestCustomOpLayout(t *testing.T) {
-	want := fieldNames(t, members(t, readFile(t, referenceHeader(t)), "OrtCustomOp"))
-	got := fieldNames(t, members(t, readFile(t, "abi.h"), "ortc_custom_op"))
-	if len(got) > len(want) {
-		t.Fatalf("ortc_custom_op has %d fields, the header's OrtCustomOp %d", len(got), len(want))
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			t.Errorf("field %d: ortc_custom_op has %s, the header %s", i, got[i], want[i])
-		}
-	}
+	got, _ := sameFieldOrder(t, "ortc_custom_op", "OrtCustomOp")
 	if got[len(got)-1] != "KernelComputeV2" {
 		t.Errorf("ortc_custom_op ends at %s; version 16 ops end at KernelComputeV2", got[len(got)-1])
 	}
