@@ -45,22 +45,37 @@ func chainModel(t testing.TB, n, size int) []byte {
 	return data
 }
 
-// TestTerminateFlagStopsRuns: with the run options' terminate flag set,
-// ONNX Runtime itself refuses to run (the flag reaches the library).
-func TestTerminateFlagStopsRuns(t *testing.T) {
-	rt := runtimeForTest(t)
+// smallSession is a session of a zero affine model, x [1, 2] → y [1, 3],
+// on one thread, closed when the test ends.
+func smallSession(t *testing.T, rt *Runtime) *Session {
+	t.Helper()
 	s, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// smallInput is smallSession's x, [[1, 2]], released when the test ends.
+func smallInput(t *testing.T, rt *Runtime) *Value {
+	t.Helper()
 	in, err := NewTensorOf(rt, []int64{1, 2}, []float32{1, 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer in.Release()
+	t.Cleanup(in.Release)
+	return in
+}
+
+// TestTerminateFlagStopsRuns: with the run options' terminate flag set,
+// ONNX Runtime itself refuses to run (the flag reaches the library).
+func TestTerminateFlagStopsRuns(t *testing.T) {
+	rt := runtimeForTest(t)
+	s := smallSession(t, rt)
+	in := smallInput(t, rt)
 	s.terminate()
-	err = s.Run([]*Value{in}, []*Value{nil})
+	err := s.Run([]*Value{in}, []*Value{nil})
 	var oe *Error
 	if !errors.As(err, &oe) || !strings.Contains(oe.Msg, "terminate") {
 		t.Fatalf("run with the terminate flag set: %v, want ONNX Runtime's terminate error", err)
@@ -100,18 +115,9 @@ func TestStopOnEndsRunInFlight(t *testing.T) {
 	if err := s.Run([]*Value{in}, []*Value{nil}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a later run of the stopped session: %v, want context.Canceled", err)
 	}
-	other, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	small, err := NewTensorOf(rt, []int64{1, 2}, []float32{1, 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer small.Release()
+	other := smallSession(t, rt)
 	outs := []*Value{nil}
-	if err := other.Run([]*Value{small}, outs); err != nil {
+	if err := other.Run([]*Value{smallInput(t, rt)}, outs); err != nil {
 		t.Fatalf("another session after the stop: %v", err)
 	}
 	outs[0].Release()
@@ -121,19 +127,11 @@ func TestStopOnEndsRunInFlight(t *testing.T) {
 // nothing.
 func TestStopOnDetached(t *testing.T) {
 	rt := runtimeForTest(t)
-	s, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := smallSession(t, rt)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.StopOn(ctx)()
 	cancel()
-	in, err := NewTensorOf(rt, []int64{1, 2}, []float32{1, 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Release()
+	in := smallInput(t, rt)
 	outs := []*Value{nil}
 	if err := s.Run([]*Value{in}, outs); err != nil {
 		t.Fatalf("run after a detached context ended: %v", err)
@@ -145,16 +143,8 @@ func TestStopOnDetached(t *testing.T) {
 // and the next run works.
 func TestRunOutOfMemory(t *testing.T) {
 	rt := runtimeForTest(t)
-	s, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	in, err := NewTensorOf(rt, []int64{1, 2}, []float32{1, 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Release()
+	s := smallSession(t, rt)
+	in := smallInput(t, rt)
 	failAllocs(1)
 	defer failAllocs(0)
 	if err := s.Run([]*Value{in}, []*Value{nil}); err == nil || !strings.Contains(err.Error(), "out of memory") {
@@ -172,11 +162,7 @@ func TestRunOutOfMemory(t *testing.T) {
 // garbage collector; an unreleased pin would abort the process instead.
 func TestDroppedValueIsCollected(t *testing.T) {
 	rt := runtimeForTest(t)
-	s, err := rt.NewSession(affineModel(t, make([]float32, 6), make([]float32, 3)), []string{"x"}, []string{"y"}, Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := smallSession(t, rt)
 	before := collected.Load()
 	func() {
 		for range 4 {
