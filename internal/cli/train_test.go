@@ -24,13 +24,11 @@ func TestParseScale(t *testing.T) {
 	}
 }
 
-// TestRunTrainingFlags runs the backward audit of the regression fixture
-// from the command line: the scaled loss gradient overflows at the default
-// 2^16 (a warning: the GradScaler recovers), the JSON carries the training
-// section, and a scale that is no power of two is a usage error.
-func TestRunTrainingFlags(t *testing.T) {
-	dir := t.TempDir()
-	ts, err := batch.ReadNPZ("../../fixtures/torch/train/regression.npz")
+// trainFixture writes the batch and the target of a training fixture
+// into dir as .npy files and returns the model's path and theirs.
+func trainFixture(t *testing.T, name, dir string) (model, in, target string) {
+	t.Helper()
+	ts, err := batch.ReadNPZ("../../fixtures/torch/train/" + name + ".npz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,11 +38,21 @@ func TestRunTrainingFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			os.WriteFile(filepath.Join(dir, x.Name+".npy"), b, 0o644)
+			if err := os.WriteFile(filepath.Join(dir, x.Name+".npy"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	model := "../../fixtures/torch/train/regression.onnx"
-	in, tg := filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy")
+	return "../../fixtures/torch/train/" + name + ".onnx", filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy")
+}
+
+// TestRunTrainingFlags runs the backward audit of the regression fixture
+// from the command line: the scaled loss gradient overflows at the default
+// 2^16 (a warning: the GradScaler recovers), the JSON carries the training
+// section, and a scale that is no power of two is a usage error.
+func TestRunTrainingFlags(t *testing.T) {
+	dir := t.TempDir()
+	model, in, tg := trainFixture(t, "regression", dir)
 	out := filepath.Join(dir, "r.json")
 	code, _, stderr := run(t, "run", model, "-i", in, "--mode", "train", "--loss", "mse", "--target", tg, "--format", "json", "-o", out)
 	if code != exitOK {
@@ -85,21 +93,7 @@ func TestRunTrainingFlags(t *testing.T) {
 // the options only cross-entropy reads are refused elsewhere.
 func TestRunCrossEntropyFlags(t *testing.T) {
 	dir := t.TempDir()
-	ts, err := batch.ReadNPZ("../../fixtures/torch/train/tagger.npz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range ts {
-		if x.Name == "input_0" || x.Name == "target" {
-			b, err := batch.EncodeNPY(x)
-			if err != nil {
-				t.Fatal(err)
-			}
-			os.WriteFile(filepath.Join(dir, x.Name+".npy"), b, 0o644)
-		}
-	}
-	model := "../../fixtures/torch/train/tagger.onnx"
-	in, tg := filepath.Join(dir, "input_0.npy"), filepath.Join(dir, "target.npy")
+	model, in, tg := trainFixture(t, "tagger", dir)
 	out := filepath.Join(dir, "r.json")
 	code, _, stderr := run(t, "run", model, "-i", in, "--loss", "cross-entropy", "--target", tg, "--loss-output", "logits",
 		"--class-axis", "1", "--ignore-index", "-1", "--no-fixes", "--format", "json", "-o", out)
