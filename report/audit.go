@@ -435,6 +435,16 @@ type StatsReport struct {
 // NonFinite is the number of NaN and infinite elements.
 func (s StatsReport) NonFinite() int64 { return s.NaN + s.PosInf + s.NegInf }
 
+// NonFiniteIn reports whether an output of the node holds NaN/Inf in pass.
+func (n *NodeReport) NonFiniteIn(pass string) bool {
+	for _, o := range n.Outputs {
+		if s, ok := o.Stats[pass]; ok && s.NonFinite() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Summary condenses the per-node statistics.
 type Summary struct {
 	FloatValues   int `json:"float_values"`

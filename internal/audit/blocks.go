@@ -144,8 +144,8 @@ func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport,
 		if n.Constant {
 			continue
 		}
-		absorbed := main != "" && nonFiniteIn(n, main) && !reached[n.Name]
-		if b.FirstOverflow == "" && main != "" && nonFiniteIn(n, main) && !absorbed {
+		absorbed := main != "" && n.NonFiniteIn(main) && !reached[n.Name]
+		if b.FirstOverflow == "" && main != "" && n.NonFiniteIn(main) && !absorbed {
 			b.FirstOverflow, b.Origin = n.Name, isOrigin[n.Index]
 		}
 		for j := range n.Outputs {
@@ -168,14 +168,4 @@ func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport,
 		}
 	}
 	return blocks
-}
-
-// nonFiniteIn reports whether a node output holds NaN/Inf in pass.
-func nonFiniteIn(n *report.NodeReport, pass string) bool {
-	for _, o := range n.Outputs {
-		if s, ok := o.Stats[pass]; ok && s.NonFinite() > 0 {
-			return true
-		}
-	}
-	return false
 }

@@ -453,19 +453,9 @@ func chartScaled(r *report.Report, plotted []int) (scaled, axis []bool) {
 		n := r.Nodes[pos]
 		origin := isOrigin(r, n.Index)
 		scaled[i] = scaled[i] || !some || origin
-		axis[i] = scaled[i] && (origin || !slices.ContainsFunc(emulated, func(p string) bool { return nonFiniteInPass(n, p) }))
+		axis[i] = scaled[i] && (origin || !slices.ContainsFunc(emulated, func(p string) bool { return n.NonFiniteIn(p) }))
 	}
 	return scaled, axis
-}
-
-// nonFiniteInPass reports whether an output of n holds NaN/Inf in pass.
-func nonFiniteInPass(n report.NodeReport, pass string) bool {
-	for _, o := range n.Outputs {
-		if s, ok := o.Stats[pass]; ok && s.NonFinite() > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func seriesColor(k int) string { return seriesColors[k%len(seriesColors)] }
