@@ -543,16 +543,7 @@ func (r *blockRun) block(ctx context.Context, sess *statsop.Session, b int, blk 
 				}
 			}
 		case j.n == size:
-			for i, o := range plan.Outputs {
-				for row, p := range o.Passes {
-					rec := sess.Record(i, row)
-					shape, ok := rec.Shape()
-					if !ok {
-						shape = nil
-					}
-					fold(r.results[p], o.Value, rec.Stats(j.batch), rec, shape)
-				}
-			}
+			foldRun(sess, plan, r.results, j.batch)
 		default:
 			if j.lo == 0 {
 				m = statsop.NewMerger(plan, j.batch, size, r.full(j.batch, size))

@@ -375,16 +375,7 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 		if err := compareOutputs(sess, cmp, bi, 0); err != nil {
 			return err
 		}
-		for i, o := range plan.Outputs {
-			for row, p := range o.Passes {
-				r := sess.Record(i, row)
-				shape, ok := r.Shape()
-				if !ok {
-					shape = nil
-				}
-				fold(results[p], o.Value, r.Stats(bi), r, shape)
-			}
-		}
+		foldRun(sess, plan, results, bi)
 		return nil
 	}
 	var m *statsop.Merger
@@ -571,6 +562,21 @@ func compareOutputs(sess *statsop.Session, cmp []comparison, bi int, first int64
 		c.diff.Observe(bi, first, shape, y, ref)
 	}
 	return nil
+}
+
+// foldRun adds the records of a run of batch bi, whole, to every pass's
+// results.
+func foldRun(sess *statsop.Session, plan *statsop.Plan, results []*observe.PassResult, bi int) {
+	for i, o := range plan.Outputs {
+		for row, p := range o.Passes {
+			r := sess.Record(i, row)
+			shape, ok := r.Shape()
+			if !ok {
+				shape = nil
+			}
+			fold(results[p], o.Value, r.Stats(bi), r, shape)
+		}
+	}
 }
 
 // fold adds one batch's record of a value to a pass's results.
