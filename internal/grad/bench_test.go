@@ -35,7 +35,7 @@ func benchModels() []struct {
 // target returns a target of the shape and type res expects: class 1
 // everywhere, or zeros.
 func target(res *grad.Result) *tensor.Tensor {
-	n := numel(res.TargetShape)
+	n := tensor.NumElements(res.TargetShape)
 	if res.TargetType == elemInt64 {
 		data := make([]byte, 8*n)
 		for i := range n {

@@ -529,7 +529,7 @@ func TestCrossEntropyLayouts(t *testing.T) {
 			l.sess.Close()
 			target := l.target
 			if c.flat {
-				target = &tensor.Tensor{Name: target.Name, DType: target.DType, Shape: []int64{numel(target.Shape)}, Data: target.Data}
+				target = &tensor.Tensor{Name: target.Name, DType: target.DType, Shape: []int64{tensor.NumElements(target.Shape)}, Data: target.Data}
 			}
 			ce := e.crossEntropy()
 			ce.ClassAxis = c.axis

@@ -86,11 +86,3 @@ const (
 	elemFloat16 = int32(onnx.TensorProto_FLOAT16)
 	elemInt64   = int32(onnx.TensorProto_INT64)
 )
-
-func numel(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}

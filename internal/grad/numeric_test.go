@@ -73,7 +73,7 @@ func seedOf(s string) uint64 {
 }
 
 func (ti tinyInput) values(r *rand.Rand) []float32 {
-	n := int(numel(ti.shape))
+	n := int(tensor.NumElements(ti.shape))
 	out := make([]float32, n)
 	for i := range out {
 		for {
@@ -210,8 +210,8 @@ func checkNumeric(t *testing.T, c tiny) {
 			t.Errorf("input %s: gradient shape %v, want %v", ti.name, gr.Shape, ti.shape)
 		}
 		got := floats(t, outs[gr.Name])
-		if len(got) != int(numel(ti.shape)) {
-			t.Fatalf("input %s: %d gradient elements, want %d", ti.name, len(got), numel(ti.shape))
+		if len(got) != int(tensor.NumElements(ti.shape)) {
+			t.Fatalf("input %s: %d gradient elements, want %d", ti.name, len(got), tensor.NumElements(ti.shape))
 		}
 		x := floats(t, feeds[k])
 		worst := 0.0

@@ -16,7 +16,7 @@ import (
 // reads). For the other losses it is
 // the number of target elements.
 func (r *Result) ScoredTargets(t *tensor.Tensor) (int64, error) {
-	if t.Elements() != numel(r.TargetShape) {
+	if t.Elements() != tensor.NumElements(r.TargetShape) {
 		return 0, fmt.Errorf("target shape %v: the backward graph was built for %v", t.Shape, r.TargetShape)
 	}
 	ce := r.CrossEntropy
@@ -52,12 +52,4 @@ func unravel(i int64, shape []int64) []int64 {
 		}
 	}
 	return pos
-}
-
-func numel(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
@@ -413,7 +414,7 @@ func (b *Builder) slice(x string, axis, start, end int64) string {
 // unbroadcast sums a gradient g of shape gs back to the shape xs of an input
 // that numpy-style broadcasting stretched to gs.
 func (b *Builder) unbroadcast(g string, gs, xs []int64) string {
-	if equalShape(gs, xs) {
+	if slices.Equal(gs, xs) {
 		return g
 	}
 	lead := len(gs) - len(xs)
@@ -432,26 +433,6 @@ func (b *Builder) unbroadcast(g string, gs, xs []int64) string {
 		out = b.reshape(out, xs)
 	}
 	return out
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func numel(s []int64) int64 {
-	n := int64(1)
-	for _, d := range s {
-		n *= d
-	}
-	return n
 }
 
 // Model assembles the forward graph, every appended node, constant, input

@@ -1,6 +1,7 @@
 package vjp
 
 import (
+	"fp16audit/internal/tensor"
 	"math"
 	"slices"
 
@@ -250,7 +251,7 @@ func convWeightGrad(b *Builder, x, g string, xs, ws, ys []int64, groups int64, g
 	r := len(xs) - 2
 	n, ch, m := xs[0], xs[1], ws[0]
 	cg, mg := ch/groups, m/groups
-	p := numel(ys[2:])
+	p := tensor.NumElements(ys[2:])
 	xp := x
 	if slices.ContainsFunc(append(slices.Clone(geo.padBegin), geo.padEnd...), func(v int64) bool { return v != 0 }) {
 		pads := make([]int64, 2*(r+2))
@@ -263,7 +264,7 @@ func convWeightGrad(b *Builder, x, g string, xs, ws, ys []int64, groups int64, g
 	// g as [G, Mg, N·P]
 	gt := b.reshape(b.transpose(g, append([]int64{1, 0}, iota64(2, 2+r)...)), []int64{groups, mg, n * p})
 	kernel := ws[2:]
-	kk := numel(kernel)
+	kk := tensor.NumElements(kernel)
 	im2col := n*p <= m
 	parts := make([]string, 0, kk)
 	axes := iota64(1, 1+r)
@@ -335,7 +336,7 @@ func convDataGrad(b *Builder, g, w string, xs, ws, ys []int64, groups int64, geo
 	// and a reversing Slice): where W outweighs g (the deep layers of a
 	// ResNet, 512×512×3×3 against 8×512×2×2) it costs several times the
 	// convolution, and ConvTranspose, which reads W as it is, is faster.
-	unit = unit && numel(ws) <= numel(ys)
+	unit = unit && tensor.NumElements(ws) <= tensor.NumElements(ys)
 	if unit {
 		m, cg := ws[0], ws[1]
 		mg := m / groups

@@ -3,6 +3,7 @@ package vjp
 import (
 	"errors"
 	"fmt"
+	"fp16audit/internal/tensor"
 	"slices"
 
 	"fp16audit/internal/onnx"
@@ -82,7 +83,7 @@ func (b *Builder) Loss(kind Loss, pred string, targetShape []int64, ce CrossEntr
 	b.label = "loss"
 	b.inputs = append(b.inputs, onnx.TensorValueInfo(ScaleInput, onnx.TensorProto_FLOAT))
 	scale := ScaleInput
-	n := numel(ps)
+	n := tensor.NumElements(ps)
 
 	var loss, seed string
 	switch kind {
@@ -99,7 +100,7 @@ func (b *Builder) Loss(kind Loss, pred string, targetShape []int64, ce CrossEntr
 			return tg, err
 		}
 		t := tg.Name
-		if !equalShape(tg.Shape, ps) {
+		if !slices.Equal(tg.Shape, ps) {
 			t = b.reshape(t, ps)
 		}
 		m := float64(n)
@@ -161,7 +162,7 @@ func (b *Builder) crossEntropy(pred string, ps, given []int64, o CrossEntropyOpt
 	tg.CrossEntropy = &CrossEntropyLayout{ClassAxis: user, Classes: classes, IgnoreIndex: ignore, Shift: o.Shift, Labels: labels}
 
 	t := tg.Name
-	if !equalShape(tg.Shape, labels) {
+	if !slices.Equal(tg.Shape, labels) {
 		t = b.reshape(t, labels)
 	}
 	logits := pred
@@ -224,14 +225,14 @@ func classAxis(pred string, ps, given []int64, o CrossEntropyOptions) (int, erro
 	}
 	byAxis1 := slices.Delete(slices.Clone(ps), 1, 2)
 	byLast := ps[:last]
-	e1, eL := equalShape(given, byAxis1), equalShape(given, byLast)
+	e1, eL := slices.Equal(given, byAxis1), slices.Equal(given, byLast)
 	if e1 != eL {
 		if e1 {
 			return 1, nil
 		}
 		return last, nil
 	}
-	n1, nL := numel(given) == numel(byAxis1), numel(given) == numel(byLast)
+	n1, nL := tensor.NumElements(given) == tensor.NumElements(byAxis1), tensor.NumElements(given) == tensor.NumElements(byLast)
 	if !e1 && n1 != nL {
 		if n1 {
 			return 1, nil
@@ -243,7 +244,7 @@ func classAxis(pred string, ps, given []int64, o CrossEntropyOptions) (int, erro
 			ErrTargetShape, given, pred, ps, byAxis1, byLast)
 	}
 	return 0, fmt.Errorf("grad: %w %v (%d elements) fits cross-entropy on output %q %v neither with the classes on the last axis (targets %v, %d elements) nor on axis 1 (targets %v, %d elements)",
-		ErrTargetShape, given, numel(given), pred, ps, byLast, numel(byLast), byAxis1, numel(byAxis1))
+		ErrTargetShape, given, tensor.NumElements(given), pred, ps, byLast, tensor.NumElements(byLast), byAxis1, tensor.NumElements(byAxis1))
 }
 
 // target declares the target input: of shape given when not nil (it must
@@ -252,12 +253,12 @@ func classAxis(pred string, ps, given []int64, o CrossEntropyOptions) (int, erro
 func (b *Builder) target(kind Loss, pred string, given []int64, tg *Target, want []int64, et int32, how string) error {
 	ts := want
 	if given != nil {
-		if numel(given) != numel(want) {
+		if tensor.NumElements(given) != tensor.NumElements(want) {
 			if how != "" {
 				how = ", " + how
 			}
 			return fmt.Errorf("grad: %w %v has %d elements, the %s loss on output %q %v wants %d (shape %v%s)",
-				ErrTargetShape, given, numel(given), kind, pred, b.mustShape(pred), numel(want), want, how)
+				ErrTargetShape, given, tensor.NumElements(given), kind, pred, b.mustShape(pred), tensor.NumElements(want), want, how)
 		}
 		ts = slices.Clone(given)
 	}

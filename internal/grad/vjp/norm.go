@@ -1,6 +1,7 @@
 package vjp
 
 import (
+	"fp16audit/internal/tensor"
 	"slices"
 
 	"fp16audit/internal/onnx"
@@ -152,7 +153,7 @@ func batchNorm(c *call) error {
 	eps := float64(attrFloat(c.n, "epsilon", 1e-5))
 	cs := channelShape(xs[1], r)
 	axes := slices.DeleteFunc(iota64(0, r), func(a int64) bool { return a == 1 })
-	m := numel(xs) / xs[1]
+	m := tensor.NumElements(xs) / xs[1]
 	var xhat, invstd string
 	training := attrInt(c.n, "training_mode", 0) != 0
 	if training {
@@ -211,7 +212,7 @@ func layerNorm(c *call) error {
 	axis := normAxis(attrInt(c.n, "axis", -1), r)
 	axes := iota64(int(axis), r)
 	lead := iota64(0, int(axis))
-	nrm := float64(numel(xs[axis:]))
+	nrm := float64(tensor.NumElements(xs[axis:]))
 	eps := attrFloat(c.n, "epsilon", 1e-5)
 
 	mean := b.scale(b.reduceSum(x, axes, true), 1/nrm)

@@ -1,6 +1,7 @@
 package vjp
 
 import (
+	"fp16audit/internal/tensor"
 	"slices"
 
 	"fp16audit/internal/onnx"
@@ -38,7 +39,7 @@ func maxPool(c *call) error {
 		idx = n.Output[0] + "::indices" + internal
 		n.Output = append(n.Output[:1], idx)
 	}
-	flat := b.zeros([]int64{numel(xs)})
+	flat := b.zeros([]int64{tensor.NumElements(xs)})
 	d := b.op("ScatterElements", []string{flat, b.reshape(idx, []int64{-1}), b.reshape(c.g(), []int64{-1})},
 		onnx.AttrInt("axis", 0), onnx.AttrString("reduction", "add"))
 	c.set(0, b.reshape(d, xs))
@@ -93,7 +94,7 @@ func avgPool(c *call) error {
 		extra[i] = max(0, (ys[2+i]-1)*s+(k-1)*dl+1-(in+pb+pe))
 	}
 	outShape := append([]int64{1, 1}, ys[2:]...)
-	div := make([]float32, numel(ys[2:]))
+	div := make([]float32, tensor.NumElements(ys[2:]))
 	for flat := range div {
 		v, rem := float32(1), flat
 		for i := r - 1; i >= 0; i-- {
@@ -105,7 +106,7 @@ func avgPool(c *call) error {
 	}
 	gs := b.div(g, b.floats(outShape, div))
 	ch := xs[1]
-	ones := make([]float32, ch*numel(kernel))
+	ones := make([]float32, ch*tensor.NumElements(kernel))
 	for i := range ones {
 		ones[i] = 1
 	}
@@ -139,7 +140,7 @@ func globalPool(c *call) error {
 	}
 	b, g := c.b, c.g()
 	if c.n.OpType == "GlobalAveragePool" {
-		c.set(0, b.expandTo(b.scale(g, 1/float64(numel(xs[2:]))), xs))
+		c.set(0, b.expandTo(b.scale(g, 1/float64(tensor.NumElements(xs[2:]))), xs))
 		return nil
 	}
 	mask := b.op("Cast", []string{b.op("Equal", []string{x, c.out(0)})}, onnx.AttrInt("to", int64(elemFloat)))

@@ -1,6 +1,7 @@
 package vjp
 
 import (
+	"fp16audit/internal/tensor"
 	"math"
 	"slices"
 
@@ -138,7 +139,7 @@ func sliceBack(c *call) error {
 		}
 	}
 	b := c.b
-	if numel(ys) == 0 {
+	if tensor.NumElements(ys) == 0 {
 		c.set(0, b.zeros(xs))
 		return nil
 	}
