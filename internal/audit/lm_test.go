@@ -1,7 +1,6 @@
 package audit_test
 
 import (
-	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -29,51 +28,37 @@ type lmFixture struct {
 
 func lmFixtureByName(t *testing.T, name string) lmFixture {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(trainDir, "manifest.json"))
+	f := manifestEntry[lmFixture](t, name, func(f lmFixture) string { return f.Name })
+	ts, err := batch.ReadNPZ(filepath.Join(trainDir, f.Data))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m struct{ Fixtures []lmFixture }
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	names := map[string]string{}
+	for _, in := range f.Inputs {
+		names[in.Key] = in.Name
 	}
-	for _, f := range m.Fixtures {
-		if f.Name != name {
+	for _, x := range ts {
+		in, isInput := names[x.Name]
+		if !isInput && x.Name != "target" {
 			continue
 		}
-		ts, err := batch.ReadNPZ(filepath.Join(trainDir, f.Data))
+		b, err := batch.EncodeNPY(x)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir := t.TempDir()
-		names := map[string]string{}
-		for _, in := range f.Inputs {
-			names[in.Key] = in.Name
+		p := filepath.Join(dir, x.Name+".npy")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
 		}
-		for _, x := range ts {
-			in, isInput := names[x.Name]
-			if !isInput && x.Name != "target" {
-				continue
-			}
-			b, err := batch.EncodeNPY(x)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := filepath.Join(dir, x.Name+".npy")
-			if err := os.WriteFile(p, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if isInput {
-				f.inputs = append(f.inputs, in+"="+p)
-			} else {
-				f.target = p
-			}
+		if isInput {
+			f.inputs = append(f.inputs, in+"="+p)
+		} else {
+			f.target = p
 		}
-		f.model = filepath.Join(trainDir, f.Model)
-		return f
 	}
-	t.Fatalf("no training fixture %s", name)
-	return lmFixture{}
+	f.model = filepath.Join(trainDir, f.Model)
+	return f
 }
 
 func (f lmFixture) audit(t *testing.T, tc audit.TrainConfig) (*report.Report, error) {

@@ -41,22 +41,29 @@ type trainFixture struct {
 }
 
 func trainFixtureByName(t *testing.T, name string) trainFixture {
+	return manifestEntry[trainFixture](t, name, func(f trainFixture) string { return f.Name })
+}
+
+// manifestEntry reads the training fixtures' manifest into entries of type
+// T and returns the one name of T is name.
+func manifestEntry[T any](t *testing.T, name string, nameOf func(T) string) T {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(trainDir, "manifest.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m struct{ Fixtures []trainFixture }
+	var m struct{ Fixtures []T }
 	if err := json.Unmarshal(data, &m); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range m.Fixtures {
-		if f.Name == name {
+		if nameOf(f) == name {
 			return f
 		}
 	}
 	t.Fatalf("no training fixture %s", name)
-	return trainFixture{}
+	var zero T
+	return zero
 }
 
 // splitFixture writes the fixture's input and target as .npy files and
