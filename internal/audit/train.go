@@ -205,7 +205,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	if len(a.batches) > 1 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the backward audit ran on the first of %d batches, the one its target belongs to", len(a.batches)))
 	}
-	res, sess, err := a.backwardSession(grad.AutocastRounding(a.up.Graph, a.static.Assign))
+	res, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, a.static.Assign))
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +252,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 // and the probe's forward run (a session and a run of its own, 40–100 ms
 // of a ResNet-18's training audit) measures them only when that record
 // falls short.
-func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
+func (a *audit) backwardSession(ctx context.Context, r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
 	c := a.cfg.Train
 	opt := a.engine.Session
 	var facts *grad.Facts
@@ -261,7 +261,7 @@ func (a *audit) backwardSession(r *grad.Rounding) (*grad.Result, *backward.MassS
 	}
 	if facts == nil {
 		var err error
-		if facts, err = backward.Probe(a.engine.Library, a.up, a.model.Path, a.train.inputs, opt); err != nil {
+		if facts, err = backward.Probe(ctx, a.engine.Library, a.up, a.model.Path, a.train.inputs, opt); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -439,7 +439,7 @@ func (a *audit) BF16(ctx context.Context) (*grad.Run, error) {
 		return nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
 	}
 	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-	_, sess, err := a.backwardSession(grad.AutocastRounding(a.up.Graph, asg))
+	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg))
 	if err != nil {
 		return nil, err
 	}

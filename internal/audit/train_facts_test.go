@@ -101,7 +101,7 @@ func sameFacts(t *testing.T, cfg Config) bool {
 	if known == nil {
 		return false
 	}
-	probed, err := backward.Probe(a.engine.Library, a.up, a.model.Path, a.train.inputs, a.engine.Session)
+	probed, err := backward.Probe(t.Context(), a.engine.Library, a.up, a.model.Path, a.train.inputs, a.engine.Session)
 	if err != nil {
 		t.Fatal(err)
 	}

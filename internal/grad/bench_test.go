@@ -1,6 +1,7 @@
 package grad_test
 
 import (
+	"context"
 	"syscall"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestBenchmarkModelsCovered(t *testing.T) {
 		{"transformer", fixtures.BigTransformer(1, 128, 8, 2), grad.MSE},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			facts, err := backward.Probe(ortLib, c.f.Model, "", c.f.Batches[0].Inputs, sessionOptions)
+			facts, err := backward.Probe(context.Background(), ortLib, c.f.Model, "", c.f.Batches[0].Inputs, sessionOptions)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +134,7 @@ func BenchmarkGradient(b *testing.B) {
 			loop(b, func() error { _, err := s.Run(inputs); return err })
 		})
 		b.Run(c.name+"/backward", func(b *testing.B) {
-			facts, err := backward.Probe(ortLib, c.f.Model, "", inputs, opt)
+			facts, err := backward.Probe(context.Background(), ortLib, c.f.Model, "", inputs, opt)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -152,7 +153,7 @@ func BenchmarkGradient(b *testing.B) {
 		// The fp16 backward audit: autocast's rounding, and only the
 		// in-session summaries of every gradient and Site fetched.
 		b.Run(c.name+"/backward-fp16-mass", func(b *testing.B) {
-			facts, err := backward.Probe(ortLib, c.f.Model, "", inputs, opt)
+			facts, err := backward.Probe(context.Background(), ortLib, c.f.Model, "", inputs, opt)
 			if err != nil {
 				b.Fatal(err)
 			}

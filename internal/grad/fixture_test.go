@@ -1,6 +1,7 @@
 package grad_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -116,7 +117,7 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.
 		l.inputs = append(l.inputs, l.arrays[in.Key])
 	}
 	l.target = l.arrays[e.Target]
-	facts, err := backward.Probe(ortLib, m.Proto, "", l.inputs, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m.Proto, "", l.inputs, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +438,7 @@ func TestMassSession(t *testing.T) {
 	// memory, as in an audit; the full sessions copy them.
 	massOptions := sessionOptions
 	massOptions.ExternalDataDir = filepath.Dir(m.Path)
-	facts, err := backward.Probe(ortLib, m.Proto, "", l.inputs, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m.Proto, "", l.inputs, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

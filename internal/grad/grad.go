@@ -46,7 +46,7 @@
 // emitted by package vjp; this package walks the graph and says where each
 // gradient goes.
 //
-// Typical use: facts := backward.Probe(lib, model, file, batch, opts);
+// Typical use: facts := backward.Probe(ctx, lib, model, file, batch, opts);
 // res := Build(model, facts, Options{Loss: MSE, Rounding:
 // AutocastRounding(graph, assignment)}); s := backward.NewSession(res,
 // opts, nil); outs := s.Run(batch, target, 65536); then res.Grads maps

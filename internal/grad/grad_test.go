@@ -1,6 +1,8 @@
 package grad_test
 
 import (
+	"context"
+	"errors"
 	"math"
 	"os"
 	"slices"
@@ -50,11 +52,24 @@ func chain(op, domain string) *onnx.ModelProto {
 	return m
 }
 
+// TestProbeStopsOnContext: a probe whose context has ended runs nothing
+// and says why.
+func TestProbeStopsOnContext(t *testing.T) {
+	requireORT(t)
+	m := chain("Cos", "")
+	x := tensor.FromFloat32s("x", []int64{2, 3}, []float32{1, -2, 0.5, 0.3, 2, -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := backward.Probe(ctx, ortLib, m, "", []*tensor.Tensor{x}, sessionOptions); !errors.Is(err, context.Canceled) {
+		t.Fatalf("probe with its context cancelled: %v, want an error wrapping context.Canceled", err)
+	}
+}
+
 func TestUnsupportedOpIsNamed(t *testing.T) {
 	requireORT(t)
 	m := chain("Cos", "")
 	x := tensor.FromFloat32s("x", []int64{2, 3}, []float32{1, -2, 0.5, 0.3, 2, -1})
-	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +249,7 @@ func TestDropoutTraining(t *testing.T) {
 		xs[i] = float32(i%7) + 1
 	}
 	x := tensor.FromFloat32s("x", []int64{64}, xs)
-	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +322,7 @@ func TestRoundingSites(t *testing.T) {
 		t.Errorf("y is not held in fp16: %v", r.Values)
 	}
 	x := tensor.FromFloat32s("x", []int64{2, 4}, []float32{1, 2, 3, 4, 5, 6, 7, 8})
-	facts, err := backward.Probe(ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

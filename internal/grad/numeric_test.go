@@ -1,6 +1,7 @@
 package grad_test
 
 import (
+	"context"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -164,7 +165,7 @@ func checkNumeric(t *testing.T, c tiny) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := backward.Probe(ortLib, m, "", feeds, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestWhereConditionGetsNoGradient(t *testing.T) {
 		feeds = append(feeds, tensor.FromFloat32s(ti.name, ti.shape, ti.values(r)))
 	}
 	m := tinyModel(t, c, feeds, r)
-	facts, err := backward.Probe(ortLib, m, "", feeds, sessionOptions)
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", feeds, sessionOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package backward
 
 import (
+	"context"
 	"fmt"
 	"unsafe"
 
@@ -14,14 +15,15 @@ import (
 )
 
 // Probe runs the forward model once on inputs (in the order of the graph
-// inputs that need feeding) and returns the Facts of that batch: it adds a
+// inputs that need feeding; ctx ending stops the run) and returns the
+// Facts of that batch: it adds a
 // Shape node per value and the parameter inputs of the rules as outputs,
 // so nothing but shapes and a few integers leaves ONNX Runtime. opt
 // configures the session and library is the ONNX Runtime library; when
 // modelFile, the file m was loaded from, lies in opt.ExternalDataDir, the
 // session takes the weights over m's memory instead of a copy (as
 // NewMassSession does).
-func Probe(library string, m *onnx.ModelProto, modelFile string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*grad.Facts, error) {
+func Probe(ctx context.Context, library string, m *onnx.ModelProto, modelFile string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) (*grad.Facts, error) {
 	ix, err := onnx.NewIndex(m.Graph)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
@@ -94,7 +96,7 @@ func Probe(library string, m *onnx.ModelProto, modelFile string, inputs []*tenso
 		return f, nil
 	}
 	pm := &onnx.ModelProto{IrVersion: m.IrVersion, OpsetImport: m.OpsetImport, Graph: g, Functions: m.Functions}
-	outs, err := probeRun(library, pm, modelFile, inNames, outNames, inputs, opt)
+	outs, err := probeRun(ctx, library, pm, modelFile, inNames, outNames, inputs, opt)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %w", err)
 	}
@@ -114,7 +116,7 @@ func Probe(library string, m *onnx.ModelProto, modelFile string, inputs []*tenso
 
 // probeRun runs m once on inputs in a session of its own and returns the
 // outputs named.
-func probeRun(library string, m *onnx.ModelProto, modelFile string, inNames, outNames []string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) ([]*tensor.Tensor, error) {
+func probeRun(ctx context.Context, library string, m *onnx.ModelProto, modelFile string, inNames, outNames []string, inputs []*tensor.Tensor, opt onnxrt.SessionOptions) ([]*tensor.Tensor, error) {
 	rt, err := ortcapi.Open(library)
 	if err != nil {
 		return nil, err
@@ -128,6 +130,7 @@ func probeRun(library string, m *onnx.ModelProto, modelFile string, inNames, out
 		return nil, err
 	}
 	defer s.Close()
+	defer s.StopOn(ctx)()
 	in, err := tensorValues(rt, inputs)
 	defer release(in)
 	if err != nil {
