@@ -234,19 +234,26 @@ func (s *Session) Close() error {
 // StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run
 // in flight at its next node (through its run options' terminate flag),
 // and it and every later Run return an error that wraps ctx's cause. The
-// function returned detaches ctx, as context.AfterFunc's does.
+// function returned detaches ctx, as context.AfterFunc's does. A ctx that
+// has already ended stops the session before StopOn returns.
 func (s *Session) StopOn(ctx context.Context) (detach func() bool) {
-	return context.AfterFunc(ctx, func() {
-		cause := context.Cause(ctx)
-		s.stopped.CompareAndSwap(nil, &cause)
-		s.mu.RLock()
-		defer s.mu.RUnlock()
-		if s.ro != nil {
-			// The flag is only ever set: should setting it fail, the run
-			// finishes and the stopped cause still fails every later one.
-			_ = s.ro.Terminate()
-		}
-	})
+	if ctx.Err() != nil {
+		s.stop(context.Cause(ctx))
+		return func() bool { return false }
+	}
+	return context.AfterFunc(ctx, func() { s.stop(context.Cause(ctx)) })
+}
+
+// stop terminates the runs of s with cause.
+func (s *Session) stop(cause error) {
+	s.stopped.CompareAndSwap(nil, &cause)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.ro != nil {
+		// The flag is only ever set: should setting it fail, the run
+		// finishes and the stopped cause still fails every later one.
+		_ = s.ro.Terminate()
+	}
 }
 
 // stoppedErr returns the error of a run of a stopped session, nil when the

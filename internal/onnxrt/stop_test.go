@@ -56,3 +56,23 @@ func TestStopOnEndsRunInFlight(t *testing.T) {
 		t.Fatalf("a later run of the stopped session: %v, want context.Canceled", err)
 	}
 }
+
+// TestStopOnEnded: a context that has already ended stops the very next
+// run, every time.
+func TestStopOnEnded(t *testing.T) {
+	g := &onnx.GraphProto{Name: "neg",
+		Input:  []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2)},
+		Output: []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 2)},
+		Node:   []*onnx.NodeProto{onnx.Node("Neg", "neg", []string{"x"}, []string{"y"})},
+	}
+	x := tensor.FromFloat32s("x", []int64{2}, []float32{1, 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 50 {
+		s := newSession(t, marshal(t, g), []string{"x"}, []string{"y"}, SessionOptions{Threads: 1})
+		s.StopOn(ctx)
+		if _, err := s.Run([]*tensor.Tensor{x}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("session %d: run after StopOn of an ended context: %v, want context.Canceled", i, err)
+		}
+	}
+}

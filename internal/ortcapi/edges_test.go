@@ -139,6 +139,22 @@ func TestStopOnDetached(t *testing.T) {
 	outs[0].Release()
 }
 
+// TestStopOnEnded: a context that has already ended stops the very next
+// run, every time (no race with a goroutine setting the flag).
+func TestStopOnEnded(t *testing.T) {
+	rt := runtimeForTest(t)
+	in := smallInput(t, rt)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 50 {
+		s := smallSession(t, rt)
+		s.StopOn(ctx)
+		if err := s.Run([]*Value{in}, []*Value{nil}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("session %d: run after StopOn of an ended context: %v, want context.Canceled", i, err)
+		}
+	}
+}
+
 // TestRunOutOfMemory: a failed allocation in Run is an error, not a crash,
 // and the next run works.
 func TestRunOutOfMemory(t *testing.T) {

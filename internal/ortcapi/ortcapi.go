@@ -452,8 +452,14 @@ func hugeStats() hugeState {
 // StopOn stops the session's runs when ctx ends: ONNX Runtime ends the run
 // in flight at its next node (through its run options' terminate flag),
 // and it and every later Run return an error that wraps ctx's cause. The
-// function returned detaches ctx, as context.AfterFunc's does.
+// function returned detaches ctx, as context.AfterFunc's does. A ctx that
+// has already ended stops the session before StopOn returns (AfterFunc
+// would stop it on a goroutine of its own, maybe after the next Run began).
 func (s *Session) StopOn(ctx context.Context) (detach func() bool) {
+	if ctx.Err() != nil {
+		s.stop(context.Cause(ctx))
+		return func() bool { return false }
+	}
 	return context.AfterFunc(ctx, func() { s.stop(context.Cause(ctx)) })
 }
 
