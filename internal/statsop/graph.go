@@ -118,6 +118,7 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 	for _, vi := range base.Graph.Input {
 		inputs[vi.Name] = true
 	}
+	inputDims := inputDimParams(base.Graph)
 	// made[p] maps the model's value names made in pass p to their names in
 	// the combined graph.
 	made := make([]map[string]string, len(passes))
@@ -189,7 +190,7 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 			}
 			for _, vi := range pg.ValueInfo {
 				if r, ok := rename[vi.Name]; ok {
-					g.ValueInfo = append(g.ValueInfo, renamedInfo(vi, r))
+					g.ValueInfo = append(g.ValueInfo, passDims(renamedInfo(vi, r), inputDims, suffix))
 				}
 			}
 		}
@@ -197,7 +198,7 @@ func Combine(passes []Pass, values []string, elemType func(string) int32, chunk 
 		// still help ONNX Runtime's inference.
 		for _, vi := range pg.Output {
 			if r, ok := rename[vi.Name]; ok && !inputs[vi.Name] {
-				g.ValueInfo = append(g.ValueInfo, renamedInfo(vi, r))
+				g.ValueInfo = append(g.ValueInfo, passDims(renamedInfo(vi, r), inputDims, suffix))
 			}
 		}
 	}
@@ -381,6 +382,46 @@ func oneOf(name string, t int32) *onnx.TensorProto {
 		return &onnx.TensorProto{Name: name, DataType: t, DoubleData: []float64{1}}
 	}
 	return onnx.FloatTensor(name, nil, []float32{1})
+}
+
+// inputDimParams returns the symbolic dimensions of a graph's inputs: the
+// same in every pass, since all passes read the same inputs.
+func inputDimParams(g *onnx.GraphProto) map[string]bool {
+	out := map[string]bool{}
+	for _, vi := range g.Input {
+		for _, d := range vi.GetType().GetTensorType().GetShape().GetDim() {
+			if p := d.GetDimParam(); p != "" {
+				out[p] = true
+			}
+		}
+	}
+	return out
+}
+
+// passDims gives the symbolic dimensions of a pass's value that no graph
+// input has (a count of boxes NonMaxSuppression keeps, say) the pass's
+// own names: ONNX Runtime takes two values with the same dim_param to be
+// of the same size and shares their buffers, but each pass keeps its own
+// number of boxes. suffix "" (the first pass) keeps the names.
+func passDims(vi *onnx.ValueInfoProto, inputDims map[string]bool, suffix string) *onnx.ValueInfoProto {
+	tt := vi.GetType().GetTensorType()
+	if suffix == "" || tt.GetShape() == nil {
+		return vi
+	}
+	var dims []*onnx.TensorShapeProto_Dimension
+	changed := false
+	for _, d := range tt.Shape.Dim {
+		if p := d.GetDimParam(); p != "" && !inputDims[p] {
+			d = &onnx.TensorShapeProto_Dimension{Value: &onnx.TensorShapeProto_Dimension_DimParam{DimParam: p + suffix}, Denotation: d.Denotation}
+			changed = true
+		}
+		dims = append(dims, d)
+	}
+	if !changed {
+		return vi
+	}
+	return &onnx.ValueInfoProto{Name: vi.Name, DocString: vi.DocString, MetadataProps: vi.MetadataProps, Type: &onnx.TypeProto{Denotation: vi.Type.Denotation,
+		Value: &onnx.TypeProto_TensorType{TensorType: &onnx.TypeProto_Tensor{ElemType: tt.ElemType, Shape: &onnx.TensorShapeProto{Dim: dims}}}}}
 }
 
 func renamedInfo(vi *onnx.ValueInfoProto, name string) *onnx.ValueInfoProto {
