@@ -94,7 +94,11 @@ const (
 	VerdictUnnormalized = "unnormalized-input"
 	VerdictLogits       = "oversized-logits"
 	VerdictOverflow     = "overflowing-op"
-	VerdictHealthy      = "healthy"
+	// VerdictUnderflow: nothing overflows, but the outputs are lost to
+	// values the format cannot hold (flushed to zero or subnormal). Added
+	// within v1.2.
+	VerdictUnderflow = "forward-underflow"
+	VerdictHealthy   = "healthy"
 )
 
 // Origin causes, the reason NaN/Inf start where an origin is.
@@ -166,6 +170,24 @@ const (
 	OutputWrong = "wrong"
 	// OutputNonFinite: NaN/Inf where fp32's output is finite.
 	OutputNonFinite = "nonfinite"
+	// OutputChosen: a graph output a data-dependent selection chose
+	// (NonMaxSuppression, TopK, ArgMax, NonZero): compared for
+	// information only (KeptItems, CommonItems); the values the
+	// selection ranked are judged instead (role "ranked"). Added within
+	// v1.2.
+	OutputChosen = "chosen"
+)
+
+// Roles of an output agreement. Added within v1.2; absent means
+// RoleOutput.
+const (
+	// RoleOutput: a graph output, judged against the tolerance.
+	RoleOutput = "output"
+	// RoleRanked: a value a selection ranks or gathers from, judged as
+	// the output PyTorch compares before the selection.
+	RoleRanked = "ranked"
+	// RoleChosen: a graph output a selection chose; see OutputChosen.
+	RoleChosen = "chosen"
 )
 
 // OutputAgreement is one graph output of one emulated pass against the
@@ -204,6 +226,14 @@ type OutputAgreement struct {
 	// Tolerance is the largest worst-sample relative error the pass's
 	// format is allowed (--output-tolerance).
 	Tolerance float64 `json:"tolerance"`
+	// Role is RoleOutput, RoleRanked or RoleChosen. Added within v1.2.
+	Role string `json:"role,omitempty"`
+	// KeptItems counts, for a chosen output, the items (rows along its
+	// first axis, over every batch) fp32 kept, and CommonItems those this
+	// pass kept too (boxes [K,4] matched by IoU >= 0.5, other rows within
+	// 5 %). Added within v1.2.
+	KeptItems   int64 `json:"kept_items,omitempty"`
+	CommonItems int64 `json:"common_items,omitempty"`
 }
 
 // Sample is one sample of a batch that holds NaN/Inf: its batch (in the

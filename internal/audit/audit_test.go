@@ -325,12 +325,13 @@ func TestUnderflowWarning(t *testing.T) {
 }
 
 // TestUnderflowLosesOutputs: when what flushes to zero is the whole of
-// the output, the outputs are finite but wrong: FP2006, the origin is
-// where the error starts (cause precision, the MatMul whose values flush)
-// and keeping it in fp32 is verified to bring the outputs back.
+// the output, the outputs are finite but wrong: forward-underflow with
+// FP2006, the origin is where the error starts (cause precision, the
+// MatMul whose values flush) and keeping it in fp32 is verified to bring
+// the outputs back.
 func TestUnderflowLosesOutputs(t *testing.T) {
 	r := runConfig(t, audit.Config{ModelPath: underflowModel(t, false)})
-	if r.Verdict != report.VerdictOverflow || len(r.Origins) != 1 {
+	if r.Verdict != report.VerdictUnderflow || len(r.Origins) != 1 {
 		t.Fatalf("verdict %s (%s), %d origins", r.Verdict, r.VerdictText, len(r.Origins))
 	}
 	o := r.Origins[0]

@@ -7,6 +7,7 @@ import (
 
 	"fp16audit/internal/diagnose"
 	"fp16audit/internal/execute"
+	"fp16audit/internal/observe"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 )
@@ -66,7 +67,7 @@ var whatIfPasses = []whatIf{{
 	pass: func(a *audit, ref string) execute.Pass {
 		bp, _ := precision.PolicyByName("autocast-bf16")
 		ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-		return execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, ba), Ref: ref}
+		return execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, ba), Ref: ref}
 	},
 }, {
 	// as-written: the model without mixed precision, its own half casts
@@ -88,7 +89,7 @@ var whatIfPasses = []whatIf{{
 	wanted:  (*audit).mainFails,
 	because: "the model casts to half itself and the policy's pass fails: does it fail without mixed precision too (explicit-half-cast)?",
 	pass: func(a *audit, ref string) execute.Pass {
-		return execute.Pass{Name: diagnose.PassAsWritten, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, diagnose.AsWrittenAssignment(a.static)), Ref: ref}
+		return execute.Pass{Name: diagnose.PassAsWritten, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, diagnose.AsWrittenAssignment(a.static)), Ref: ref}
 	},
 }}
 
@@ -155,7 +156,9 @@ func (a *audit) mainFails() bool {
 	}
 	tol := a.cfg.Thresholds.Tolerance(a.policy.Lower)
 	for _, d := range main.Outputs {
-		failed = failed || d.Worst.RelErr > tol
+		// A value a selection ranks fails like an output; what the
+		// selection chose is information only.
+		failed = failed || (d.Role != observe.RoleChosen && (d.Worst.RelErr > tol || (d.Role == observe.RoleRanked && d.NonFinite > d.RefNonFinite)))
 	}
 	return failed
 }

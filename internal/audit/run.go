@@ -79,9 +79,14 @@ type Config struct {
 
 // audit is the state of one run.
 type audit struct {
-	cfg     Config
-	model   *onnx.Model
-	up      *onnx.ModelProto // upcast: truly fp32
+	cfg   Config
+	model *onnx.Model
+	up    *onnx.ModelProto // upcast: truly fp32
+	// fwd is up with the values a selection ranks among its graph
+	// outputs (selections.go): the graph every forward pass starts from.
+	fwd *onnx.ModelProto
+	// ranked are the values judged in place of the chosen outputs.
+	ranked  []string
 	policy  *precision.Policy
 	static  *lint.Facts
 	main    string // the policy's emulated pass ("" under fp32)
@@ -182,7 +187,7 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	}
 	facts := &diagnose.Facts{Static: a.static, HalfCasts: a.halfCast,
 		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, m.Index, cfg.Thresholds), Passes: a.passes, Main: a.main,
-		Values: a.engine.Observe, Thresholds: cfg.Thresholds}
+		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked}
 	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
 	if err != nil {
 		return nil, a.runError(err)
@@ -230,6 +235,8 @@ func (a *audit) plan(device string) error {
 	if err != nil {
 		return err
 	}
+	var kinds map[string]execute.OutputKind
+	a.fwd, a.ranked, kinds = judgedOutputs(up, a.model.Index, upIdx)
 	a.static = lint.NewFacts(a.model, a.policy)
 	a.halfCast = map[int]bool{}
 	for _, i := range halfCasts {
@@ -273,6 +280,7 @@ func (a *audit) plan(device string) error {
 		Order:   a.static.Order, Nodes: len(g.Node),
 		Observe: names, ElemType: upIdx.ElemType,
 		MaxMemory: a.cfg.MaxMemory, Progress: a.cfg.Progress, ModelFile: a.model.Path,
+		Outputs: kinds,
 	}
 	return nil
 }
@@ -297,12 +305,12 @@ func limitList(s []string, n int) []string {
 // batch; then, in a session of their own, the what-if passes whose
 // condition the results meet (--passes auto).
 func (a *audit) runMainPasses(ctx context.Context) error {
-	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.up}}
-	if a.main == diagnose.PassBF16 && !castsToBF16(a.up) {
-		return &UsageError{Err: fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.up))}
+	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd}}
+	if a.main == diagnose.PassBF16 && !castsToBF16(a.fwd) {
+		return &UsageError{Err: fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.fwd))}
 	}
 	if a.main != "" {
-		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.up, a.model.Proto.Graph, a.static.Assign), Ref: diagnose.PassFP32})
+		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, a.static.Assign), Ref: diagnose.PassFP32})
 	}
 	var later []whatIf
 	for _, w := range whatIfPasses {
@@ -331,7 +339,7 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		// outputs (and the bf16 fix) are judged by.
 		p := w.pass(a, "")
 		p.OutputRef = diagnose.PassFP32
-		if err := a.runPasses(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true}, p}); err != nil {
+		if err := a.runPasses(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd, OutputsOnly: true}, p}); err != nil {
 			return err
 		}
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the %s pass ran because %s (--passes %s runs it beside the others, --passes none never)", w.name, w.because, w.name))
@@ -369,13 +377,13 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 // returns its results.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
 	if r.Reference {
-		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.up}}, r.Batches)
+		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.fwd}}, r.Batches)
 		if err != nil {
 			return nil, err
 		}
 		return res[0], nil
 	}
-	up := a.up
+	up := a.fwd
 	if len(r.Clamp) > 0 {
 		var err error
 		if up, err = rewrite.ClampConstants(up, r.Clamp, a.model.Dir); err != nil {
@@ -385,7 +393,7 @@ func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResul
 	// The fp32 pass runs beside the fix for its graph outputs alone: a fix
 	// works only when the outputs agree with fp32's on the same inputs
 	// (standardized ones, for that fix).
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.up, OutputsOnly: true},
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd, OutputsOnly: true},
 		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: diagnose.PassFP32}}, r.Batches)
 	if err != nil {
 		return nil, err

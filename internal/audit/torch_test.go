@@ -43,6 +43,13 @@ type truth struct {
 		// OutputAgreement is PyTorch's outputs against its fp32 reference.
 		OutputAgreement []truthAgreement `json:"output_agreement"`
 		Tolerance       float64          `json:"tolerance"`
+		// ChosenOutputs are the outputs a selection chose and
+		// RankedAgreement what PyTorch measured at the values it ranked
+		// (selection cases); DecayedModules the modules whose fp16 values
+		// stay below fp16's smallest normal (forward-underflow).
+		ChosenOutputs   []string         `json:"chosen_outputs"`
+		RankedAgreement []truthAgreement `json:"ranked_agreement"`
+		DecayedModules  []string         `json:"decayed_modules"`
 	} `json:"policies"`
 }
 
@@ -105,6 +112,7 @@ func TestTorchTruth(t *testing.T) {
 					t.Errorf("fails=%v, PyTorch says %v; findings:\n%s", fails, want.Fails, findingLines(r))
 				}
 				checkOutputAgreement(t, r, want.OutputAgreement, want.Tolerance)
+				checkSelection(t, r, want.ChosenOutputs, want.RankedAgreement, want.Tolerance)
 				if want.Verdict == report.VerdictHealthy || want.Verdict == report.VerdictPoisoned {
 					return
 				}
@@ -112,6 +120,18 @@ func TestTorchTruth(t *testing.T) {
 					t.Fatalf("no origin, PyTorch's is %s", want.OriginNode)
 				}
 				o := r.Origins[0]
+				if want.OriginNode == "" && len(want.InputAtFault) == 0 {
+					// Nothing overflowed in PyTorch: the outputs are lost to
+					// rounding or underflow. The origin is where the error
+					// starts, in the decaying region for an underflow.
+					if o.Cause != report.CausePrecision {
+						t.Errorf("origin %s cause %s, want precision (PyTorch: nothing overflows)", o.Node, o.Cause)
+					}
+					if want.Verdict == report.VerdictUnderflow && !slices.ContainsFunc(want.DecayedModules, func(m string) bool { return m == o.Module || strings.HasPrefix(o.Module, m+".") }) {
+						t.Errorf("origin module %q is not among the modules whose values PyTorch's fp16 loses below its range: %v", o.Module, want.DecayedModules)
+					}
+					return
+				}
 				if want.OriginNode == "" {
 					// The input itself (saved in fp16 beyond its range).
 					if len(want.InputAtFault) == 0 || o.Input != want.InputAtFault[0] {
@@ -173,6 +193,47 @@ func checkOutputAgreement(t *testing.T, r *report.Report, want []truthAgreement,
 			math.Abs(*got.Top1Agreement-*w.Top1)*float64(w.Rows) > 1 {
 			t.Errorf("output %s: top-1 agreement %.3f, PyTorch's %.3f over %d rows", w.Output, *got.Top1Agreement, *w.Top1, w.Rows)
 		}
+	}
+}
+
+// checkSelection: the outputs a selection chose are compared for
+// information only, and the values it ranks are judged as PyTorch judged
+// its own (every one within the tolerance, or some not).
+func checkSelection(t *testing.T, r *report.Report, chosen []string, ranked []truthAgreement, tol float64) {
+	t.Helper()
+	if len(chosen) == 0 {
+		return
+	}
+	main := r.Passes[1]
+	var ok, judged int
+	for _, a := range r.OutputAgreement {
+		if a.Pass != main {
+			continue
+		}
+		switch a.Role {
+		case report.RoleChosen:
+			if !slices.Contains(chosen, a.Output) || a.Outcome != report.OutputChosen {
+				t.Errorf("output %s: role chosen, outcome %s; PyTorch's chosen outputs are %v", a.Output, a.Outcome, chosen)
+			}
+		case report.RoleRanked:
+			judged++
+			if a.Outcome == report.OutputAgrees {
+				ok++
+			}
+		default:
+			if slices.Contains(chosen, a.Output) {
+				t.Errorf("output %s is judged (%s), but a selection chose it", a.Output, a.Outcome)
+			}
+		}
+	}
+	pytorchOK := true
+	for _, w := range ranked {
+		pytorchOK = pytorchOK && w.NonFinite == 0 && (w.WorstRelErr == nil || *w.WorstRelErr <= tol)
+	}
+	if judged == 0 {
+		t.Errorf("no value a selection ranks is judged in the %s pass", main)
+	} else if (ok == judged) != pytorchOK {
+		t.Errorf("%d of %d ranked values agree with fp32; PyTorch's ranked values agree: %v", ok, judged, pytorchOK)
 	}
 }
 

@@ -240,8 +240,12 @@ func (f *Facts) halfCastMessage(o report.Origin) string {
 	if f.HalfCasts[o.Index] {
 		return fmt.Sprintf("the model's own Cast to half %s (%s) overflows: fp32 max |x| %.4g > 65504", o.Node, moduleOr(o.Module, "model"), o.FP32MaxAbs)
 	}
-	return fmt.Sprintf("%s (%s, %s) overflows in %s because the model's own cast %s put its input there (autocast would keep it in fp32): fp32 max |x| %.4g > 65504",
-		moduleOr(o.Module, o.Node), o.OpType, o.Node, o.Precision, casts, o.FP32MaxAbs)
+	why := "autocast would keep it in fp32"
+	if f.heldWithoutCasts(o) {
+		why = f.Static.Policy.Name + " holds it there too, and without mixed precision the cast alone does"
+	}
+	return fmt.Sprintf("%s (%s, %s) overflows in %s because the model's own cast %s put its input there (%s): fp32 max |x| %.4g > 65504",
+		moduleOr(o.Module, o.Node), o.OpType, o.Node, o.Precision, casts, why, o.FP32MaxAbs)
 }
 
 // runConstantOrigins reports the constants beyond a format's range that

@@ -96,13 +96,15 @@ Information is lost in the forward pass; training may plateau above the
 fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
 	checkHalfCast = checks.Register(&checks.Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: checks.SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
 as Cast(to=FLOAT16)), and that value overflows: at the Cast, or at an op
-downstream that computes in fp16 only because its input came through the
-cast (f = h.half(); g = f * f), and the same value overflows with mixed
-precision off (the as-written pass: plain fp32 but for the model's own
-casts), so switching to_fp16() off does not help. An overflow that only
-autocast's lower precision causes, with a cast upstream, is FP2001
-instead. The finding names the cast and the op that overflows; the report
-verifies that removing the cast removes the overflow. Remove the cast,
+downstream whose input came through the cast (f = h.half(); g = f * f),
+also where autocast or model.half() would hold the value in fp16 anyway
+(fc(x).half()), and the same value overflows with mixed precision off (the
+as-written pass: plain fp32 but for the model's own casts), so switching
+to_fp16() off does not help. An overflow that only autocast's lower
+precision causes, with a cast upstream, is FP2001 instead. The finding
+names the cast and the op that overflows; the report verifies whether
+removing the cast removes the overflow, and where autocast still holds
+the op in fp16 without it, which modules to keep in fp32 as well. Remove the cast,
 move it after the op that overflows, scale before it, or clamp
 (x.clamp(-65504, 65504).half()).`})
 )

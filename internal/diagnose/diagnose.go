@@ -292,21 +292,50 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	if fix, ok := f.fixBF16(before); ok {
 		d.Fixes = append(d.Fixes, *fix)
 	}
-	if !opt.NoFixes && !constant && !cast && (std == nil || !std.Works) {
-		if _, err := addFix(f.fixKeepFP32(ctx, run, batches, origins, before)); err != nil {
+	onlyPrecise := len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0
+	removed := false // the cast's removal was tried and did not work
+	if !opt.NoFixes && !constant && (std == nil || !std.Works) {
+		var fix *report.Fix
+		switch {
+		case onlyPrecise:
+			fix, err = f.fixKeepRegion(ctx, run, batches, precise[0], before)
+		case cast && !fixWorks(d.Fixes, report.FixRemoveCast):
+			// Without the cast autocast may still hold the op in 16 bits
+			// (a cast right after a Linear): keep it in fp32 as well.
+			removed = true
+			fix, err = f.fixKeepFP32(ctx, run, batches, origins, before, f.castsOf(castOrigins))
+		case !cast:
+			fix, err = f.fixKeepFP32(ctx, run, batches, origins, before, nil)
+		}
+		if _, err := addFix(fix, err); err != nil {
 			return false, err
 		}
 	}
 	switch {
-	case len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0:
+	case onlyPrecise:
 		o := precise[0]
 		d.Verdict = report.VerdictOverflow
 		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
+		if f.underflows(o) {
+			d.Verdict = report.VerdictUnderflow
+			how = fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.passFormat(f.Main)))
+			if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > 0 {
+				how += fmt.Sprintf(", %.0f%% of its nonzero values flush to zero", 100*df.FlushedFraction())
+			}
+			d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but the outputs are lost to underflow: from %s (%s) on, %s", f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
+			if note := f.untrainedNote(); note != "" {
+				d.Notes = append(d.Notes, note)
+			}
+			break
+		}
 		if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
 			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
 		}
-		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s: keep it in fp32",
+		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s",
 			f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
+		if fixWorks(d.Fixes, report.FixKeepFP32) {
+			d.VerdictText += ": keep it in fp32"
+		}
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := castOrigins[0]
@@ -316,6 +345,9 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		}
 		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): switching to_fp16() off will not help; remove the cast or move it after the op that overflows",
 			casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+		if removed && f.heldWithoutCasts(o) {
+			d.VerdictText += fmt.Sprintf("; without the cast %s still holds it in 16 bits, so it must stay in fp32 as well", f.Static.Policy.Name)
+		}
 		if f.Passes[PassAsWritten] == nil {
 			d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast (without the %s pass it is not known whether it overflows with mixed precision off too): remove the cast or move it after the op that overflows",
 				casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
@@ -345,6 +377,11 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		d.VerdictText += "; " + w
 	}
 	return true, nil
+}
+
+// fixWorks reports whether the fix of this kind among fixes works.
+func fixWorks(fixes []report.Fix, kind string) bool {
+	return slices.ContainsFunc(fixes, func(x report.Fix) bool { return x.Kind == kind && x.Works })
 }
 
 // wrongReported returns the precision origins (nothing overflows, the

@@ -77,6 +77,11 @@ type Facts struct {
 	Passes map[string]*observe.PassResult
 	// Main names the policy's emulated pass; "" under the fp32 policy.
 	Main string
+	// Ranked are the values a data-dependent selection ranks or gathers
+	// from, which the passes compared with fp32's as graph outputs in
+	// place of the outputs the selection chose: NaN/Inf reaching them
+	// reach an output.
+	Ranked []string
 	// Values are the node outputs the passes observed, in topological
 	// order.
 	Values     []string

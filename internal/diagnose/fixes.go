@@ -3,6 +3,8 @@ package diagnose
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
 	"strings"
 
 	"fp16audit/internal/batch"
@@ -177,18 +179,7 @@ func (f *Facts) fixBF16(before int64) (*report.Fix, bool) {
 // fixRemoveCast re-runs the emulated pass without the model's own half
 // casts that the explicit-cast origins come from.
 func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
-	casts := map[int]bool{}
-	for _, o := range origins {
-		if o.Index < 0 {
-			continue
-		}
-		if f.HalfCasts[o.Index] {
-			casts[o.Index] = true
-		}
-		for _, c := range f.Static.Assign.Casts[o.Value] {
-			casts[c] = true
-		}
-	}
+	casts := f.castsOf(origins)
 	fix := &report.Fix{Kind: report.FixRemoveCast, NonFiniteBefore: before}
 	asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, casts)
 	if _, err := f.verify(ctx, run, Rerun{Name: f.Main + "+no-half-cast", Assign: asg, Batches: batches}, fix); err != nil {
@@ -207,6 +198,37 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 		fix.Summary = fmt.Sprintf("removing the model's own half cast (%s) does not remove the overflow: %s", list, f.remains(fix))
 	}
 	return fix, nil
+}
+
+// castsOf returns the model's own half casts the origins' precision comes
+// from (an origin that is such a cast included).
+func (f *Facts) castsOf(origins []report.Origin) map[int]bool {
+	casts := map[int]bool{}
+	for _, o := range origins {
+		if o.Index < 0 {
+			continue
+		}
+		if f.HalfCasts[o.Index] {
+			casts[o.Index] = true
+		}
+		for _, c := range f.Static.Assign.Casts[o.Value] {
+			casts[c] = true
+		}
+	}
+	return casts
+}
+
+// heldWithoutCasts reports whether an explicit-cast origin's value would
+// still be held in 16 bits with the model's own casts it comes from
+// removed: autocast (or the half policy) puts it there too, as with a
+// .half() right after a Linear.
+func (f *Facts) heldWithoutCasts(o report.Origin) bool {
+	if o.Index < 0 {
+		return false
+	}
+	asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, f.castsOf([]report.Origin{o}))
+	p := asg.Value[o.Value]
+	return p == precision.FP16 || p == precision.BF16
 }
 
 // fixConstant re-runs the emulated pass with the out-of-range constants
@@ -262,10 +284,14 @@ func (f *Facts) constantSource(name string) string {
 
 // fixKeepFP32 searches the smallest set of nodes to keep in fp32: it forces
 // the current origins to fp32, re-runs, and repeats with the new origins
-// until nothing reaches an output or the iteration limit is reached.
-func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64) (*report.Fix, error) {
+// until nothing reaches an output or the iteration limit is reached. The
+// nodes in seed (the model's own casts, removed) stay in fp32 throughout.
+func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin, before int64, seed map[int]bool) (*report.Fix, error) {
 	g := f.graph()
-	keep := map[int]bool{}
+	keep := maps.Clone(seed)
+	if keep == nil {
+		keep = map[int]bool{}
+	}
 	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
 	cur := origins
 	for it := 1; it <= f.Thresholds.FixIterations && len(cur) > 0; it++ {
@@ -282,9 +308,30 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 		fix.Iterations = it
 		cur = deciding
 	}
-	nodes := sortedKeys(keep)
+	f.nameKept(fix, keep, seed)
+	if fix.Works {
+		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
+			strings.Join(fix.Modules, ", "))
+		if len(seed) > 0 {
+			fix.Summary += ", with the model's own half cast removed"
+		}
+	} else {
+		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %s",
+			len(fix.Nodes), fix.Iterations, f.remains(fix))
+	}
+	return fix, nil
+}
+
+// nameKept lists the nodes kept in fp32 (removed casts among them) and
+// the modules of those that are not removed casts on a fix.
+func (f *Facts) nameKept(fix *report.Fix, keep, removed map[int]bool) {
+	g := f.graph()
 	mods := map[string]bool{}
-	for _, ni := range nodes {
+	for _, ni := range sortedKeys(keep) {
+		if removed[ni] {
+			fix.Nodes = append(fix.Nodes, f.nodeName(ni))
+			continue
+		}
 		fix.Nodes = append(fix.Nodes, f.nodeName(ni))
 		m := onnx.ModulePath(g.Node[ni])
 		if m == "" {
@@ -295,12 +342,116 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			fix.Modules = append(fix.Modules, m)
 		}
 	}
+}
+
+// fixKeepRegion keeps in fp32 the region where a pass's values drift from
+// fp32's, when nothing overflows (underflow, rounding): the nodes from the
+// origin on, in topological order, held in reduced precision, whose
+// values differ from fp32's beyond the tolerance or flush to zero. The
+// reruns grow the region (the first node, then twice as many each time,
+// then all of it) until the outputs agree; a fix that does not work says
+// how far it got.
+func (f *Facts) fixKeepRegion(ctx context.Context, run Runner, batches []batch.Batch, o report.Origin, before int64) (*report.Fix, error) {
+	region := f.driftRegion(o)
+	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
+	var keep map[int]bool
+	for it, n := 1, 1; it <= f.Thresholds.FixIterations; it++ {
+		n = min(n, len(region))
+		if it == f.Thresholds.FixIterations {
+			n = len(region) // the last rerun tries all of it
+		}
+		keep = map[int]bool{}
+		for _, ni := range region[:n] {
+			keep[ni] = true
+		}
+		asg := precision.AssignKeepFP32(f.Static.Policy, f.graph(), f.Static.Order, f.Static.Model.Index.ElemType, keep)
+		if _, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix); err != nil {
+			return nil, err
+		}
+		fix.Iterations = it
+		if fix.Works || n == len(region) {
+			break
+		}
+		n *= 2
+	}
+	f.nameKept(fix, keep, nil)
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
-			strings.Join(fix.Modules, ", "))
+		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 (%s) brings the outputs back within the tolerance (wrap them in torch.autocast(device_type=\"cuda\", enabled=False) and cast their input with .float())",
+			len(fix.Nodes), strings.Join(limitList(fix.Modules, 8), ", "))
 	} else {
-		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 does not remove the overflow after %d rerun(s): %s",
-			len(fix.Nodes), fix.Iterations, f.remains(fix))
+		fix.Summary = fmt.Sprintf("keeping %d of the %d drifting node(s) in fp32 (%s) does not bring the outputs back after %d rerun(s): %s",
+			len(fix.Nodes), len(region), strings.Join(limitList(fix.Modules, 8), ", "), fix.Iterations, f.remains(fix))
 	}
 	return fix, nil
+}
+
+// driftRegion lists the nodes, in topological order from o's on, held in
+// reduced precision in the main pass whose outputs differ from fp32's
+// beyond the tolerance or lose some of their nonzero values to zero.
+func (f *Facts) driftRegion(o report.Origin) []int {
+	res := f.Passes[f.Main]
+	tol := f.tolerance(f.Main)
+	asg := f.Static.Assign
+	var out []int
+	started := false
+	for _, ni := range f.Static.Order {
+		started = started || ni == o.Index
+		if !started {
+			continue
+		}
+		if p := asg.Node[ni]; p != precision.FP16 && p != precision.BF16 {
+			continue
+		}
+		for _, v := range f.graph().Node[ni].Output {
+			d, ok := res.Diffs[v]
+			if !ok {
+				continue
+			}
+			if e := d.RelErr(); ni == o.Index || d.Flushed > 0 || (!math.IsNaN(e) && e > tol) {
+				out = append(out, ni)
+				break
+			}
+		}
+	}
+	if len(out) == 0 && o.Index >= 0 {
+		out = []int{o.Index}
+	}
+	return out
+}
+
+// underflows reports whether a precision origin's values are lost below
+// the format's range rather than to its rounding: their fp32 magnitude
+// stays under the smallest normal, or more of them flush to zero than
+// --underflow-fraction allows.
+func (f *Facts) underflows(o report.Origin) bool {
+	if o.FP32MaxAbs > 0 && o.FP32MaxAbs < smallestNormal(f.passFormat(f.Main)) {
+		return true
+	}
+	d := f.Passes[f.Main].Diffs[o.Value]
+	return d != nil && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+}
+
+// smallestNormal is the smallest positive normal number of a format.
+func smallestNormal(p precision.Precision) float64 {
+	if p == precision.BF16 {
+		return 0x1p-126
+	}
+	return 0x1p-14
+}
+
+// untrainedNote says, when the fp32 outputs themselves are below fp16's
+// smallest normal, that activations decaying like this are what an
+// untrained network does; "" otherwise.
+func (f *Facts) untrainedNote() string {
+	ref := f.Passes[PassFP32]
+	largest := 0.0
+	for _, vi := range f.graph().Output {
+		if s, ok := ref.Stats[vi.Name]; ok && s.Finite > 0 {
+			largest = max(largest, float64(s.MaxAbs))
+		}
+	}
+	if largest == 0 || largest >= smallestNormal(precision.FP16) {
+		return ""
+	}
+	return fmt.Sprintf("the fp32 outputs themselves are tiny (max |x| %.3g, below fp16's smallest normal 6.1e-05): activations that shrink layer by layer like this are what an untrained network does (torchvision's models as constructed keep BatchNorm at its initial statistics); audit the trained weights, or calibrate BatchNorm on real batches, before changing the precision", largest)
 }

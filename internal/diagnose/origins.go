@@ -34,11 +34,15 @@ type origin struct {
 // them alone): a constant that a precision cannot hold is the fault of the
 // node that writes it into a value of that precision, so its readers, not
 // its producers, are origins. Propagation is followed through consumers,
-// so independent origins are all reported, each with what it reached.
-func findOrigins(g *onnx.GraphProto, order []int, inputs []string, nonFinite, isConst func(string) bool, consumers func(string) []int) []origin {
+// so independent origins are all reported, each with what it reached. The
+// values a selection ranks (ranked) count as graph outputs.
+func findOrigins(g *onnx.GraphProto, ranked []string, order []int, inputs []string, nonFinite, isConst func(string) bool, consumers func(string) []int) []origin {
 	isGraphOutput := map[string]bool{}
 	for _, o := range g.Output {
 		isGraphOutput[o.Name] = true
+	}
+	for _, v := range ranked {
+		isGraphOutput[v] = true
 	}
 	pos := make(map[int]int, len(order))
 	for p, ni := range order {
@@ -183,7 +187,7 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 	// effect on the outputs starts.
 	var starts [][]string
 	castInputs := map[string]int{} // input origins of the policy's cast, by input
-	for _, o := range findOrigins(g, f.Static.Order, inputs, nonFinite, isConst, idx.Consumers) {
+	for _, o := range findOrigins(g, f.Ranked, f.Static.Order, inputs, nonFinite, isConst, idx.Consumers) {
 		start := o.values(g)
 		var or report.Origin
 		if o.node < 0 {

@@ -46,6 +46,8 @@ func (f *Facts) tolerance(pass string) float64 {
 // outputOutcome is an output's outcome against fp32 under tolerance tol.
 func outputOutcome(d *observe.OutputDiff, tol float64) string {
 	switch {
+	case d.Role == observe.RoleChosen:
+		return report.OutputChosen
 	case d.NonFinite > d.RefNonFinite:
 		return report.OutputNonFinite
 	case d.Worst.RelErr > tol:
@@ -68,12 +70,12 @@ func (f *Facts) wrongOutputs(res *observe.PassResult) map[string]bool {
 }
 
 // outputsAgree reports whether every graph output of a pass agrees with
-// fp32's (finite and within tolerance); a pass whose outputs were not
-// compared agrees vacuously.
+// fp32's (finite and within tolerance), what a selection chose aside; a
+// pass whose outputs were not compared agrees vacuously.
 func (f *Facts) outputsAgree(res *observe.PassResult) bool {
 	tol := f.tolerance(res.Name)
 	for _, d := range res.Outputs {
-		if outputOutcome(d, tol) != report.OutputAgrees {
+		if o := outputOutcome(d, tol); o != report.OutputAgrees && o != report.OutputChosen {
 			return false
 		}
 	}
@@ -97,6 +99,13 @@ func (f *Facts) agreement(res *observe.PassResult) []report.OutputAgreement {
 		}
 		if t, ok := d.Top1Agreement(); ok {
 			a.Top1Agreement, a.Rows = &t, d.Rows
+		}
+		if d.Role != observe.RoleOutput {
+			a.Role = d.Role.String()
+		}
+		if d.Role == observe.RoleChosen {
+			a.KeptItems, a.CommonItems = d.Kept, d.Common
+			a.RelErr, a.WorstRelErr, a.MaxAbsErr, a.MaxRelErr = nil, nil, 0, 0
 		}
 		out = append(out, a)
 	}
@@ -142,7 +151,9 @@ func wrongTextOf(rows []report.OutputAgreement) string {
 func (f *Facts) agreeText(res *observe.PassResult) string {
 	worst := -1.0
 	for _, d := range res.Outputs {
-		worst = max(worst, d.Worst.RelErr)
+		if d.Role != observe.RoleChosen {
+			worst = max(worst, d.Worst.RelErr)
+		}
 	}
 	if worst < 0 {
 		return ""

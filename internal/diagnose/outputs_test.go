@@ -17,8 +17,8 @@ func outputDiffs(yErr float32) []*observe.OutputDiff {
 		y[i] *= 1 - yErr
 	}
 	dy, dz := observe.NewOutputDiff("y"), observe.NewOutputDiff("z")
-	dy.Observe(0, 0, []int64{2, 4}, y, ref)
-	dz.Observe(0, 0, []int64{2, 4}, ref, ref)
+	dy.Observe(0, 0, []int64{2, 4}, []int64{2, 4}, y, ref)
+	dz.Observe(0, 0, []int64{2, 4}, []int64{2, 4}, ref, ref)
 	return []*observe.OutputDiff{dy, dz}
 }
 

@@ -632,7 +632,7 @@ func (r *blockRun) compareHeld(j *job) error {
 			if err != nil {
 				return err
 			}
-			c.diff.Observe(j.batch, j.lo, yt.Shape, y, ref)
+			c.diff.Observe(j.batch, j.lo, yt.Shape, rt.Shape, y, ref)
 		}
 	}
 	for _, f := range r.fetch {

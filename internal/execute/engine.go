@@ -64,6 +64,10 @@ type Engine struct {
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
 	Progress Progress
+	// Outputs says how each compared graph output is judged (its role)
+	// and whether its last axis holds classes; an output it does not name
+	// is a graph output whose last axis counts as classes.
+	Outputs map[string]OutputKind
 
 	notes []string
 	// forceStep, when set (by tests only), runs every batch in parts of
@@ -79,6 +83,12 @@ type Engine struct {
 
 // Progress is told about every finished pass of every batch.
 type Progress func(pass string, batch, batches int)
+
+// OutputKind is how a graph output's comparison with fp32's is judged.
+type OutputKind struct {
+	Role    observe.Role
+	Classes bool
+}
 
 // Pass is a pass to run: its name, its graph (the model's values under the
 // model's names, as the rewrites make it), and the name of the pass it is
@@ -219,7 +229,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	if err != nil {
 		return nil, nil, err
 	}
-	cmp := comparisons(plan, outRef, results)
+	cmp := comparisons(plan, outRef, results, e.Outputs)
 	if e.handsOver() {
 		plan.Declared = filepath.Base(e.ModelFile)
 	}
@@ -528,7 +538,7 @@ type comparison struct {
 // comparisons pairs every fetched output of a pass that has an output
 // reference (outRef[pass] >= 0) with the reference's, and gives the pass's
 // results their output comparisons.
-func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult) []comparison {
+func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult, kinds map[string]OutputKind) []comparison {
 	var out []comparison
 	for i, f := range plan.Fetch {
 		r := outRef[f.Pass]
@@ -538,6 +548,9 @@ func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult
 		for j, g := range plan.Fetch {
 			if g.Pass == r && g.Value == f.Value {
 				d := observe.NewOutputDiff(f.Value)
+				if k, ok := kinds[f.Value]; ok {
+					d.Role, d.Classes = k.Role, k.Classes
+				}
 				results[f.Pass].Outputs = append(results[f.Pass].Outputs, d)
 				out = append(out, comparison{fetch: i, ref: j, diff: d})
 				break
@@ -555,11 +568,11 @@ func compareOutputs(sess *statsop.Session, cmp []comparison, bi int, first int64
 		if err != nil {
 			return err
 		}
-		ref, _, err := sess.Fetched(c.ref)
+		ref, refShape, err := sess.Fetched(c.ref)
 		if err != nil {
 			return err
 		}
-		c.diff.Observe(bi, first, shape, y, ref)
+		c.diff.Observe(bi, first, shape, refShape, y, ref)
 	}
 	return nil
 }

@@ -26,9 +26,48 @@ type OutputDiff struct {
 	Worst   SampleErr
 	// Rows counts the rows of class scores (every index of the axes before
 	// the last) of an output of rank >= 2 with more than one class on its
-	// last axis; Top1 counts the rows whose largest score is at the same
-	// class as in fp32.
+	// last axis, when Classes says its last axis holds classes; Top1
+	// counts the rows whose largest score is at the same class as in fp32.
 	Rows, Top1 int64
+	// Role says how the comparison is judged: a graph output, a value a
+	// selection ranks (judged like an output), or a graph output a
+	// selection chose (information only).
+	Role Role
+	// Classes says that the last axis holds class scores (top-1 counted).
+	Classes bool
+	// Kept counts, for a chosen output, the items (slices along its first
+	// axis, per batch) fp32 kept, and Common those of them this pass kept
+	// too: the same box (IoU >= 0.5, for an output of boxes [K,4]), or
+	// the same row within 5 % (relative L2).
+	Kept, Common int64
+}
+
+// Role is how an output comparison is judged.
+type Role uint8
+
+const (
+	// RoleOutput is a graph output: judged against the tolerance.
+	RoleOutput Role = iota
+	// RoleRanked is a value a data-dependent selection ranks or gathers
+	// from (NonMaxSuppression's scores, TopK's input), compared as if it
+	// were an output: judged.
+	RoleRanked
+	// RoleChosen is a graph output a selection chose (the boxes NMS
+	// kept): a tiny change of a ranked score picks another candidate, so
+	// element-wise errors mean nothing; only the items in common are
+	// counted.
+	RoleChosen
+)
+
+// String names the role as the report writes it.
+func (r Role) String() string {
+	switch r {
+	case RoleRanked:
+		return "ranked"
+	case RoleChosen:
+		return "chosen"
+	}
+	return "output"
 }
 
 // SampleErr is the relative L2 error of one sample: its batch (in the
@@ -40,20 +79,28 @@ type SampleErr struct {
 	RelErr float64
 }
 
-// NewOutputDiff returns an empty comparison of output name.
+// NewOutputDiff returns an empty comparison of graph output name, whose
+// last axis counts as classes until the caller knows better.
 func NewOutputDiff(name string) *OutputDiff {
-	return &OutputDiff{Name: name, Worst: SampleErr{RelErr: -1}}
+	return &OutputDiff{Name: name, Worst: SampleErr{RelErr: -1}, Classes: true}
 }
 
 // Observe folds one batch, or one part of a batch: y is the emulated
-// output, ref the fp32 one, shape y's shape, batch the batch's number and
-// first the index of the part's first sample within the batch. A length
-// mismatch (a shape that depends on values) compares the common prefix.
-func (d *OutputDiff) Observe(batch int, first int64, shape []int64, y, ref []float32) {
+// output, ref the fp32 one, shape and refShape their shapes, batch the
+// batch's number and first the index of the part's first sample within
+// the batch. A length mismatch (a shape that depends on values) compares
+// the common prefix; a chosen output counts its items in common instead.
+func (d *OutputDiff) Observe(batch int, first int64, shape, refShape []int64, y, ref []float32) {
+	if d.Role == RoleChosen {
+		d.observeChosen(shape, refShape, y, ref)
+		return
+	}
 	n := min(len(y), len(ref))
 	y, ref = y[:n], ref[:n]
 	samples, per := int64(1), int64(n)
-	if len(shape) > 0 && shape[0] > 0 {
+	// A ranked value's first axis counts candidates (anchors, items), not
+	// samples: it is judged whole, batch by batch.
+	if len(shape) > 0 && shape[0] > 0 && d.Role != RoleRanked {
 		samples, per = shape[0], int64(n)/shape[0]
 	}
 	if per == 0 {
@@ -70,7 +117,7 @@ func (d *OutputDiff) Observe(batch int, first int64, shape []int64, y, ref []flo
 			d.Worst = SampleErr{Batch: batch, Index: first + s, RelErr: e}
 		}
 	}
-	if classes := classAxis(shape); classes > 1 {
+	if classes := classAxis(shape); classes > 1 && d.Classes {
 		for lo := 0; lo+classes <= n; lo += classes {
 			d.Rows++
 			if argmax(y[lo:lo+classes]) == argmax(ref[lo:lo+classes]) {
@@ -78,6 +125,91 @@ func (d *OutputDiff) Observe(batch int, first int64, shape []int64, y, ref []flo
 			}
 		}
 	}
+}
+
+// maxItems bounds the items of a chosen output that are matched (the
+// matching is quadratic); more are counted as kept but not matched.
+const maxItems = 4096
+
+// observeChosen counts a chosen output's items: those fp32 kept, and
+// those of them this pass kept too, each matched at most once.
+func (d *OutputDiff) observeChosen(shape, refShape []int64, y, ref []float32) {
+	for _, v := range y {
+		d.Count++
+		if !finite32(v) {
+			d.NonFinite++
+		}
+	}
+	for _, v := range ref {
+		if !finite32(v) {
+			d.RefNonFinite++
+		}
+	}
+	d.Samples++
+	rows := func(sh []int64, x []float32) (int, int) {
+		if len(sh) == 0 || sh[0] <= 0 {
+			return len(x), 1
+		}
+		return int(sh[0]), len(x) / int(sh[0])
+	}
+	nr, per := rows(refShape, ref)
+	ny, perY := rows(shape, y)
+	d.Kept += int64(nr)
+	if per == 0 || per != perY || nr > maxItems || ny > maxItems {
+		return
+	}
+	boxes := len(refShape) == 2 && per == 4
+	used := make([]bool, ny)
+	for i := range nr {
+		r := ref[i*per : (i+1)*per]
+		for j := range ny {
+			if used[j] {
+				continue
+			}
+			c := y[j*per : (j+1)*per]
+			if (boxes && iou(r, c) >= 0.5) || (!boxes && relL2Of(c, r) <= 0.05) {
+				used[j] = true
+				d.Common++
+				break
+			}
+		}
+	}
+}
+
+// iou is the intersection over union of two boxes (x1, y1, x2, y2).
+func iou(a, b []float32) float64 {
+	w := min(a[2], b[2]) - max(a[0], b[0])
+	h := min(a[3], b[3]) - max(a[1], b[1])
+	if w <= 0 || h <= 0 {
+		return 0
+	}
+	inter := float64(w) * float64(h)
+	area := func(x []float32) float64 { return float64(x[2]-x[0]) * float64(x[3]-x[1]) }
+	return inter / (area(a) + area(b) - inter)
+}
+
+// relL2Of is ‖y − r‖/‖r‖ of one item (0 when both are zero).
+func relL2Of(y, r []float32) float64 {
+	var sd, sr float64
+	for i, v := range y {
+		e := float64(v) - float64(r[i])
+		sd += e * e
+		sr += float64(r[i]) * float64(r[i])
+	}
+	e := relL2(sd, sr, true)
+	if math.IsNaN(e) {
+		return math.Inf(1)
+	}
+	return e
+}
+
+// CommonItems is the fraction of the items fp32 kept that this pass kept
+// too; ok is false for an output that is not chosen or kept nothing.
+func (d *OutputDiff) CommonItems() (frac float64, ok bool) {
+	if d.Role != RoleChosen || d.Kept == 0 {
+		return 0, false
+	}
+	return float64(d.Common) / float64(d.Kept), true
 }
 
 // sample folds the elements of one sample and returns its relative L2

@@ -60,13 +60,13 @@ const (
 	ReasonHalfModel
 )
 
-// Explicit reports whether the value is in reduced precision because of the
-// model's own half casts: removing them would hold it in fp32. A value the
-// half policy holds in fp16 anyway, and the output of an op autocast runs
-// in fp16 itself, are not explicit.
+// Explicit reports whether one of the reasons the value is in reduced
+// precision is the model's own half cast, upstream or at the value itself,
+// whatever else holds it there (autocast's fp16 op before the cast, the
+// half policy): whether that cast is to blame is for the run without mixed
+// precision to say (the as-written pass).
 func (a *Assignment) Explicit(name string) bool {
-	w := a.Why[name]
-	return w&ReasonCast != 0 && w&ReasonHalfPolicy == 0
+	return a.Why[name]&ReasonCast != 0
 }
 
 // Names returns the reasons as the report writes them.
@@ -153,7 +153,9 @@ func Assign(p *Policy, g *onnx.GraphProto, order []int, elemType func(name strin
 // torch.autocast(device_type="cuda", enabled=False) and feeds them
 // x.float(). Nodes after them follow the usual rules, so a follow-inputs op
 // fed by a kept node becomes fp32 too. A kept Cast to half stands for
-// removing that cast from the model. The fix search uses it to verify which
+// removing that cast from the model: its output keeps its input's
+// precision (a cast right after an op autocast runs in fp16 removed still
+// leaves the value in fp16). The fix search uses it to verify which
 // modules must stay in fp32.
 func AssignKeepFP32(p *Policy, g *onnx.GraphProto, order []int, elemType func(name string) int32, keep map[int]bool) *Assignment {
 	s := newAssigner(p, g, elemType)
@@ -456,6 +458,32 @@ func (s *assigner) node(i int) {
 	if !s.keep[i] {
 		return
 	}
+	if n := s.g.Node[i]; n.OpType == "Cast" && len(n.Input) > 0 && onnx.IsHalfType(int32(onnx.FindAttr(n, "to").GetI())) {
+		// A removed cast to half passes its input on as it is: a value
+		// autocast (or the policy) holds in 16 bits stays there.
+		pr := s.prec(n.Input[0])
+		if pr == NotFloat {
+			pr = FP32
+		}
+		s.a.Node[i] = pr
+		for _, name := range n.Output {
+			if name == "" {
+				continue
+			}
+			s.a.Value[name] = pr
+			delete(s.a.Why, name)
+			delete(s.a.Casts, name)
+			if pr == FP16 || pr == BF16 {
+				if w, casts := s.why(n.Input[0]); w != 0 {
+					s.a.Why[name] = w
+					if len(casts) > 0 {
+						s.a.Casts[name] = casts
+					}
+				}
+			}
+		}
+		return
+	}
 	if pr := s.a.Node[i]; pr == FP16 || pr == BF16 {
 		s.a.Node[i] = FP32
 	}
@@ -511,10 +539,16 @@ func (s *assigner) assignNode(i int) {
 			}
 			s.finish(i, pr, pr, nil)
 			// A cast to the precision its input already has changes
-			// nothing: the value keeps its input's provenance.
+			// nothing under the policy, but it is still the model's own
+			// cast: without mixed precision the value would be half
+			// because of it. The value keeps its input's reasons and
+			// gains this one.
 			switch {
 			case len(n.Input) > 0 && s.prec(n.Input[0]) == pr:
 				w, casts := s.why(n.Input[0])
+				if !stored && onnx.IsHalfType(to) {
+					w, casts = w|ReasonCast, mergeSorted(casts, []int{i})
+				}
 				s.provenance(i, w, casts)
 			case stored:
 				s.provenance(i, ReasonHalfPolicy, nil)

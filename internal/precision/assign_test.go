@@ -425,7 +425,8 @@ func TestAssignCoversGraph(t *testing.T) {
 
 // TestAssignKeepFP32: a kept node computes and outputs fp32, the ops that
 // follow its output promote to fp32 by the usual rules, the next
-// lower-precision op casts again, and a kept half Cast is removed.
+// lower-precision op casts again, and a kept half Cast is removed (its
+// output keeps its input's precision).
 func TestAssignKeepFP32(t *testing.T) {
 	g := &onnx.GraphProto{
 		Node: []*onnx.NodeProto{
@@ -433,6 +434,7 @@ func TestAssignKeepFP32(t *testing.T) {
 			onnx.Node("Relu", "r", []string{"a"}, []string{"b"}),
 			onnx.Node("Conv", "c2", []string{"b", "w2"}, []string{"c"}),
 			onnx.Node("Cast", "h", []string{"c"}, []string{"d"}, onnx.AttrInt("to", int64(onnx.TensorProto_FLOAT16))),
+			onnx.Node("Cast", "h2", []string{"b"}, []string{"e"}, onnx.AttrInt("to", int64(onnx.TensorProto_FLOAT16))),
 		},
 		Initializer: []*onnx.TensorProto{
 			onnx.FloatTensor("w1", []int64{1, 1, 1, 1}, []float32{1}),
@@ -445,7 +447,7 @@ func TestAssignKeepFP32(t *testing.T) {
 	if base.Node[0] != FP16 || base.Value["b"] != FP16 || base.Value["d"] != FP16 {
 		t.Fatalf("without keep: c1 %v b %v d %v", base.Node[0], base.Value["b"], base.Value["d"])
 	}
-	a := AssignKeepFP32(p, g, nil, nil, map[int]bool{0: true, 3: true})
+	a := AssignKeepFP32(p, g, nil, nil, map[int]bool{0: true, 3: true, 4: true})
 	if a.Node[0] != FP32 || a.Value["a"] != FP32 || a.CastInputs[0][0] || a.CastInputs[0][1] {
 		t.Errorf("kept c1: node %v out %v casts %v", a.Node[0], a.Value["a"], a.CastInputs[0])
 	}
@@ -455,7 +457,12 @@ func TestAssignKeepFP32(t *testing.T) {
 	if a.Node[2] != FP16 || !a.CastInputs[2][0] {
 		t.Errorf("c2: node %v cast input %v, want fp16 casting its fp32 input", a.Node[2], a.CastInputs[2][0])
 	}
-	if a.Value["d"] != FP32 {
-		t.Errorf("kept half cast: %v, want fp32 (cast removed)", a.Value["d"])
+	// A removed cast passes its input on: c2 is fp16 under autocast with
+	// or without the cast after it, the fp32 relu output stays fp32.
+	if a.Value["d"] != FP16 || a.Why["d"] != ReasonAutocast {
+		t.Errorf("removed half cast after an fp16 conv: %v %v, want fp16 (autocast)", a.Value["d"], a.Why["d"].Names())
+	}
+	if a.Value["e"] != FP32 {
+		t.Errorf("removed half cast after an fp32 value: %v, want fp32", a.Value["e"])
 	}
 }

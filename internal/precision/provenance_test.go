@@ -7,9 +7,10 @@ import (
 	"fp16audit/internal/onnx"
 )
 
-// TestProvenance: why each value is held in reduced precision, under the
-// policies that put it there, and whether the model's own casts are the
-// reason (removing them would leave the value in fp32).
+// TestProvenance: every reason each value is held in reduced precision,
+// under the policies that put it there, and whether the model's own casts
+// are among them (even where autocast or the half policy would hold the
+// value in 16 bits anyway).
 func TestProvenance(t *testing.T) {
 	// x → LayerNorm (fp32 list) → Cast to fp16 → Mul(f, f) → MatMul → Add
 	// bias; a second branch casts a MatMul output (already fp16) to fp16
@@ -35,23 +36,28 @@ func TestProvenance(t *testing.T) {
 		values map[string]want
 	}{
 		{"autocast-fp16", map[string]want{
-			"l":   {0, nil, false},
-			"f":   {ReasonCast, []int{1}, true},
-			"g":   {ReasonCast, []int{1}, true},
-			"h":   {ReasonAutocast, nil, false},
-			"y":   {ReasonAutocast, nil, false},
-			"k":   {ReasonAutocast, nil, false},
-			"k16": {ReasonAutocast, nil, false}, // a no-op cast: k was fp16 already
-			"z":   {ReasonAutocast | ReasonCast, []int{1}, true},
+			"l": {0, nil, false},
+			"f": {ReasonCast, []int{1}, true},
+			"g": {ReasonCast, []int{1}, true},
+			"h": {ReasonAutocast, nil, false},
+			"y": {ReasonAutocast, nil, false},
+			"k": {ReasonAutocast, nil, false},
+			// A no-op cast under autocast (k was fp16 already), but
+			// without mixed precision k16 would be fp16 because of it.
+			"k16": {ReasonAutocast | ReasonCast, []int{6}, true},
+			"z":   {ReasonAutocast | ReasonCast, []int{1, 6}, true},
 			"r":   {ReasonAutocast, nil, false},
 		}},
 		{"half", map[string]want{
 			"x": {ReasonHalfPolicy, nil, false},
 			"l": {ReasonHalfPolicy, nil, false},
-			"f": {ReasonHalfPolicy, nil, false},
-			"g": {ReasonHalfPolicy, nil, false},
+			// The policy holds everything in fp16, and the model's own
+			// casts are reasons too: the as-written pass says whether
+			// they are to blame.
+			"f": {ReasonHalfPolicy | ReasonCast, []int{1}, true},
+			"g": {ReasonHalfPolicy | ReasonCast, []int{1}, true},
 			"h": {ReasonHalfPolicy, nil, false},
-			"z": {ReasonHalfPolicy, nil, false},
+			"z": {ReasonHalfPolicy | ReasonCast, []int{1, 6}, true},
 		}},
 		{"fp32", map[string]want{
 			"f": {ReasonCast, []int{1}, true},
@@ -161,7 +167,7 @@ func TestPromotionCast(t *testing.T) {
 	}{
 		{"autocast-fp16", FP16, FP16, true},
 		{"fp32", FP16, FP32, false},
-		{"half", FP16, FP16, false},
+		{"half", FP16, FP16, true},
 	} {
 		p, _ := PolicyByName(tc.policy)
 		a := Assign(p, g, nil, elemType)

@@ -295,13 +295,15 @@ func verdictMood(r *report.Report) string {
 type agreement struct {
 	Pass, Output, Outcome, Worst, Where, Overall, MaxRel, Top1, NonFinite string
 	Bad                                                                   bool
+	// Chosen marks an output a selection chose: Worst says what it kept.
+	Chosen bool
 }
 
 // agreements describes r's output agreement row by row.
 func agreements(r *report.Report) []agreement {
 	out := make([]agreement, 0, len(r.OutputAgreement))
 	for _, a := range r.OutputAgreement {
-		g := agreement{Pass: a.Pass, Output: a.Output, Outcome: a.Outcome, Bad: a.Outcome != report.OutputAgrees,
+		g := agreement{Pass: a.Pass, Output: a.Output, Outcome: a.Outcome, Bad: a.Outcome != report.OutputAgrees && a.Outcome != report.OutputChosen,
 			Worst: percentOpt(a.WorstRelErr) + " (tolerance " + percent(a.Tolerance) + ")", Overall: percentOpt(a.RelErr),
 			MaxRel: percent(a.MaxRelErr), NonFinite: fmt.Sprint(a.NonFinite)}
 		if a.WorstRelErr != nil {
@@ -312,6 +314,15 @@ func agreements(r *report.Report) []agreement {
 		}
 		if a.Top1Agreement != nil {
 			g.Top1 = fmt.Sprintf("%d/%d", int64(*a.Top1Agreement*float64(a.Rows)+0.5), a.Rows)
+		}
+		switch a.Role {
+		case report.RoleRanked:
+			g.Output += " (ranked by a selection)"
+		case report.RoleChosen:
+			// Element-wise errors of what a selection picked mean nothing:
+			// say how many of fp32's picks this pass kept.
+			g.Worst = fmt.Sprintf("%d of fp32's %d kept items kept too (information: chosen by a selection, judged where it ranks)", a.CommonItems, a.KeptItems)
+			g.Where, g.Overall, g.MaxRel, g.Chosen = "", "n/a", "n/a", true
 		}
 		out = append(out, g)
 	}

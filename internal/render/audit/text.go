@@ -130,6 +130,9 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 				txt += " in " + a.Where
 			}
 			txt += fmt.Sprintf("; all %s; max %s", a.Overall, a.MaxRel)
+			if a.Chosen {
+				txt = a.Worst
+			}
 			if a.Top1 != "" {
 				txt += "; top-1 " + a.Top1
 			}

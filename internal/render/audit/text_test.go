@@ -1,7 +1,10 @@
 package audit
 
 import (
+	"strings"
 	"testing"
+
+	"fp16audit/report"
 )
 
 func TestShorten(t *testing.T) {
@@ -25,5 +28,30 @@ func TestWrap(t *testing.T) {
 	want := "one two\n    three four\n    five six"
 	if got != want {
 		t.Errorf("wrap = %q, want %q", got, want)
+	}
+}
+
+// TestAgreementRoles: an output a selection chose says how many of fp32's
+// picks the pass kept and is not marked bad, however few; a ranked value
+// is named as one and judged as usual.
+func TestAgreementRoles(t *testing.T) {
+	worst := 0.012
+	r := &report.Report{OutputAgreement: []report.OutputAgreement{
+		{Pass: "fp16", Output: "boxes", Outcome: report.OutputChosen, Role: report.RoleChosen, KeptItems: 300, CommonItems: 12},
+		{Pass: "fp16", Output: "/Gather_6_output_0", Outcome: report.OutputAgrees, Role: report.RoleRanked, WorstRelErr: &worst, RelErr: &worst, Tolerance: 0.05},
+	}}
+	rows := agreements(r)
+	if rows[0].Bad || !rows[0].Chosen || !strings.Contains(rows[0].Worst, "12 of fp32's 300 kept items") {
+		t.Errorf("chosen row %+v", rows[0])
+	}
+	if rows[1].Bad || !strings.Contains(rows[1].Output, "ranked by a selection") {
+		t.Errorf("ranked row %+v", rows[1])
+	}
+	var b strings.Builder
+	if err := Text(&b, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "fp16 boxes chosen: 12 of fp32's 300 kept items kept too") {
+		t.Errorf("text report:\n%s", b.String())
 	}
 }
