@@ -155,6 +155,7 @@ type runOptions struct {
 	onlyFlagged bool
 	noColor     bool
 	noFixes     bool
+	progress    string
 	passes      []string
 	thresholds  diagnose.Thresholds
 	train       trainFlags
@@ -177,6 +178,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.onlyFlagged, "only-flagged", false, "text: list only nodes with NaN/Inf in some pass")
 	fs.BoolVar(&o.noColor, "no-color", false, "text: no colours even on a terminal (as does a set NO_COLOR)")
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
+	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar when stderr is a terminal), bar, json (a JSON line per finished batch of a pass, for programs such as the Python package), none")
 	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails, as-written when the policy's pass fails and the model casts to half itself), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
 	o.thresholds = diagnose.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
@@ -242,9 +244,18 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	var bar *progressBar
-	if isTerminal(stderr) {
-		bar = newProgressBar(stderr, terminalWidth(stderr))
-		cfg.Progress = bar.update
+	switch o.progress {
+	case "auto", "bar":
+		if o.progress == "bar" || isTerminal(stderr) {
+			bar = newProgressBar(stderr, terminalWidth(stderr))
+			cfg.Progress = bar.update
+		}
+	case "json":
+		cfg.Progress = jsonProgress(stderr)
+	case "none":
+	default:
+		fmt.Fprintf(stderr, "fp16audit run: --progress %q: want auto, bar, json or none\n", o.progress)
+		return exitUsage
 	}
 	ctx, stop := interruptible(stderr)
 	defer stop()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -92,4 +93,29 @@ func terminalWidth(w io.Writer) int {
 		return ttyWidth(f)
 	}
 	return 0
+}
+
+// jsonProgress writes one JSON line per finished batch of a pass:
+// {"progress": {"pass": "fp16", "pass_index": 2, "batch": 1, "batches": 4,
+// "elapsed_seconds": 0.8}}, for a program that shows its own progress.
+func jsonProgress(w io.Writer) func(pass string, b, n int) {
+	type line struct {
+		Pass      string  `json:"pass"`
+		PassIndex int     `json:"pass_index"`
+		Batch     int     `json:"batch"`
+		Batches   int     `json:"batches"`
+		Elapsed   float64 `json:"elapsed_seconds"`
+	}
+	var mu sync.Mutex
+	start := time.Now()
+	seen := map[string]int{}
+	return func(pass string, b, n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := seen[pass]; !ok {
+			seen[pass] = len(seen) + 1
+		}
+		data, _ := json.Marshal(map[string]line{"progress": {pass, seen[pass], b, n, time.Since(start).Seconds()}})
+		fmt.Fprintf(w, "%s\n", data)
+	}
 }

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,4 +46,33 @@ func TestProgressBar(t *testing.T) {
 	}
 	var nilBar *progressBar
 	nilBar.done()
+}
+
+// TestProgressJSON: --progress json writes one JSON line per finished
+// batch of a pass on stderr, a pipe included, and the report stays on
+// stdout; an unknown mode is a usage error.
+func TestProgressJSON(t *testing.T) {
+	code, stdout, stderr := run(t, "run", models+"demo_cnn.onnx", "-i", batches+"demo_cnn_raw.npy", "--progress", "json", "--format", "json")
+	if code != exitFindings {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var passes []string
+	for _, l := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		var p struct {
+			Progress struct {
+				Pass           string
+				Batch, Batches int
+			}
+		}
+		if err := json.Unmarshal([]byte(l), &p); err != nil || p.Progress.Pass == "" || p.Progress.Batches != 1 {
+			t.Fatalf("stderr line %q: %v", l, err)
+		}
+		passes = append(passes, p.Progress.Pass)
+	}
+	if !slices.Contains(passes, "fp32") || !slices.Contains(passes, "fp16") || !strings.HasPrefix(stdout, "{") {
+		t.Errorf("passes %v, stdout %.40q", passes, stdout)
+	}
+	if code, _, stderr := run(t, "run", models+"demo_cnn.onnx", "-i", batches+"demo_cnn_raw.npy", "--progress", "dots"); code != exitUsage || !strings.Contains(stderr, "--progress") {
+		t.Errorf("--progress dots: exit %d, %s", code, stderr)
+	}
 }

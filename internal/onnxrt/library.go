@@ -103,7 +103,9 @@ func FindLibrary(explicit string) (string, error) {
 // names no file), the .ort/ folder that `make ort` fills (beside the
 // executable or a folder above it, then the working directory or a folder
 // above it), the Python installs of ONNX Runtime (the onnxruntime package
-// of the active virtualenv ($VIRTUAL_ENV), of the active conda environment
+// of the active virtualenv ($VIRTUAL_ENV), of the environment the executable
+// is installed in (<env>/bin/fp16audit, as the wheel installs it), of the
+// active conda environment
 // ($CONDA_PREFIX), of the user's site-packages, of the system's), and the
 // usual system folders. An explicit path that does not exist is an error
 // of its own; otherwise a failed search returns a *LibraryNotFoundError.
@@ -179,6 +181,7 @@ func (s *search) find(explicit string) (Library, error) {
 	}
 	pythons := []struct{ sites, from string }{
 		{prefixSites(s.virtualEnv), "the virtualenv " + s.virtualEnv + " ($VIRTUAL_ENV)"},
+		{prefixSites(exeEnv(s.exeDir)), "the Python environment " + exeEnv(s.exeDir) + " the executable is installed in"},
 		{prefixSites(s.condaPrefix), "the conda environment " + s.condaPrefix + " ($CONDA_PREFIX)"},
 		{prefixSites(s.userBase), "the user's site-packages in " + s.userBase},
 	}
@@ -201,6 +204,20 @@ func (s *search) find(explicit string) (Library, error) {
 		}
 	}
 	return Library{}, &LibraryNotFoundError{Tried: s.tried}
+}
+
+// exeEnv is the Python environment an executable in dir was installed
+// into by pip (the wheel puts fp16audit in <env>/bin), "" when dir is no
+// such bin folder: the environment need not be activated.
+func exeEnv(dir string) string {
+	if filepath.Base(dir) != "bin" {
+		return ""
+	}
+	env := filepath.Dir(dir)
+	if matches, _ := filepath.Glob(prefixSites(env)); len(matches) == 0 {
+		return ""
+	}
+	return env
 }
 
 // prefixSites is the pattern of the site-packages folders of the Python

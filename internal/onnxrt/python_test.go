@@ -45,6 +45,9 @@ func TestFindLibraryInPython(t *testing.T) {
 		{"the user's site-packages", func(s *search) { s.virtualEnv, s.condaPrefix = "", "" }, userLib, "the user's site-packages"},
 		{"the system's site-packages", func(s *search) { s.virtualEnv, s.condaPrefix, s.userBase = "", "", "" }, systemLib, "the system's site-packages"},
 		{"a virtualenv without onnxruntime", func(s *search) { s.virtualEnv = filepath.Join(root, "empty") }, condaLib, "conda"},
+		// the wheel's binary in <venv>/bin, the virtualenv not activated
+		{"the executable's environment", func(s *search) { s.virtualEnv, s.exeDir = "", filepath.Join(venv, "bin") }, venvLib, "the Python environment " + venv + " the executable"},
+		{"an executable in no environment", func(s *search) { s.virtualEnv, s.exeDir = "", filepath.Join(root, "usr", "bin") }, condaLib, "conda"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
