@@ -19,9 +19,15 @@ BIN     := bin/fp16audit
 # They include the offline install into a fresh virtualenv
 # (python3-venv, python3-setuptools, python3-wheel).
 PYTHON_TORCH ?= /usr/bin/python3
+# The Python package's tests run in a virtualenv of PYTHON_TORCH (it sees
+# Debian's torch 1.13 and torchvision) with real fastai 2.7 and onnxruntime
+# from the package index, every package pinned in
+# python/requirements-test.txt; `make pyvenv` makes it once.
+PYVENV := .venv-py
+PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test demo bench llama-bench proto fixtures fuzz conformance vet staticcheck clean
+.PHONY: all ort build test demo bench llama-bench proto fixtures fuzz conformance vet staticcheck clean wheel pyvenv
 
 all: build
 
@@ -48,20 +54,39 @@ $(ORT_LIB):
 build:
 	$(GO) build -o $(BIN) ./cmd/fp16audit
 
-test: ort $(STATICCHECK)
+test: ort $(STATICCHECK) build
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	@test -z "$$($(GO) mod tidy -diff)" || { echo "go.mod/go.sum not tidy: run go mod tidy"; $(GO) mod tidy -diff; exit 1; }
 	$(STATICCHECK) ./...
 	$(GO) test -count=1 ./...
-	@if $(PYTHON_TORCH) -c 'import torch' 2>/dev/null; then \
-	  echo "$(PYTHON_TORCH) -m unittest discover -s python/tests"; \
-	  $(PYTHON_TORCH) -m unittest discover -s python/tests; \
+	@if $(PYTHON_TORCH) -c 'import torch, torchvision' 2>/dev/null; then \
+	  $(MAKE) --no-print-directory pyvenv && \
+	  echo "$(PYVENV)/bin/python -m unittest discover -s python/tests" && \
+	  $(PYVENV)/bin/python -m unittest discover -s python/tests; \
 	elif [ -n "$$CI" ]; then \
-	  echo "make test: $(PYTHON_TORCH) has no torch, and CI must run the Python companion's tests (apt-get install python3-torch)"; exit 1; \
+	  echo "make test: $(PYTHON_TORCH) has no torch and torchvision, and CI must run the Python package's tests (apt-get install python3-torch python3-torchvision)"; exit 1; \
 	else \
-	  echo "make test: skipped the Python companion's tests: $(PYTHON_TORCH) has no torch (apt-get install python3-torch)"; \
+	  echo "make test: skipped the Python package's tests: $(PYTHON_TORCH) has no torch and torchvision (apt-get install python3-torch python3-torchvision)"; \
 	fi
+
+# pyvenv: the Python tests' virtualenv (see PYVENV above); remade when the
+# pins change.
+pyvenv: $(PYVENV_OK)
+
+$(PYVENV_OK): python/requirements-test.txt
+	rm -rf $(PYVENV)
+	$(PYTHON_TORCH) -m venv --system-site-packages $(PYVENV)
+	$(PYVENV)/bin/pip install -q --no-deps -r python/requirements-test.txt
+	touch $@
+
+# wheel: the platform wheel, the Python package with the binary in its
+# scripts (python/build_wheel.py), into dist/: pip install it with
+# onnxruntime and `fp16audit` and fp16audit.audit work (python/README.md).
+wheel:
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags="-s -w" -o dist/fp16audit ./cmd/fp16audit
+	$(PYTHON_TORCH) python/build_wheel.py --binary dist/fp16audit --out dist
+	@rm -f dist/fp16audit
 
 # staticcheck is installed from the Go module proxy into .tools/ (ignored).
 $(STATICCHECK):
@@ -132,4 +157,4 @@ vet:
 	$(GO) vet ./...
 
 clean:
-	rm -rf bin
+	rm -rf bin dist $(PYVENV)

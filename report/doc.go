@@ -40,4 +40,4 @@ func (*ScalesReport) Kind() Kind { return KindScales }
 
 // Version is the version of fp16audit, stamped in every document it writes
 // and printed by `fp16audit version`.
-const Version = "0.3.0"
+const Version = "0.4.0"

@@ -1,5 +1,7 @@
-"""fp16audit's Python companion: record the training log `fp16audit scales` diagnoses.
+"""fp16audit from Python: audit a model from the notebook, and record the training log `fp16audit scales` diagnoses.
 
+- audit(model, batch): export the model, run the fp16audit binary, return its Report.
+- fastai: `import fp16audit.fastai` adds learn.fp16audit() and the FP16Preflight callback.
 - AmpRecorder: a plain PyTorch AMP loop (torch.cuda.amp.GradScaler).
 - fastai_callback.Fp16AuditCallback: fastai's learn.to_fp16().
 - GradTelemetry: per-module gradient telemetry from backward hooks.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, List
 
+from .audit import AuditError, AuditFailure, BatchError, ExportError, Report, audit
 from .logfile import FORMAT_NAME, FORMAT_VERSION, FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, LogWriter, read_log
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -23,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from .scaler import EmulatedGradScaler
     from .telemetry import GradTelemetry, default_modules, grad_stats
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # The names that need torch, and the module that holds each.
 _LAZY = {
@@ -32,6 +35,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "audit", "Report", "AuditError", "AuditFailure", "BatchError", "ExportError",
     "AmpRecorder", "EmulatedGradScaler", "GradTelemetry", "LogWriter", "read_log", "scaler_config",
     "default_modules", "grad_stats", "FORMAT_NAME", "FORMAT_VERSION", "FP16_MAX", "FP16_MIN_NORMAL",
     "FP16_MIN_SUBNORMAL",

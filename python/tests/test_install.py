@@ -25,6 +25,11 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
 
+with open(os.path.join(SOURCE, "pyproject.toml"), "rb") as _f:
+    import tomllib
+
+    VERSION = tomllib.load(_f)["project"]["version"]
+
 # What a machine without torch answers to `import torch`.
 NO_TORCH = 'raise ImportError("No module named \'torch\' (fp16audit test: torch is blocked)")\n'
 
@@ -79,12 +84,12 @@ class OfflineInstallTest(unittest.TestCase):
         return dict(self.env, PYTHONPATH=self.no_torch)
 
     def test_install_built_and_installed_the_package(self):
-        self.assertIn("Successfully installed fp16audit-0.3.0", self.install.stdout)
+        self.assertIn("Successfully installed fp16audit-%s" % VERSION, self.install.stdout)
         r = self.run_ok([self.python, "-c", "import fp16audit, importlib.resources as r; print(fp16audit.__file__); "
                          "print(fp16audit.__version__); print(r.files('fp16audit').joinpath('py.typed').is_file())"])
         path, version, typed = r.stdout.split()
         self.assertTrue(path.startswith(os.path.join(self.tmp, "venv")), path)
-        self.assertEqual((version, typed), ("0.3.0", "True"))
+        self.assertEqual((version, typed), (VERSION, "True"))
 
     def test_logfile_does_not_import_torch(self):
         # torch is there (the system's, through --system-site-packages):

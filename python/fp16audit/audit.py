@@ -1,0 +1,532 @@
+"""Audit a PyTorch model from Python: export, run the fp16audit binary, read its report.
+
+    import fp16audit
+    r = fp16audit.audit(model, batch)      # a tensor, a tuple, a dict, or a DataLoader
+    r                                      # in Jupyter: the HTML report
+    print(r)                               # the text report
+    r.raise_for_failure()                  # in a script or CI
+
+The model is exported to ONNX in fp32 and eval mode (the dynamo exporter
+where torch has it, TorchScript where that fails or is asked for), the
+batches are written as .npz into a private temporary folder, and the
+binary audits them (`fp16audit run … --format json`); the folder is
+removed afterwards, whatever happens. The Python side never decides a
+verdict: everything in the Report comes from the binary's JSON. The
+user's model is left as it was (mode, parameters and buffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _binary
+
+__all__ = ["audit", "Report", "AuditError", "AuditFailure", "ExportError", "BatchError", "LOSSES", "POLICIES"]
+
+# What the binary's --policy and --loss accept.
+POLICIES = ("autocast-fp16", "autocast-bf16", "half", "fp32")
+LOSSES = ("cross-entropy", "bce", "mse", "l1", "output")
+
+# torch.nn losses by class name, as fp16audit's --loss names them.
+_NN_LOSSES = {
+    "CrossEntropyLoss": "cross-entropy", "NLLLoss": None, "BCEWithLogitsLoss": "bce",
+    "MSELoss": "mse", "L1Loss": "l1",
+}
+
+
+class AuditError(RuntimeError):
+    """The audit could not run: the binary refused the model or its batches, or failed."""
+
+
+class ExportError(AuditError):
+    """No exporter could write the model as ONNX."""
+
+
+class BatchError(AuditError, TypeError):
+    """A batch is of a type or shape the audit cannot use."""
+
+
+class AuditFailure(AssertionError):
+    """Report.raise_for_failure(): the audit found an error-level problem."""
+
+    def __init__(self, report: "Report"):
+        super().__init__("fp16audit: %s — %s" % (report.verdict, report.verdict_text))
+        self.report = report
+
+
+# -- the report ---------------------------------------------------------------
+
+class Report:
+    """What the binary found, from its JSON document (`Report.json`).
+
+    `verdict` and `verdict_text` say what will happen under the policy;
+    `origins` where NaN/Inf start (ONNX node and PyTorch module path),
+    `fixes` the fixes verified by a rerun, `findings` every check's
+    finding, `output_agreement` each output against fp32, `training` the
+    backward audit when a loss was given. `ok` is False when some finding
+    reached the failing level (the binary's exit status 1).
+    """
+
+    def __init__(self, document: Dict[str, Any], exit_code: int, exporter: str, exporter_note: str = "",
+                 notes: Sequence[str] = ()):
+        self.json = document
+        self.exit_code = exit_code
+        self.exporter = exporter
+        self.exporter_note = exporter_note
+        self.notes = list(notes)
+        self._text: Optional[str] = None
+        self._html: Optional[str] = None
+
+    verdict = property(lambda self: self.json.get("verdict"))
+    verdict_text = property(lambda self: self.json.get("verdict_text"))
+    origins = property(lambda self: self.json.get("origins") or [])
+    fixes = property(lambda self: self.json.get("fixes") or [])
+    findings = property(lambda self: self.json.get("findings") or [])
+    output_agreement = property(lambda self: self.json.get("output_agreement") or [])
+    training = property(lambda self: self.json.get("training"))
+    policy = property(lambda self: self.json.get("policy"))
+
+    @property
+    def ok(self) -> bool:
+        """No finding at the failing level (--fail-on, error by default)."""
+        return self.exit_code == 0
+
+    @property
+    def modules(self) -> List[str]:
+        """The PyTorch module paths of the origins, in order (getattr-able on the model)."""
+        return [o.get("module") for o in self.origins if o.get("module")]
+
+    @property
+    def working_fixes(self) -> List[Dict[str, Any]]:
+        return [f for f in self.fixes if f.get("works")]
+
+    def raise_for_failure(self) -> "Report":
+        """Raise AuditFailure when the audit failed; return self otherwise."""
+        if not self.ok:
+            raise AuditFailure(self)
+        return self
+
+    def render(self, fmt: str = "text") -> str:
+        """The report as the binary renders it: text, markdown, html or json."""
+        if fmt == "json":
+            return json.dumps(self.json, indent=1)
+        with tempfile.TemporaryDirectory(prefix="fp16audit-") as tmp:
+            path = os.path.join(tmp, "report.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(self.json, f)
+            p = subprocess.run([_binary.find_binary(), "render", path, "--format", fmt, "--no-color"],
+                               capture_output=True, text=True)
+        if p.returncode != 0:
+            raise AuditError("fp16audit render --format %s: %s" % (fmt, p.stderr.strip()))
+        return p.stdout
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = self.render("text")
+        return self._text
+
+    def _repr_html_(self) -> str:
+        if self._html is None:
+            self._html = self.render("html")
+        return self._html
+
+    def __repr__(self) -> str:
+        return "<fp16audit.Report %s (%s, %s%s)>" % (self.verdict, self.policy, "ok" if self.ok else "fails",
+                                                     ", " + ", ".join(self.modules[:3]) if self.modules else "")
+
+
+# -- batches ------------------------------------------------------------------
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _plain(x):
+    """A plain CPU tensor of x (fastai's TensorBase subclasses, a device
+    tensor, a numpy array)."""
+    torch = _torch()
+    if isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor:
+            x = x.as_subclass(torch.Tensor)
+        return x.detach()
+    try:
+        import numpy as np
+
+        if isinstance(x, np.ndarray):
+            return torch.from_numpy(x)
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        pass
+    raise BatchError("fp16audit.audit: a batch element is a %s; want a torch.Tensor (or a tuple, list or dict of them)" % type(x).__name__)
+
+
+def _split(item, n_inp: Optional[int]) -> Tuple[List[Any], Optional[Any], Optional[List[str]]]:
+    """Inputs, target and input names of one batch: a tensor is the only
+    input; a dict maps input names to tensors; a tuple or list holds the
+    inputs, then (when n_inp says so, or a DataLoader yields (x, y) pairs)
+    the target."""
+    torch = _torch()
+    if isinstance(item, Mapping):
+        return [_plain(v) for v in item.values()], None, [str(k) for k in item.keys()]
+    if isinstance(item, torch.Tensor):
+        return [_plain(item)], None, None
+    if isinstance(item, (tuple, list)):
+        items = list(item)
+        if n_inp is None:
+            n_inp = len(items)
+        if not 0 < n_inp <= len(items):
+            raise BatchError("fp16audit.audit: n_inp=%d, but a batch holds %d elements" % (n_inp, len(items)))
+        target = items[n_inp] if len(items) > n_inp else None
+        return [_plain(x) for x in items[:n_inp]], (_plain(target) if target is not None else None), None
+    return [_plain(item)], None, None
+
+
+def _draw(batch, n_batches: int, n_inp: Optional[int]):
+    """The batches to audit: one batch, or up to n_batches drawn from an
+    iterable (a DataLoader). A DataLoader of (x, y) pairs counts its last
+    element as the target unless n_inp says otherwise."""
+    torch = _torch()
+    if isinstance(batch, (torch.Tensor, Mapping, tuple, list)):
+        return [_split(batch, n_inp)]
+    if isinstance(batch, Iterable):
+        out = []
+        for item in batch:
+            k = n_inp
+            if k is None and isinstance(item, (tuple, list)) and len(item) == 2:
+                k = 1
+            out.append(_split(item, k))
+            if len(out) >= n_batches:
+                break
+        if not out:
+            raise BatchError("fp16audit.audit: the DataLoader yielded no batch")
+        return out
+    raise BatchError("fp16audit.audit: batch is a %s; want a tensor, a tuple or dict of tensors, or a DataLoader" % type(batch).__name__)
+
+
+def _input_names(model, n: int, given: Optional[List[str]]) -> List[str]:
+    if given:
+        return given
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params][:n]
+    except (TypeError, ValueError):
+        names = []
+    if len(names) < n or len(set(names)) < n:
+        names = ["input_%d" % i for i in range(n)] if n > 1 else ["input"]
+    return names
+
+
+def _write_npz(path: str, names: List[str], tensors: List[Any]) -> None:
+    import numpy as np
+
+    arrays = {}
+    for name, t in zip(names, tensors):
+        a = t.cpu()
+        if a.dtype == _torch().bfloat16:
+            a = a.float()
+        arrays[name] = a.numpy()
+    np.savez(path, **arrays)
+
+
+# -- export -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _left_as_it_was(model):
+    """Restore the model's mode and buffers after the export: a training-mode
+    export runs the model once, and BatchNorm updates its running statistics
+    then."""
+    training = model.training
+    buffers = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+               if not isinstance(v, _torch().nn.Parameter)}
+    try:
+        yield
+    finally:
+        with _torch().no_grad():
+            state = model.state_dict(keep_vars=True)
+            for k, v in buffers.items():
+                state[k].copy_(v)
+        model.train(training)
+
+
+def _has_dynamo(torch) -> bool:
+    try:
+        return "dynamo" in inspect.signature(torch.onnx.export).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _export(model, args, names, out_names, path, exporter, train_mode):
+    """Export model to path; returns (exporter used, a note saying why when
+    it is not the first choice)."""
+    torch = _torch()
+    axes = {n: {0: "batch"} for n in list(names) + list(out_names)}
+    errors = []
+    order = {"auto": ["dynamo", "torchscript"], "dynamo": ["dynamo"], "torchscript": ["torchscript"]}.get(exporter)
+    if order is None:
+        raise ValueError("fp16audit.audit: exporter=%r; want 'auto', 'dynamo' or 'torchscript'" % exporter)
+    for which in order:
+        if which == "dynamo" and not _has_dynamo(torch):
+            errors.append("dynamo: torch %s has no dynamo exporter (torch.onnx.export(..., dynamo=True) needs torch >= 2.5)" % torch.__version__)
+            continue
+        kwargs = dict(input_names=list(names), output_names=list(out_names), opset_version=17 if which == "torchscript" else None)
+        if which == "dynamo":
+            kwargs["dynamo"] = True
+            kwargs.pop("opset_version")
+            kwargs["dynamic_axes"] = axes
+        else:
+            kwargs["dynamic_axes"] = axes
+            if _has_dynamo(torch):
+                kwargs["dynamo"] = False
+            if train_mode:
+                kwargs["training"] = torch.onnx.TrainingMode.TRAINING
+                kwargs["do_constant_folding"] = False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, tuple(args), path, **kwargs)
+            return which, "; ".join(errors)
+        except Exception as e:  # the exporters raise many kinds
+            msg = str(e).strip().splitlines()
+            errors.append("%s: %s: %s" % (which, type(e).__name__, msg[0] if msg else ""))
+    raise ExportError("fp16audit.audit: the model could not be exported to ONNX. " + " | ".join(errors) +
+                      ". Try exporter='torchscript' (dynamo=False), a smaller example batch, or, for the dynamo exporter, "
+                      "torch.export's non-strict mode; export by hand and run `fp16audit run model.onnx` on it.")
+
+
+def _output_names(model, args) -> List[str]:
+    torch = _torch()
+    with torch.no_grad():
+        out = model(*args)
+    if isinstance(out, torch.Tensor):
+        return ["output"]
+    if isinstance(out, (tuple, list)):
+        return ["output_%d" % i for i in range(len(out))]
+    if isinstance(out, Mapping):
+        return [str(k) for k in out.keys()]
+    return ["output"]
+
+
+# -- running the binary --------------------------------------------------------
+
+class _Progress:
+    """Progress of the binary's passes, one bar per pass: fastprogress (a
+    notebook's or a terminal's bar, as fastai's loops show) when it is
+    there, tqdm otherwise, else nothing. A bar that fails is dropped: it
+    never stops the audit."""
+
+    def __init__(self, enabled: bool):
+        self.kind, self.bar, self.pass_index = None, None, None
+        if not enabled:
+            return
+        for kind, module in (("fastprogress", "fastprogress.fastprogress"), ("tqdm", "tqdm")):
+            try:
+                __import__(module)
+                self.kind = kind
+                break
+            except ImportError:
+                continue
+
+    def update(self, p: Dict[str, Any]) -> None:
+        if self.kind is None:
+            return
+        try:
+            label = "fp16audit: pass %d (%s)" % (p["pass_index"], p["pass"])
+            if p["pass_index"] != self.pass_index:
+                self.close()
+                self.pass_index = p["pass_index"]
+                if self.kind == "tqdm":
+                    import tqdm
+
+                    self.bar = tqdm.tqdm(total=p["batches"], desc=label, leave=False, unit="batch")
+                else:
+                    from fastprogress.fastprogress import progress_bar
+
+                    self.bar = progress_bar(range(p["batches"]), leave=False)
+                    self.bar.comment = label
+                    self.bar.on_iter_begin()
+            if self.kind == "tqdm":
+                self.bar.n = p["batch"]
+                self.bar.refresh()
+            else:
+                self.bar.update(p["batch"])
+        except Exception:  # a display problem must not stop the audit
+            self.kind, self.bar = None, None
+
+    def close(self) -> None:
+        try:
+            if self.bar is not None:
+                if self.kind == "tqdm":
+                    self.bar.close()
+                else:
+                    self.bar.on_iter_end()
+        except Exception:
+            self.kind = None
+        self.bar = None
+
+
+def _run_binary(args: List[str], progress: bool) -> Tuple[int, str]:
+    """Run the binary; its JSON progress lines drive a progress bar, other
+    stderr lines are kept (and echoed when no bar is shown). Ctrl-C stops
+    the binary and is raised again."""
+    cmd = [_binary.find_binary()] + args
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1)
+    except OSError as e:
+        raise _binary.BinaryNotFound("fp16audit: %s cannot run here (%s): it is built for another platform or is damaged; "
+                                     "install the wheel for this platform or rebuild it with `make build`" % (cmd[0], e)) from e
+    bar = _Progress(progress)
+    kept = []
+    try:
+        for line in proc.stderr:
+            if line.startswith('{"progress"'):
+                try:
+                    bar.update(json.loads(line)["progress"])
+                    continue
+                except (ValueError, KeyError):
+                    pass
+            kept.append(line)
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # the binary stops its session on SIGINT and exits; wait for it so
+        # that nothing is left running, then give the interrupt back
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        bar.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    return code, "".join(kept)
+
+
+# -- the entry point ------------------------------------------------------------
+
+def _loss_name(loss) -> Tuple[Optional[str], Optional[str], str]:
+    """fp16audit's --loss for a name or a loss module: (name, class axis,
+    note); name None when the loss cannot be mapped (the note says so)."""
+    if loss is None or loss is False:
+        return None, None, ""
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError("fp16audit.audit: loss=%r; want one of %s, or a torch.nn loss module" % (loss, ", ".join(LOSSES)))
+        return loss, None, ""
+    name = type(loss).__name__
+    if name in _NN_LOSSES and _NN_LOSSES[name]:
+        return _NN_LOSSES[name], None, ""
+    return None, None, "the loss %s has no fp16audit counterpart (%s): the forward pass is audited, the backward is not" % (name, ", ".join(LOSSES))
+
+
+def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, policy: str = "autocast-fp16",
+          loss: Any = None, target: Any = None, class_axis: Optional[str] = None, init_scale: Optional[float] = None,
+          max_memory: Optional[str] = None, exporter: str = "auto", progress: bool = True, fixes: bool = True,
+          extra_args: Sequence[str] = (), _notes: Sequence[str] = ()) -> Report:
+    """Audit `model` on `batch` for fp16 mixed-precision failures.
+
+    batch: a tensor (the only input), a tuple or list of tensors (the
+    inputs; with n_inp, the element after them is the target), a dict of
+    input name to tensor, or a DataLoader, from which up to n_batches are
+    drawn (a DataLoader of (x, y) pairs: x is the input, y the target).
+    policy: autocast-fp16 (learn.to_fp16(), torch.autocast), autocast-bf16,
+    half (model.half()) or fp32. loss: None (forward only), one of LOSSES,
+    or a torch.nn loss module; with a loss the model is exported in
+    training mode and the backward is audited against the target (the
+    first batch's, or `target`). init_scale: the GradScaler's initial
+    scale. max_memory: the binary's --max-memory ("4G"). exporter: 'auto'
+    (dynamo where torch has it, TorchScript where that fails), 'dynamo' or
+    'torchscript'.
+    """
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("fp16audit.audit: model is a %s; want a torch.nn.Module" % type(model).__name__)
+    if policy not in POLICIES:
+        raise ValueError("fp16audit.audit: policy=%r; want one of %s" % (policy, ", ".join(POLICIES)))
+    drawn = _draw(batch, n_batches, n_inp)
+    inputs0, target0, names0 = drawn[0]
+    for i, (xs, _, _) in enumerate(drawn):
+        if len(xs) != len(inputs0):
+            raise BatchError("fp16audit.audit: batch %d has %d inputs, batch 0 has %d" % (i, len(xs), len(inputs0)))
+        for x in xs:
+            if x.dim() > 0 and x.shape[0] == 0:
+                raise BatchError("fp16audit.audit: batch %d is empty (its first dimension is 0): it would pass any check" % i)
+    names = _input_names(model, len(inputs0), names0)
+    loss_name, axis, loss_note = _loss_name(loss)
+    notes = list(_notes)
+    if loss_note:
+        notes.append(loss_note)
+    if target is not None:
+        target0 = _plain(target)
+    if loss_name and loss_name != "output" and target0 is None:
+        raise BatchError("fp16audit.audit: loss=%r needs a target: pass target=..., or batches that hold one (n_inp)" % loss_name)
+    train_mode = loss_name is not None
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    args = [x.to(device) for x in inputs0]
+
+    tmp = tempfile.mkdtemp(prefix="fp16audit-")
+    try:
+        path = os.path.join(tmp, "model.onnx")
+        with _left_as_it_was(model):
+            model.eval()
+            try:
+                out_names = _output_names(model, args)
+            except Exception as e:
+                raise BatchError("fp16audit.audit: the model does not run on the batch (inputs %s): %s: %s" % (
+                    ", ".join("%s %s %s" % (n, tuple(x.shape), str(x.dtype).replace("torch.", "")) for n, x in zip(names, inputs0)),
+                    type(e).__name__, e)) from e
+            if train_mode:
+                model.train()
+            used, why = _export(model, args, names, out_names, path, exporter, train_mode)
+        bdir = os.path.join(tmp, "batches")
+        os.mkdir(bdir)
+        for i, (xs, _, _) in enumerate(drawn):
+            _write_npz(os.path.join(bdir, "batch%d.npz" % i), names, xs)
+        report_path = os.path.join(tmp, "report.json")
+        cmd = ["run", path, "-i", bdir, "--policy", policy, "--format", "json", "-o", report_path, "--progress", "json"]
+        lib = _binary.onnxruntime_library()
+        if lib:
+            cmd += ["--ort-lib", lib]
+        if train_mode:
+            cmd += ["--mode", "train", "--loss", loss_name]
+            if loss_name != "output":
+                import numpy as np
+
+                tpath = os.path.join(tmp, "target.npy")
+                np.save(tpath, target0.cpu().numpy())
+                cmd += ["--target", tpath]
+            if axis or class_axis:
+                cmd += ["--class-axis", class_axis or axis]
+        if init_scale is not None:
+            cmd += ["--init-scale", "%d" % init_scale]
+        if max_memory:
+            cmd += ["--max-memory", str(max_memory)]
+        if not fixes:
+            cmd.append("--no-fixes")
+        cmd += list(extra_args)
+        code, stderr = _run_binary(cmd, progress)
+        if code not in (0, 1) or not os.path.exists(report_path):
+            raise AuditError("fp16audit run failed (exit %d): %s" % (code, stderr.strip() or "no message"))
+        with open(report_path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if stderr.strip():
+            notes.append(stderr.strip())
+        return Report(doc, code, used, why, notes)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

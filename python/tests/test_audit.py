@@ -1,0 +1,191 @@
+"""fp16audit.audit on real torch models through the real binary and ONNX Runtime.
+
+The binary is the one `make build` writes (bin/fp16audit, found from the
+source checkout) unless FP16AUDIT_BINARY names another; ONNX Runtime is the
+onnxruntime package of the interpreter's environment (python/
+requirements-test.txt), else the binary's own search (.ort/).
+"""
+
+import os
+import signal
+import stat
+import tempfile
+import time
+import unittest
+
+import support
+import torch
+from torch import nn
+
+import fp16audit
+from fp16audit import _binary
+import importlib
+
+audit_mod = importlib.import_module("fp16audit.audit")
+
+
+def stem_cnn(gain=400.0, seed=0):
+    """A small CNN whose first conv responds strongly, as trained stem
+    filters do: raw 0-255 pixels pass 65504 there, standardized ones do not."""
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    with torch.no_grad():
+        m[0].weight.mul_(gain)
+    return m
+
+
+def raw_pixels(n=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, 16, 16), generator=g).float()
+
+
+def standardized(x):
+    return (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
+
+
+def temp_entries():
+    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("fp16audit-")}
+
+
+class AuditTest(unittest.TestCase):
+    def test_raw_pixels_are_unnormalized_input_and_standardized_ones_healthy(self):
+        m = stem_cnn()
+        before = temp_entries()
+        r = fp16audit.audit(m, raw_pixels(), progress=False)
+        self.assertEqual(r.verdict, "unnormalized-input", r.verdict_text)
+        self.assertFalse(r.ok)
+        self.assertEqual(r.modules[0], "0")  # m[0], as getattr(m, "0")
+        std = [f for f in r.fixes if f["kind"] == "standardize-inputs"]
+        self.assertTrue(std and std[0]["works"], r.fixes)
+        with self.assertRaises(fp16audit.AuditFailure):
+            r.raise_for_failure()
+        self.assertIn("unnormalized-input", str(r))
+        self.assertIn("<html", r._repr_html_().lower())
+        self.assertIn("unnormalized-input", repr(r))
+        self.assertEqual(r.json["policy"], "autocast-fp16")
+        ok = fp16audit.audit(m, standardized(raw_pixels()), progress=False)
+        self.assertEqual(ok.verdict, "healthy", ok.verdict_text)
+        self.assertIs(ok.raise_for_failure(), ok)
+        self.assertEqual(temp_entries(), before, "audit left files in the temporary folder")
+
+    def test_the_exporter_used_is_said(self):
+        r = fp16audit.audit(stem_cnn(gain=1.0), standardized(raw_pixels()), progress=False)
+        if audit_mod._has_dynamo(torch):
+            self.assertIn(r.exporter, ("dynamo", "torchscript"))
+        else:
+            self.assertEqual(r.exporter, "torchscript")
+            self.assertIn("no dynamo exporter", r.exporter_note)
+
+    def test_batches_as_dict_tuple_and_dataloader(self):
+        class TwoInputs(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = nn.Linear(4, 3), nn.Linear(2, 3)
+
+            def forward(self, features, meta):
+                return self.a(features) + self.b(meta)
+
+        torch.manual_seed(0)
+        m = TwoInputs()
+        f, meta = torch.randn(8, 4), torch.randn(8, 2)
+        r = fp16audit.audit(m, {"features": f, "meta": meta}, progress=False)
+        self.assertEqual([i["name"] for i in r.json["inputs"]], ["features", "meta"])
+        r = fp16audit.audit(m, (f, meta), progress=False)
+        self.assertEqual([i["name"] for i in r.json["inputs"]], ["features", "meta"])  # from forward's signature
+        ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))
+        loader = torch.utils.data.DataLoader(ds, batch_size=8)
+        r = fp16audit.audit(nn.Linear(4, 3), loader, n_batches=3, progress=False)
+        self.assertEqual(len(r.json["batches"]), 3)
+        self.assertEqual(r.verdict, "healthy")
+
+    def test_the_loss_audits_the_backward_and_the_model_is_left_as_it_was(self):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+        m.train()
+        state = {k: v.clone() for k, v in m.state_dict().items()}
+        x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+        r = fp16audit.audit(m, (x, y), n_inp=1, loss=nn.CrossEntropyLoss(), progress=False)
+        self.assertEqual(r.training["mode"], "train")
+        self.assertIsNotNone(r.training.get("backward"))
+        self.assertTrue(m.training)
+        for k, v in m.state_dict().items():
+            self.assertTrue(torch.equal(v, state[k]), k)  # BatchNorm's running statistics too
+        m.eval()
+        fp16audit.audit(m, x, progress=False)
+        self.assertFalse(m.training)
+
+    def test_bad_batches_are_refused_with_what_was_found(self):
+        m = stem_cnn()
+        with self.assertRaisesRegex(fp16audit.BatchError, r"does not run on the batch .*input \(4, 16, 16\)"):
+            fp16audit.audit(m, raw_pixels()[:, 0], progress=False)
+        with self.assertRaisesRegex(fp16audit.BatchError, "str"):
+            fp16audit.audit(m, ["pixels"], progress=False)
+        with self.assertRaisesRegex(fp16audit.BatchError, "empty"):
+            fp16audit.audit(m, raw_pixels()[:0], progress=False)
+        with self.assertRaisesRegex(fp16audit.BatchError, "needs a target"):
+            fp16audit.audit(m, raw_pixels(), loss="cross-entropy", progress=False)
+        with self.assertRaisesRegex(ValueError, "policy"):
+            fp16audit.audit(m, raw_pixels(), policy="fp8")
+
+    def test_a_model_no_exporter_can_write_says_which_and_what_to_try(self):
+        class Spectrum(nn.Module):
+            def forward(self, x):
+                return torch.fft.rfft(x).abs()
+
+        with self.assertRaises(fp16audit.ExportError) as cm:
+            fp16audit.audit(Spectrum(), torch.randn(2, 16), progress=False)
+        msg = str(cm.exception)
+        self.assertIn("torchscript:", msg)
+        self.assertIn("exporter='torchscript'", msg)
+
+    def test_missing_and_foreign_binaries(self):
+        saved = os.environ.get(_binary.BINARY_ENV)
+        try:
+            os.environ[_binary.BINARY_ENV] = "/nonexistent/fp16audit"
+            with self.assertRaisesRegex(_binary.BinaryNotFound, "make wheel"):
+                fp16audit.audit(stem_cnn(), raw_pixels(), progress=False)
+            with tempfile.TemporaryDirectory() as tmp:
+                foreign = os.path.join(tmp, "fp16audit")
+                with open(foreign, "wb") as f:
+                    f.write(b"\xcf\xfa\xed\xfe" + os.urandom(64))  # a Mach-O header: another platform's binary
+                os.chmod(foreign, os.stat(foreign).st_mode | stat.S_IXUSR)
+                os.environ[_binary.BINARY_ENV] = foreign
+                with self.assertRaisesRegex(_binary.BinaryNotFound, "another platform"):
+                    fp16audit.audit(stem_cnn(), raw_pixels(), progress=False)
+        finally:
+            if saved is None:
+                os.environ.pop(_binary.BINARY_ENV, None)
+            else:
+                os.environ[_binary.BINARY_ENV] = saved
+
+    def test_an_interrupted_audit_stops_the_binary_and_leaves_nothing(self):
+        # Ctrl-C arrives while the binary runs: as the first progress line
+        # is read, this process is sent SIGINT, as a terminal or Jupyter's
+        # interrupt does.
+        before = temp_entries()
+        children = []
+        real_popen = audit_mod.subprocess.Popen
+
+        def popen(*a, **k):
+            p = real_popen(*a, **k)
+            children.append(p)
+            return p
+
+        def interrupt(self, p):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the KeyboardInterrupt arrives here
+
+        saved = audit_mod._Progress.update
+        audit_mod.subprocess.Popen, audit_mod._Progress.update = popen, interrupt
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                fp16audit.audit(stem_cnn(), raw_pixels(), progress=True)
+        finally:
+            audit_mod.subprocess.Popen, audit_mod._Progress.update = real_popen, saved
+        self.assertEqual(len(children), 1)
+        self.assertIsNotNone(children[0].poll(), "the binary is still running")
+        self.assertEqual(temp_entries(), before, "an interrupted audit left files behind")
+
+
+if __name__ == "__main__":
+    unittest.main()
