@@ -22,6 +22,7 @@ import inspect
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -293,13 +294,14 @@ def _export(model, args, names, out_names, path, exporter, train_mode):
             if train_mode:
                 kwargs["training"] = torch.onnx.TrainingMode.TRAINING
                 kwargs["do_constant_folding"] = False
+        chatter = io.StringIO()  # the dynamo exporter narrates its steps on stdout
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, tuple(args), path, **kwargs)
             return which, "; ".join(errors)
         except Exception as e:  # the exporters raise many kinds
-            msg = str(e).strip().splitlines()
+            msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
             errors.append("%s: %s: %s" % (which, type(e).__name__, msg[0] if msg else ""))
     raise ExportError("fp16audit.audit: the model could not be exported to ONNX. " + " | ".join(errors) +
                       ". Try exporter='torchscript' (dynamo=False), a smaller example batch, or, for the dynamo exporter, "
