@@ -82,14 +82,51 @@ func readTruth(t *testing.T, dir string) truth {
 // against what PyTorch itself did, and for fp32-broken the batch and
 // samples where the NaN start.
 func TestTorchTruth(t *testing.T) {
+	torchTruth(t, torchCases, nil)
+}
+
+// torchDynamoCases are the same cases exported by torch 2.9's dynamo
+// exporter (make fixtures-torch2), with torch 2.9's truth.
+const torchDynamoCases = "../../fixtures/torch/cases_dynamo"
+
+// dynamoKnownWrong are the rows of the dynamo exports fp16audit still gets
+// wrong (issue 25), with what it says: kept here so that the test says so
+// when one becomes right.
+var dynamoKnownWrong = map[string]string{
+	// T5LayerNorm's hidden_states.to(torch.float32) leaves no Cast in an
+	// fp32 export; the dynamo export's Pow(x, 2) then reads as fp16 under
+	// half and block 1's norm overflows first (the TorchScript export's
+	// exponent constant promoted it to fp32 by chance)
+	"t5_residual_overflow/half": "origin block.1.layer.1.layer_norm",
+	// the dynamo export itself has no "+ eps": torch 2.9's exporter wrote
+	// sqrt(var) for BERT's hand-written sqrt(var + 1e-12), so its pad rows
+	// are 0/0 in fp32 too; fp16audit reports the exported graph faithfully
+	// (fp32-broken at node_div), PyTorch's eager model is healthy
+	"bert_layernorm_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
+	"bert_layernorm_eps/half":          "fp32-broken: the export dropped the eps",
+	"bert_layernorm_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
+}
+
+// TestTorchTruthDynamo: the truth table on the dynamo exports. Their node
+// names (node_Conv_3, node_linear) are the exporter's own, so origins are
+// checked by PyTorch module path, as the oracle names them.
+func TestTorchTruthDynamo(t *testing.T) {
+	torchTruth(t, torchDynamoCases, dynamoKnownWrong)
+}
+
+func torchTruth(t *testing.T, root string, knownWrong map[string]string) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	dirs, err := filepath.Glob(filepath.Join(torchCases, "*"))
+	byModule := knownWrong != nil
+	dirs, err := filepath.Glob(filepath.Join(root, "*"))
 	if err != nil || len(dirs) == 0 {
-		t.Fatalf("no cases under %s: %v", torchCases, err)
+		t.Fatalf("no cases under %s: %v", root, err)
 	}
 	for _, dir := range dirs {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			continue // the folder's README
+		}
 		tr := readTruth(t, dir)
 		if tr.Case == "degenerate_batches" {
 			continue // TestDegenerateBatches
@@ -104,6 +141,15 @@ func TestTorchTruth(t *testing.T) {
 					Inputs: []string{filepath.Join(dir, "batches")}, Policy: policy, Threads: 1})
 				if err != nil {
 					t.Fatal(err)
+				}
+				if why, ok := knownWrong[tr.Case+"/"+policy]; ok {
+					right := r.Verdict == want.Verdict && (len(r.Origins) == 0 || r.Origins[0].Module == want.OriginModule)
+					if right {
+						t.Errorf("known to be wrong (%s), but now right: remove it from the list", why)
+					} else {
+						t.Logf("known wrong (issue 25): %s; verdict %s", why, r.Verdict)
+					}
+					return
 				}
 				if r.Verdict != want.Verdict {
 					t.Errorf("verdict %s (%s), PyTorch says %s", r.Verdict, r.VerdictText, want.Verdict)
@@ -120,6 +166,21 @@ func TestTorchTruth(t *testing.T) {
 					t.Fatalf("no origin, PyTorch's is %s", want.OriginNode)
 				}
 				o := r.Origins[0]
+				if byModule {
+					switch {
+					case want.Verdict == report.VerdictUnderflow:
+						if !slices.ContainsFunc(want.DecayedModules, func(m string) bool { return m == o.Module || strings.HasPrefix(o.Module, m+".") }) {
+							t.Errorf("origin module %q is not among the modules whose values PyTorch's fp16 loses below its range: %v", o.Module, want.DecayedModules)
+						}
+					case len(want.InputAtFault) > 0 && want.OriginModule == "":
+						if o.Input != want.InputAtFault[0] {
+							t.Errorf("origin %s%s, PyTorch's is the input %v", o.Node, o.Input, want.InputAtFault)
+						}
+					case want.OriginModule != "" && o.Module != want.OriginModule:
+						t.Errorf("origin %s module %q, PyTorch's module is %q", o.Node, o.Module, want.OriginModule)
+					}
+					return
+				}
 				if want.OriginNode == "" && len(want.InputAtFault) == 0 {
 					// Nothing overflowed in PyTorch: the outputs are lost to
 					// rounding or underflow. The origin is where the error

@@ -46,9 +46,31 @@ func ModulePath(n *NodeProto) string {
 		}
 	}
 	if scopes != "" {
+		if m := fusedConvModule(n, parseList(classes)); m != "" {
+			return m
+		}
 		return pathFromScopes(parseList(scopes), parseList(classes))
 	}
 	return pathFromName(n.Name)
+}
+
+// fusedConvModule is the convolution's module of a Conv into which the
+// dynamo exporter's optimizer folded the BatchNorm after it: the node
+// carries the BatchNorm's metadata (its module stack ends at
+// BatchNorm2d) but computes the convolution, and keeps the convolution's
+// weight, named "<conv module>.weight". "" for any other node.
+func fusedConvModule(n *NodeProto, classes []string) string {
+	if (n.OpType != "Conv" && n.OpType != "ConvTranspose") || len(n.Input) < 2 {
+		return ""
+	}
+	bn := false
+	for _, c := range classes {
+		bn = bn || strings.Contains(c, "batchnorm.BatchNorm")
+	}
+	if w, ok := strings.CutSuffix(n.Input[1], ".weight"); ok && bn && w != "" {
+		return w
+	}
+	return ""
 }
 
 func pathFromScopes(scopes, classes []string) string {

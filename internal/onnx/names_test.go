@@ -76,3 +76,20 @@ func TestParseList(t *testing.T) {
 		}
 	}
 }
+
+// TestModulePathFusedConv: a Conv into which torch 2.9's dynamo exporter
+// folded the BatchNorm after it carries the BatchNorm's module stack; its
+// module is the convolution's, which its weight is still named after.
+func TestModulePathFusedConv(t *testing.T) {
+	n := &NodeProto{Name: "node_Conv_181", OpType: "Conv", Input: []string{"pixels", "layer1.0.conv1.weight"}, MetadataProps: []*StringStringEntryProto{
+		{Key: nameScopesKey, Value: "['', 'layer1', 'layer1.0', 'layer1.0.bn1', '_native_batch_norm_legit_no_training_1']"},
+		{Key: classHierarchyKey, Value: "['models.TinyResNet', 'torch.nn.modules.container.Sequential', 'torchvision.models.resnet.BasicBlock', 'torch.nn.modules.batchnorm.BatchNorm2d', 'aten._native_batch_norm_legit_no_training.default']"},
+	}}
+	if got := ModulePath(n); got != "layer1.0.conv1" {
+		t.Errorf("fused Conv: module %q, want layer1.0.conv1", got)
+	}
+	n.OpType = "Relu"
+	if got := ModulePath(n); got != "layer1.0.bn1" {
+		t.Errorf("not a Conv: module %q, want the metadata's layer1.0.bn1", got)
+	}
+}
