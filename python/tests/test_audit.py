@@ -159,6 +159,33 @@ class AuditTest(unittest.TestCase):
             else:
                 os.environ[_binary.BINARY_ENV] = saved
 
+    def test_no_onnx_runtime_says_how_to_install_it(self):
+        # the binary alone, in a folder with no .ort/ above it, in an
+        # environment without onnxruntime
+        with tempfile.TemporaryDirectory() as tmp:
+            lone = os.path.join(tmp, "fp16audit")
+            with open(_binary.find_binary(), "rb") as src, open(lone, "wb") as dst:
+                dst.write(src.read())
+            os.chmod(lone, 0o755)
+            saved = {k: os.environ.get(k) for k in (_binary.BINARY_ENV, "ONNXRUNTIME_LIB", "VIRTUAL_ENV", "CONDA_PREFIX")}
+            saved_lib, saved_cwd = _binary.onnxruntime_library, os.getcwd()
+            try:
+                for k in saved:
+                    os.environ.pop(k, None)
+                os.environ[_binary.BINARY_ENV] = lone
+                _binary.onnxruntime_library = lambda: None
+                os.chdir(tmp)
+                with self.assertRaisesRegex(fp16audit.AuditError, "pip install onnxruntime"):
+                    fp16audit.audit(stem_cnn(), raw_pixels(), progress=False)
+            finally:
+                os.chdir(saved_cwd)
+                _binary.onnxruntime_library = saved_lib
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
     def test_an_interrupted_audit_stops_the_binary_and_leaves_nothing(self):
         # Ctrl-C arrives while the binary runs: as the first progress line
         # is read, this process is sent SIGINT, as a terminal or Jupyter's

@@ -5,7 +5,9 @@ A fresh virtualenv (--system-site-packages, for Debian's torch), then
 outside the source tree, with no ONNXRUNTIME_LIB and no activated
 environment: `fp16audit version` names the virtualenv's ONNX Runtime,
 `fp16audit run` audits the demo model, `python -m fp16audit` is the same
-binary, and `import fp16audit; fp16audit.audit(...)` audits a torch model.
+binary, `import fp16audit; fp16audit.audit(...)` audits a torch model and
+`learn.fp16audit()` a real fastai learner (the pinned fastai of
+requirements-test.txt installed beside).
 The wheel is built from the binary `make build` wrote (bin/fp16audit).
 """
 
@@ -40,8 +42,14 @@ class WheelTest(unittest.TestCase):
         cls.bin = os.path.join(venv, "bin")
         cls.env = {k: v for k, v in os.environ.items()
                    if k not in ("ONNXRUNTIME_LIB", "VIRTUAL_ENV", "PYTHONPATH", "FP16AUDIT_BINARY")}
+        # the wheel with its dependencies from the index (onnxruntime), then
+        # the pinned fastai set for the learner test
         p = subprocess.run([os.path.join(cls.bin, "pip"), "install", "-q", cls.wheel, ORT_PIN],
                            capture_output=True, text=True, env=cls.env, timeout=900)
+        if p.returncode == 0:
+            p = subprocess.run([os.path.join(cls.bin, "pip"), "install", "-q", "--no-deps", "-r",
+                                os.path.join(PYTHON_DIR, "requirements-test.txt")],
+                               capture_output=True, text=True, env=cls.env, timeout=900)
         if p.returncode != 0:
             msg = "pip install of the wheel and %s failed: %s" % (ORT_PIN, p.stderr[-2000:])
             if os.environ.get("CI") or "No matching distribution" not in p.stderr and "Could not" not in p.stderr:
@@ -98,6 +106,35 @@ class WheelTest(unittest.TestCase):
         verdict, ok, where = p.stdout.split()
         self.assertEqual((verdict, ok), ("unnormalized-input", "False"))
         self.assertTrue(where.startswith(os.path.join(self.tmp, "venv")), where)
+
+    def test_a_fastai_learner_audits_itself(self):
+        code = textwrap.dedent("""
+            import os, sys, tempfile, warnings
+            warnings.filterwarnings("ignore")
+            import numpy as np, torch
+            from torch import nn
+            from PIL import Image
+            from fastai.vision.all import (CategoryBlock, CrossEntropyLossFlat, DataBlock, ImageBlock, IntToFloatTensor,
+                                           Learner, RandomSplitter, Resize, get_image_files, parent_label)
+            from fp16audit.fastai import FP16Preflight
+            tmp = tempfile.mkdtemp()
+            rng = np.random.default_rng(0)
+            for c in ("a", "b"):
+                os.makedirs(os.path.join(tmp, c))
+                for i in range(8):
+                    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(os.path.join(tmp, c, "%d.png" % i))
+            block = DataBlock(blocks=(ImageBlock, CategoryBlock), get_items=get_image_files, get_y=parent_label,
+                              splitter=RandomSplitter(0.25, seed=0), item_tfms=Resize(32), batch_tfms=[IntToFloatTensor(div=1)])
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+            with torch.no_grad():
+                m[0].weight.mul_(1000)
+            learn = Learner(block.dataloaders(tmp, bs=4, num_workers=0), m, loss_func=CrossEntropyLossFlat()).to_fp16()
+            r = learn.fp16audit(progress=False)
+            print(r.verdict, r.ok)
+        """)
+        p = self.run_in_venv(os.path.join(self.bin, "python"), "-c", code, check_code=0)
+        self.assertEqual(p.stdout.split()[-2:], ["unnormalized-input", "False"])
 
 
 if __name__ == "__main__":
