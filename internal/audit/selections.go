@@ -19,8 +19,17 @@ import (
 func judgedOutputs(up *onnx.ModelProto, ix, upIx *onnx.Index) (*onnx.ModelProto, []string, map[string]execute.OutputKind) {
 	sel := onnx.FindSelections(ix)
 	kinds := map[string]execute.OutputKind{}
+	batch := map[string]bool{} // the symbolic first dimensions of the inputs
+	for _, vi := range up.Graph.Input {
+		if d := vi.GetType().GetTensorType().GetShape().GetDim(); len(d) > 0 && d[0].GetDimParam() != "" {
+			batch[d[0].GetDimParam()] = true
+		}
+	}
 	for _, vi := range up.Graph.Output {
 		k := execute.OutputKind{Classes: onnx.ClassScores(ix, sel, vi.Name)}
+		if d := vi.GetType().GetTensorType().GetShape().GetDim(); len(d) > 0 && batch[d[0].GetDimParam()] {
+			k.Batched = true
+		}
 		if sel.Chosen[vi.Name] {
 			k.Role = observe.RoleChosen
 		}

@@ -88,6 +88,10 @@ type Progress func(pass string, batch, batches int)
 type OutputKind struct {
 	Role    observe.Role
 	Classes bool
+	// Batched says that the output's first axis is the batch's (the same
+	// symbolic dimension as an input's first axis): a chosen output's items
+	// are then matched sample by sample, along its second axis.
+	Batched bool
 }
 
 // Pass is a pass to run: its name, its graph (the model's values under the
@@ -549,7 +553,7 @@ func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult
 			if g.Pass == r && g.Value == f.Value {
 				d := observe.NewOutputDiff(f.Value)
 				if k, ok := kinds[f.Value]; ok {
-					d.Role, d.Classes = k.Role, k.Classes
+					d.Role, d.Classes, d.Batched = k.Role, k.Classes, k.Batched
 				}
 				results[f.Pass].Outputs = append(results[f.Pass].Outputs, d)
 				out = append(out, comparison{fetch: i, ref: j, diff: d})

@@ -35,10 +35,15 @@ type OutputDiff struct {
 	Role Role
 	// Classes says that the last axis holds class scores (top-1 counted).
 	Classes bool
+	// Batched says that the first axis is the batch's: a chosen output's
+	// items are then the slices along its second axis, sample by sample
+	// (the k picks of a batched top-k), else along its first.
+	Batched bool
 	// Kept counts, for a chosen output, the items (slices along its first
-	// axis, per batch) fp32 kept, and Common those of them this pass kept
-	// too: the same box (IoU >= 0.5, for an output of boxes [K,4]), or
-	// the same row within 5 % (relative L2).
+	// axis per batch, or along its second per sample when it is batched)
+	// fp32 kept, and Common those of them this pass kept too: the same box
+	// (IoU >= 0.5, for boxes [K,4]), or the same row within 5 % (relative
+	// L2).
 	Kept, Common int64
 }
 
@@ -132,7 +137,8 @@ func (d *OutputDiff) Observe(batch int, first int64, shape, refShape []int64, y,
 const maxItems = 4096
 
 // observeChosen counts a chosen output's items: those fp32 kept, and
-// those of them this pass kept too, each matched at most once.
+// those of them this pass kept too, each matched at most once; sample by
+// sample when the output is batched.
 func (d *OutputDiff) observeChosen(shape, refShape []int64, y, ref []float32) {
 	for _, v := range y {
 		d.Count++
@@ -145,7 +151,22 @@ func (d *OutputDiff) observeChosen(shape, refShape []int64, y, ref []float32) {
 			d.RefNonFinite++
 		}
 	}
+	if d.Batched && len(shape) >= 2 && len(refShape) >= 2 && shape[0] == refShape[0] && shape[0] > 0 {
+		n := int(shape[0])
+		py, pr := len(y)/n, len(ref)/n
+		for s := range n {
+			d.Samples++
+			d.matchItems(shape[1:], refShape[1:], y[s*py:(s+1)*py], ref[s*pr:(s+1)*pr])
+		}
+		return
+	}
 	d.Samples++
+	d.matchItems(shape, refShape, y, ref)
+}
+
+// matchItems matches the items (slices along the first axis of shape and
+// refShape) of one sample or one batch.
+func (d *OutputDiff) matchItems(shape, refShape []int64, y, ref []float32) {
 	rows := func(sh []int64, x []float32) (int, int) {
 		if len(sh) == 0 || sh[0] <= 0 {
 			return len(x), 1

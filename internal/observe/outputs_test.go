@@ -125,3 +125,17 @@ func TestRankedWhole(t *testing.T) {
 		t.Errorf("samples %d, rows %d; want one sample and no class rows", d.Samples, d.Rows)
 	}
 }
+
+// TestChosenItemsBatched: a batched chosen output (a top-k per sample)
+// matches its picks sample by sample, along its second axis.
+func TestChosenItemsBatched(t *testing.T) {
+	d := NewOutputDiff("top_scores")
+	d.Role, d.Batched = RoleChosen, true
+	// two samples, three picks each; sample 1's last pick differs
+	ref := []float32{0.9, 0.5, 0.1, 0.8, 0.7, 0.6}
+	y := []float32{0.5, 0.9, 0.1, 0.8, 0.7, 0.2}
+	d.Observe(0, 0, []int64{2, 3}, []int64{2, 3}, y, ref)
+	if d.Kept != 6 || d.Common != 5 || d.Samples != 2 {
+		t.Errorf("kept %d, common %d, samples %d; want 6, 5, 2", d.Kept, d.Common, d.Samples)
+	}
+}
