@@ -16,7 +16,6 @@ pip installs it only where it runs.
 import argparse
 import base64
 import hashlib
-import io
 import os
 import platform
 import re

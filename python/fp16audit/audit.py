@@ -26,10 +26,9 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _binary
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 import unittest
 
-import support
+import support  # noqa: F401  (puts python/ on sys.path)
 import torch
 from torch import nn
 

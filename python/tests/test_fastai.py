@@ -12,7 +12,6 @@ import unittest
 import warnings
 
 import support
-import torch
 from torch import nn
 
 

@@ -9,7 +9,6 @@
 """
 
 import os
-import tempfile
 import unittest
 import warnings
 
