@@ -230,7 +230,7 @@ type OutputAgreement struct {
 	Role string `json:"role,omitempty"`
 	// KeptItems counts, for a chosen output, the items (rows along its
 	// first axis, over every batch; along its second, sample by sample,
-	// when its first axis is the batch's) fp32 kept, and CommonItems those
+	// when its first axis is the batch's and it has rank 3 or more) fp32 kept, and CommonItems those
 	// this pass kept too (boxes [K,4] matched by IoU >= 0.5, other rows
 	// within 5 %). Added within v1.2.
 	KeptItems   int64 `json:"kept_items,omitempty"`

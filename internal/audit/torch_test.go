@@ -285,6 +285,12 @@ func checkSelection(t *testing.T, r *report.Report, chosen []string, ranked []tr
 			if slices.Contains(chosen, a.Output) {
 				t.Errorf("output %s is judged (%s), but a selection chose it", a.Output, a.Outcome)
 			}
+			// an output that is what the selection ranks (an argmax's
+			// logits) is judged as itself
+			judged++
+			if a.Outcome == report.OutputAgrees {
+				ok++
+			}
 		}
 	}
 	pytorchOK := true

@@ -35,9 +35,10 @@ type OutputDiff struct {
 	Role Role
 	// Classes says that the last axis holds class scores (top-1 counted).
 	Classes bool
-	// Batched says that the first axis is the batch's: a chosen output's
-	// items are then the slices along its second axis, sample by sample
-	// (the k picks of a batched top-k), else along its first.
+	// Batched says that the first axis is the batch's: a chosen output of
+	// rank 3 or more then has its items along its second axis, sample by
+	// sample (the k picked vectors of a batched top-k), else along its
+	// first.
 	Batched bool
 	// Kept counts, for a chosen output, the items (slices along its first
 	// axis per batch, or along its second per sample when it is batched)
@@ -151,7 +152,10 @@ func (d *OutputDiff) observeChosen(shape, refShape []int64, y, ref []float32) {
 			d.RefNonFinite++
 		}
 	}
-	if d.Batched && len(shape) >= 2 && len(refShape) >= 2 && shape[0] == refShape[0] && shape[0] > 0 {
+	// A batched output of rank 3 or more holds several picks per sample
+	// (top-k's vectors); of rank 2, one row per sample (the argmax class's
+	// vector, or the k scores as one row).
+	if d.Batched && len(shape) >= 3 && len(refShape) >= 3 && shape[0] == refShape[0] && shape[0] > 0 {
 		n := int(shape[0])
 		py, pr := len(y)/n, len(ref)/n
 		for s := range n {

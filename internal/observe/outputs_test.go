@@ -126,16 +126,26 @@ func TestRankedWhole(t *testing.T) {
 	}
 }
 
-// TestChosenItemsBatched: a batched chosen output (a top-k per sample)
-// matches its picks sample by sample, along its second axis.
+// TestChosenItemsBatched: a batched chosen output of rank 3 (a top-k's
+// vectors) matches its picks sample by sample, along its second axis; of
+// rank 2 (the argmax class's vector) it is one row per sample.
 func TestChosenItemsBatched(t *testing.T) {
 	d := NewOutputDiff("top_scores")
 	d.Role, d.Batched = RoleChosen, true
-	// two samples, three picks each; sample 1's last pick differs
+	// two samples, three picks of one value each; sample 1's last pick
+	// differs, sample 0's come in another order
 	ref := []float32{0.9, 0.5, 0.1, 0.8, 0.7, 0.6}
 	y := []float32{0.5, 0.9, 0.1, 0.8, 0.7, 0.2}
-	d.Observe(0, 0, []int64{2, 3}, []int64{2, 3}, y, ref)
+	d.Observe(0, 0, []int64{2, 3, 1}, []int64{2, 3, 1}, y, ref)
 	if d.Kept != 6 || d.Common != 5 || d.Samples != 2 {
 		t.Errorf("kept %d, common %d, samples %d; want 6, 5, 2", d.Kept, d.Common, d.Samples)
+	}
+	// of rank 2, one row per sample: sample 0's row is the same, sample
+	// 1's is not
+	r := NewOutputDiff("prototype")
+	r.Role, r.Batched = RoleChosen, true
+	r.Observe(0, 0, []int64{2, 3}, []int64{2, 3}, []float32{1, 2, 3, 4, 5, 6}, []float32{1, 2, 3, 4, 5, 9})
+	if r.Kept != 2 || r.Common != 1 {
+		t.Errorf("rank 2: kept %d, common %d; want 2, 1 (a row per sample)", r.Kept, r.Common)
 	}
 }
