@@ -60,14 +60,14 @@ test: ort $(STATICCHECK) build
 	@test -z "$$($(GO) mod tidy -diff)" || { echo "go.mod/go.sum not tidy: run go mod tidy"; $(GO) mod tidy -diff; exit 1; }
 	$(STATICCHECK) ./...
 	$(GO) test -count=1 ./...
-	@if $(PYTHON_TORCH) -c 'import torch, torchvision' 2>/dev/null; then \
+	@if $(PYTHON_TORCH) -c 'import torch, torchvision, venv, ensurepip' 2>/dev/null; then \
 	  $(MAKE) --no-print-directory pyvenv && \
 	  echo "$(PYVENV)/bin/python -m unittest discover -s python/tests" && \
 	  $(PYVENV)/bin/python -m unittest discover -s python/tests; \
 	elif [ -n "$$CI" ]; then \
-	  echo "make test: $(PYTHON_TORCH) has no torch and torchvision, and CI must run the Python package's tests (apt-get install python3-torch python3-torchvision)"; exit 1; \
+	  echo "make test: $(PYTHON_TORCH) lacks torch, torchvision or venv, and CI must run the Python package's tests (apt-get install python3-torch python3-torchvision python3-venv)"; exit 1; \
 	else \
-	  echo "make test: skipped the Python package's tests: $(PYTHON_TORCH) has no torch and torchvision (apt-get install python3-torch python3-torchvision)"; \
+	  echo "make test: skipped the Python package's tests: $(PYTHON_TORCH) lacks torch, torchvision or venv (apt-get install python3-torch python3-torchvision python3-venv)"; \
 	fi
 
 # pyvenv: the Python tests' virtualenv (see PYVENV above); remade when the

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 
-def require_fastai(testcase):
+def require_fastai():
     """Skip without fastai, or fail under CI, which must run these tests."""
     import importlib.util
     import unittest

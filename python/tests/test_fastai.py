@@ -17,7 +17,7 @@ from torch import nn
 
 
 def setUpModule():
-    support.require_fastai(None)
+    support.require_fastai()
 
 
 def _fastai():

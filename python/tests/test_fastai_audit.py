@@ -19,7 +19,7 @@ from torch import nn
 
 
 def setUpModule():
-    support.require_fastai(None)
+    support.require_fastai()
     warnings.filterwarnings("ignore", message=".*CUDA is not available.*")
 
 
