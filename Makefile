@@ -115,14 +115,19 @@ bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
 
 # llama-bench generates the large-model benchmark (BenchmarkLLM): a ~600 M
-# parameter Llama-style decoder with 2.4 GB of external data, into the
-# git-ignored fixtures/bench/llama/ (a few minutes and ~8 GB of memory,
-# once). Without torch the benchmark says how to make it and is skipped.
+# parameter Llama-style decoder with 2.4 GB of external data and a planted
+# massive activation, into the git-ignored fixtures/bench/llama/, and the
+# same decoder without the plant into fixtures/bench/llama_healthy/ (a few
+# minutes and ~8 GB of memory each, once). Without torch the benchmark says
+# how to make it and is skipped.
 LLAMA_BENCH := fixtures/bench/llama/model.onnx
+LLAMA_HEALTHY := fixtures/bench/llama_healthy/model.onnx
 llama-bench:
-	@if [ -f $(LLAMA_BENCH) ]; then :; \
+	@if [ -f $(LLAMA_BENCH) ] && [ -f $(LLAMA_HEALTHY) ]; then :; \
 	elif $(PYTHON_TORCH) -c 'import torch, onnx' 2>/dev/null; then \
-	  echo "$(PYTHON_TORCH) fixtures/bench/llama_export.py"; $(PYTHON_TORCH) fixtures/bench/llama_export.py; \
+	  if [ ! -f $(LLAMA_BENCH) ]; then echo "$(PYTHON_TORCH) fixtures/bench/llama_export.py"; $(PYTHON_TORCH) fixtures/bench/llama_export.py; fi; \
+	  if [ ! -f $(LLAMA_HEALTHY) ]; then echo "$(PYTHON_TORCH) fixtures/bench/llama_export.py --healthy --out fixtures/bench/llama_healthy"; \
+	    $(PYTHON_TORCH) fixtures/bench/llama_export.py --healthy --out fixtures/bench/llama_healthy; fi; \
 	else echo "make bench: $(PYTHON_TORCH) has no torch and onnx, so BenchmarkLLM is skipped (apt-get install python3-torch python3-onnx)"; fi
 
 # fixtures-torch2 regenerates the real-PyTorch fixtures exported the way

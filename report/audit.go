@@ -368,6 +368,36 @@ type ToolInfo struct {
 	Device      string  `json:"device"`
 	ORTThreads  int     `json:"onnxruntime_threads"`
 	ElapsedSecs float64 `json:"elapsed_seconds"`
+	// Timing says where the elapsed time went (nil in documents written
+	// before it existed).
+	Timing *Timing `json:"timing,omitempty"`
+}
+
+// Timing is where one audit's time went, in seconds of the wall clock.
+type Timing struct {
+	// LoadSecs is reading the model, its batches and ONNX Runtime, up
+	// to the plan of the passes.
+	LoadSecs float64 `json:"load_seconds"`
+	// Runs are the engine's runs in order: the main passes, each
+	// what-if pass and fix rerun.
+	Runs []RunTiming `json:"runs"`
+	// SessionSecs is the time all runs spent creating ONNX Runtime
+	// sessions (the weights are mapped once per audit, so this is the
+	// graphs), Sessions how many they created.
+	SessionSecs float64 `json:"session_seconds"`
+	Sessions    int     `json:"sessions"`
+	// BackwardSecs is the training audit's backward (its graph, its
+	// session and its runs); 0 without one.
+	BackwardSecs float64 `json:"backward_seconds,omitempty"`
+}
+
+// RunTiming is one run of the engine: the passes that ran side by side,
+// its whole time and the part of it spent creating its sessions.
+type RunTiming struct {
+	Passes      []string `json:"passes"`
+	Secs        float64  `json:"seconds"`
+	SessionSecs float64  `json:"session_seconds"`
+	Sessions    int      `json:"sessions"`
 }
 
 // ModelInfo describes the audited model file.

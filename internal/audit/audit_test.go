@@ -354,3 +354,28 @@ func TestUnderflowLosesOutputs(t *testing.T) {
 		}
 	}
 }
+
+// TestTiming: the report says where the audit's time went: one run for
+// the main passes and one per fix rerun, each with its sessions, within
+// the elapsed time.
+func TestTiming(t *testing.T) {
+	r := runAudit(t, "demo_cnn.onnx", batchPath("demo_cnn_raw.npy"))
+	tm := r.Tool.Timing
+	if tm == nil || len(tm.Runs) < 2 {
+		t.Fatalf("timing %+v: want the main run and the fix reruns", tm)
+	}
+	if p := tm.Runs[0].Passes; len(p) != 2 || p[0] != "fp32" || p[1] != "fp16" {
+		t.Errorf("first run's passes %v, want fp32 and fp16", p)
+	}
+	var total, sessions float64
+	for _, run := range tm.Runs {
+		if run.Sessions < 1 || run.SessionSecs <= 0 || run.SessionSecs > run.Secs {
+			t.Errorf("run %v: %d sessions in %.3f s of %.3f s", run.Passes, run.Sessions, run.SessionSecs, run.Secs)
+		}
+		total += run.Secs
+		sessions += run.SessionSecs
+	}
+	if tm.LoadSecs <= 0 || tm.LoadSecs+total > r.Tool.ElapsedSecs || math.Abs(sessions-tm.SessionSecs) > 1e-9 {
+		t.Errorf("load %.3f s and runs %.3f s (sessions %.3f s, total %.3f s) in %.3f s", tm.LoadSecs, total, sessions, tm.SessionSecs, r.Tool.ElapsedSecs)
+	}
+}

@@ -182,6 +182,16 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if err := a.plan(device); err != nil {
 		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
 	}
+	// One load per audit: every session from here on (the passes, the
+	// what-if passes, the fix reruns, the backward) shares these weights.
+	if err := a.engine.Share(a.up.Graph, a.fwd.Graph); err != nil {
+		return nil, err
+	}
+	defer a.engine.Close()
+	loaded := time.Since(start)
+	// The scan of the constants (the dynamic checks read it; on a large
+	// model it reads every weight) runs beside the passes.
+	go func() { _, _ = a.static.Constants() }()
 	if err := a.runMainPasses(ctx); err != nil {
 		return nil, a.runError(err)
 	}
@@ -204,7 +214,23 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 		return nil, a.runError(err)
 	}
 	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()
+	a.report.Tool.Timing = a.timing(loaded)
 	return a, nil
+}
+
+// timing says where the audit's time went: loading (up to the plan), each
+// run of the engine with its sessions, the backward.
+func (a *audit) timing(loaded time.Duration) *report.Timing {
+	t := &report.Timing{LoadSecs: loaded.Seconds(), Runs: []report.RunTiming{}}
+	for _, r := range a.engine.Timings() {
+		t.Runs = append(t.Runs, report.RunTiming{Passes: r.Passes, Secs: r.Total.Seconds(), SessionSecs: r.Sessions.Seconds(), Sessions: r.Created})
+		t.SessionSecs += r.Sessions.Seconds()
+		t.Sessions += r.Created
+	}
+	if tr := a.report.Training; tr != nil && tr.Backward != nil {
+		t.BackwardSecs = tr.Backward.ElapsedSecs
+	}
+	return t
 }
 
 // runError classifies an error of the passes: a cancelled context stays

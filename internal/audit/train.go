@@ -269,7 +269,7 @@ func (a *audit) backwardSession(ctx context.Context, r *grad.Rounding) (*grad.Re
 	if err != nil {
 		return nil, nil, &UsageError{Err: lossHint(err, c)}
 	}
-	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.train.inputs, a.train.target)
+	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.engine.Weights, a.train.inputs, a.train.target)
 	if err != nil {
 		return nil, nil, err
 	}

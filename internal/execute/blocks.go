@@ -3,6 +3,7 @@ package execute
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"unsafe"
 
@@ -224,6 +225,10 @@ type blockPlan struct {
 	// ran is the number of blocks that ran: those with more than
 	// constants to compute.
 	ran int
+	// bySize says the blocks were cut for the size of the sessions
+	// alone (MaxSessionNodes), not for the budget: the run is in core,
+	// and the pages of a block's weights stay mapped for the next pass.
+	bySize bool
 }
 
 // blockOf returns the block of every node index of the profiled graph.
@@ -286,6 +291,9 @@ func (m *MemoryPlan) cut(step int64) (*blockPlan, *blockError) {
 	p := m.prof
 	n := len(p.order)
 	room := m.budget - m.resident
+	if m.bySize {
+		room = math.MaxInt64
+	}
 	bp := &blockPlan{prof: p}
 	for s := 0; s < n; {
 		weights := map[string]bool{}
@@ -296,7 +304,7 @@ func (m *MemoryPlan) cut(step int64) (*blockPlan, *blockError) {
 				weights[w] = true
 			}
 			c := m.blockCost(s, e+1, step, weights)
-			if c > room {
+			if c > room || (m.maxBlock > 0 && e-s >= m.maxBlock) {
 				break
 			}
 			e, cost = e+1, c
@@ -420,7 +428,7 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 			}
 			return 0 // not returned: ONNX Runtime refuses the block and says which
 		})
-		sess, err := statsop.NewSession(rt, typed, blk.Inputs, opts)
+		sess, err := e.newSession(rt, typed, blk.Inputs, opts)
 		if err != nil {
 			return &createError{fmt.Errorf("block %d of %d: %w", b+1, len(blocks), err)}
 		}
@@ -429,6 +437,10 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 		err = r.block(ctx, sess, b, blk, jobs)
 		detach()
 		sess.Close()
+		// Out of core, the process holds one block's weights at a time.
+		if !mp.blocks.bySize {
+			e.Weights.Drop(typed.Model.Graph.Initializer)
+		}
 		if err != nil {
 			return fmt.Errorf("block %d of %d: %w", b+1, len(blocks), err)
 		}
@@ -619,8 +631,22 @@ func (r *blockRun) run(sess *statsop.Session, b int, blk *statsop.Block, j *job)
 // and drops them: no later block reads them.
 func (r *blockRun) compareHeld(j *job) error {
 	if j.probe == 0 {
+		b := r.batches[j.batch]
+		whole := j.lo == 0 && j.n == b.Size()
 		for _, c := range r.cmp {
-			yt, rt := j.held[r.fetch[c.fetch].Name], j.held[r.fetch[c.ref].Name]
+			yt := j.held[r.fetch[c.fetch].Name]
+			var rt *tensor.Tensor
+			if c.ref < 0 {
+				if rt = r.e.refs.get(c.kept, c.value, b); yt != nil && (rt == nil || !whole) {
+					return fmt.Errorf("output %q: no kept reference for batch %s", c.value, b.Source)
+				}
+			} else {
+				rt = j.held[r.fetch[c.ref].Name]
+				if rt != nil && whole {
+					// The tensor is a copy no later block reads: kept as it is.
+					r.e.refs.keep(c.refModel, c.value, b, nil, nil, rt)
+				}
+			}
 			if yt == nil || rt == nil {
 				continue
 			}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"time"
 	"unsafe"
 
 	"fp16audit/internal/batch"
@@ -61,6 +62,11 @@ type Engine struct {
 	// Runtime over the loaded model's memory (statsop.HandsOver), so that
 	// the process holds them once.
 	ModelFile string
+	// Weights, set by Share, are the weights every session of the
+	// engine shares (statsop.Weights): the passes of Run after Run, each
+	// block and the backward's sessions take them from it instead of
+	// loading them again. Close releases them.
+	Weights *statsop.Weights
 	// Progress is told about every finished pass of every batch; nil
 	// discards.
 	Progress Progress
@@ -79,6 +85,66 @@ type Engine struct {
 	// resident is the process's memory when the Run started.
 	probe    *shapeProbe
 	resident int64
+	// sessionNodes is the number of nodes of the current Run's combined
+	// graph (see MaxSessionNodes).
+	sessionNodes int
+	// timings has one entry per Run; the last is the current one's.
+	timings []RunTiming
+	// refs keeps reference outputs from Run to Run (refs.go).
+	refs refCache
+	// noSizeCut runs the current graph whole, after its run in blocks cut
+	// for their size failed.
+	noSizeCut bool
+}
+
+// RunTiming is where one Run's time went.
+type RunTiming struct {
+	Passes []string
+	// Total is the whole Run; Sessions the part spent creating its
+	// Created sessions.
+	Total, Sessions time.Duration
+	Created         int
+}
+
+// Timings returns one entry per Run so far, in order.
+func (e *Engine) Timings() []RunTiming { return e.timings }
+
+// newSession creates a session of plan and counts its time in the
+// current Run's timing.
+func (e *Engine) newSession(rt *ortcapi.Runtime, plan *statsop.Plan, inputs []string, opts ortcapi.Options) (*statsop.Session, error) {
+	t0 := time.Now()
+	s, err := statsop.NewSession(rt, plan, inputs, opts)
+	if n := len(e.timings); n > 0 {
+		e.timings[n-1].Sessions += time.Since(t0)
+		e.timings[n-1].Created++
+	}
+	return s, err
+}
+
+// Share makes every later session of the engine share the weights of the
+// graphs gs (the audit's upcast and forward graphs, whose initializers
+// every pass's graph keeps): they are mapped or wrapped once, here, and
+// handed to each session (statsop.Weights). Close releases them.
+func (e *Engine) Share(gs ...*onnx.GraphProto) error {
+	rt, err := ortcapi.Open(e.Library)
+	if err != nil {
+		return err
+	}
+	declared := ""
+	if e.handsOver() {
+		declared = filepath.Base(e.ModelFile)
+	}
+	e.Close()
+	e.Weights = statsop.NewWeights(rt, e.Session.ExternalDataDir, declared, gs...)
+	return nil
+}
+
+// Close releases the shared weights and the kept reference outputs; the
+// engine's sessions are closed already (each Run closes its own).
+func (e *Engine) Close() {
+	e.Weights.Close()
+	e.Weights = nil
+	e.refs = refCache{}
 }
 
 // Progress is told about every finished pass of every batch.
@@ -108,6 +174,9 @@ type Pass struct {
 	// OutputsOnly runs the pass for its graph outputs alone: its values
 	// are not observed (the fp32 outputs a rerun is compared with).
 	OutputsOnly bool
+	// keptRef, set by withKeptRef, is the graph of the pass whose kept
+	// outputs this pass's are compared with (see refs.go).
+	keptRef *onnx.ModelProto
 }
 
 // outputRef is the pass whose graph outputs p's are compared with.
@@ -146,13 +215,48 @@ func (e *BudgetError) Unwrap() error { return e.Err }
 // declare are observed as FLOAT; when ONNX Runtime refuses that, they are
 // dropped (Notes says so) and the passes start again.
 func (e *Engine) Run(ctx context.Context, passes []Pass, batches []batch.Batch) ([]*observe.PassResult, *MemoryPlan, error) {
+	start := time.Now()
+	var names []string
+	for _, p := range passes {
+		if !p.OutputsOnly {
+			names = append(names, p.Name)
+		}
+	}
+	e.timings = append(e.timings, RunTiming{Passes: names})
+	defer func() { e.timings[len(e.timings)-1].Total = time.Since(start) }()
+	if kept, skip := e.withKeptRef(passes, batches); skip >= 0 {
+		res, mp, err := e.runOnce(ctx, kept, batches)
+		var sc *sizeCutError
+		if !errors.Is(err, errKeptInParts) && !errors.As(err, &sc) {
+			if err != nil {
+				return nil, nil, err
+			}
+			// The pass dropped returns no results of its own.
+			res = slices.Insert(res, skip, observe.NewPassResult(passes[skip].Name, nil, false))
+			return res, mp, nil
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		res, mp, err := e.runOnce(ctx, passes, batches)
+		var sc *sizeCutError
+		if errors.As(err, &sc) {
+			e.noSizeCut = true
+			res, mp, err = e.runOnce(ctx, passes, batches)
+			e.noSizeCut = false
+		}
 		if err == nil || attempt > 0 || !isCreateError(err) || !e.dropUntyped() {
 			return res, mp, err
 		}
 	}
 }
+
+// sizeCutError is a run in blocks cut for the sessions' size alone that
+// failed (a value the cut hands on that cannot cross, say): Run runs the
+// graph whole instead.
+type sizeCutError struct{ err error }
+
+func (c *sizeCutError) Error() string { return c.err.Error() }
+func (c *sizeCutError) Unwrap() error { return c.err }
 
 // createError is ONNX Runtime refusing a graph.
 type createError struct{ err error }
@@ -227,27 +331,43 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 				outRef[i] = r
 			}
 		}
+		if p.keptRef != nil {
+			outRef[i] = keptOutputs
+		}
 		index[p.Name] = i
 	}
 	plan, err := statsop.Combine(ps, e.Observe, e.ElemType, Chunk)
 	if err != nil {
 		return nil, nil, err
 	}
-	cmp := comparisons(plan, outRef, results, e.Outputs)
+	cmp := comparisons(plan, passes, outRef, results, e.Outputs)
 	if e.handsOver() {
 		plan.Declared = filepath.Base(e.ModelFile)
 	}
+	plan.Weights = e.Weights
+	e.sessionNodes = len(plan.Model.Graph.Node)
 	// What the process holds before the session (the library, the model,
 	// the batches) counts against the budget; the plan made again after a
 	// probe must not count the session's own memory twice.
 	e.probe = nil
 	e.resident, _ = memResident()
+	// The shared weights an earlier Run mapped are among the resident
+	// pages, and the plan counts them with the weights.
+	e.resident = max(0, e.resident-e.Weights.Mapped())
 	mp, err := e.memoryPlan(passes, batches, nil)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := keptWhole(passes, batches, mp); err != nil {
+		return nil, nil, err
+	}
 	if mp.blocks != nil {
 		if err := e.runBlocks(ctx, rt, plan, mp, batches, results, cmp); err != nil {
+			if mp.blocks.bySize && ctx.Err() == nil && !errors.Is(err, errKeptInParts) {
+				// Cut for the sessions' size alone, the graph still runs
+				// whole: slower to create, never refused for the cut.
+				return nil, nil, &sizeCutError{err}
+			}
 			return nil, nil, err
 		}
 		return results, mp, nil
@@ -256,7 +376,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 	if err != nil {
 		return nil, nil, err
 	}
-	sess, err := statsop.NewSession(rt, plan, e.Inputs, opts)
+	sess, err := e.newSession(rt, plan, e.Inputs, opts)
 	if err != nil {
 		return nil, nil, &createError{fmt.Errorf("passes %s: %w", passNames(passes), err)}
 	}
@@ -271,6 +391,9 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 			return nil, nil, err
 		}
 		if mp, err = e.memoryPlan(passes, batches, e.probe); err != nil {
+			return nil, nil, err
+		}
+		if err := keptWhole(passes, batches, mp); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -386,7 +509,7 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 		if err := run(rt, sess, b.Inputs); err != nil {
 			return err
 		}
-		if err := compareOutputs(sess, cmp, bi, 0); err != nil {
+		if err := e.compareOutputs(sess, cmp, b, bi, 0, true); err != nil {
 			return err
 		}
 		foldRun(sess, plan, results, bi)
@@ -416,7 +539,7 @@ func (e *Engine) runBatch(rt *ortcapi.Runtime, sess *statsop.Session, plan *stat
 			}
 			m = statsop.NewMerger(plan, bi, size, pr.full(size))
 		}
-		if err := compareOutputs(sess, cmp, bi, lo); err != nil {
+		if err := e.compareOutputs(sess, cmp, b, bi, lo, false); err != nil {
 			return err
 		}
 		if err := m.Add(sess, n); err != nil {
@@ -532,31 +655,70 @@ func (p *shapeProbe) full(size int64) map[string][]int64 {
 	return out
 }
 
+// keptOutputs in outRef marks a pass compared with kept outputs.
+const keptOutputs = -2
+
+// keptWhole refuses a plan in parts for passes compared with kept
+// outputs, which are whole batches (errKeptInParts: Run runs them again
+// with their reference).
+func keptWhole(passes []Pass, batches []batch.Batch, mp *MemoryPlan) error {
+	for _, p := range passes {
+		if p.keptRef == nil {
+			continue
+		}
+		for _, b := range batches {
+			if mp.subBatch(b.Size()) < b.Size() {
+				return errKeptInParts
+			}
+		}
+	}
+	return nil
+}
+
 // comparison is one graph output of a pass compared with the same output
-// of its reference pass: the indices of both in the plan's Fetch list.
+// of its reference pass: the indices of both in the plan's Fetch list
+// (ref -1: the reference's output kept from an earlier Run, of graph
+// kept), and the reference pass's graph when its whole-batch outputs are
+// kept for later Runs (nil: not kept).
 type comparison struct {
 	fetch, ref int
+	value      string
+	refModel   *onnx.ModelProto
+	kept       *onnx.ModelProto
 	diff       *observe.OutputDiff
 }
 
 // comparisons pairs every fetched output of a pass that has an output
-// reference (outRef[pass] >= 0) with the reference's, and gives the pass's
-// results their output comparisons.
-func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult, kinds map[string]OutputKind) []comparison {
+// reference (outRef[pass] >= 0, or keptOutputs) with the reference's, and
+// gives the pass's results their output comparisons.
+func comparisons(plan *statsop.Plan, passes []Pass, outRef []int, results []*observe.PassResult, kinds map[string]OutputKind) []comparison {
 	var out []comparison
+	newDiff := func(f statsop.Fetch) *observe.OutputDiff {
+		d := observe.NewOutputDiff(f.Value)
+		if k, ok := kinds[f.Value]; ok {
+			d.Role, d.Classes, d.Batched = k.Role, k.Classes, k.Batched
+		}
+		results[f.Pass].Outputs = append(results[f.Pass].Outputs, d)
+		return d
+	}
 	for i, f := range plan.Fetch {
 		r := outRef[f.Pass]
+		if r == keptOutputs {
+			out = append(out, comparison{fetch: i, ref: -1, value: f.Value, kept: passes[f.Pass].keptRef, diff: newDiff(f)})
+			continue
+		}
 		if r < 0 {
 			continue
 		}
 		for j, g := range plan.Fetch {
 			if g.Pass == r && g.Value == f.Value {
-				d := observe.NewOutputDiff(f.Value)
-				if k, ok := kinds[f.Value]; ok {
-					d.Role, d.Classes, d.Batched = k.Role, k.Classes, k.Batched
+				c := comparison{fetch: i, ref: j, value: f.Value, diff: newDiff(f)}
+				if !passes[r].OutputsOnly {
+					// A reference observed in full: its outputs are
+					// kept for later Runs on the same batches.
+					c.refModel = passes[r].Model
 				}
-				results[f.Pass].Outputs = append(results[f.Pass].Outputs, d)
-				out = append(out, comparison{fetch: i, ref: j, diff: d})
+				out = append(out, c)
 				break
 			}
 		}
@@ -564,17 +726,33 @@ func comparisons(plan *statsop.Plan, outRef []int, results []*observe.PassResult
 	return out
 }
 
-// compareOutputs folds the outputs of the session's last run, batch bi
-// from sample first on, into the comparisons.
-func compareOutputs(sess *statsop.Session, cmp []comparison, bi int, first int64) error {
+// compareOutputs folds the outputs of the session's last run, batch b (the
+// bi-th) from sample first on, into the comparisons; whole says the run
+// was the whole batch, whose reference outputs are then kept.
+func (e *Engine) compareOutputs(sess *statsop.Session, cmp []comparison, b batch.Batch, bi int, first int64, whole bool) error {
 	for _, c := range cmp {
 		y, shape, err := sess.Fetched(c.fetch)
 		if err != nil {
 			return err
 		}
-		ref, refShape, err := sess.Fetched(c.ref)
-		if err != nil {
-			return err
+		var ref []float32
+		var refShape []int64
+		if c.ref < 0 {
+			t := e.refs.get(c.kept, c.value, b)
+			if t == nil || !whole {
+				return fmt.Errorf("output %q: no kept reference for batch %s", c.value, b.Source)
+			}
+			if ref, err = t.Float32s(); err != nil {
+				return err
+			}
+			refShape = t.Shape
+		} else {
+			if ref, refShape, err = sess.Fetched(c.ref); err != nil {
+				return err
+			}
+			if whole {
+				e.refs.keep(c.refModel, c.value, b, refShape, ref, nil)
+			}
 		}
 		c.diff.Observe(bi, first, shape, refShape, y, ref)
 	}

@@ -53,6 +53,11 @@ type MemoryPlan struct {
 	explicit bool
 	avail    int64
 	availSrc string
+	// maxBlock, when set, is the most nodes of the model's order one block
+	// holds (MaxSessionNodes in the combined graph); bySize makes cut
+	// ignore the budget, for a plan cut for its size alone.
+	maxBlock int
+	bySize   bool
 	// probed is whether measured shapes completed the estimate;
 	// splittable whether a batch may run in parts.
 	probed, splittable bool
@@ -95,7 +100,8 @@ func (m *MemoryPlan) subBatch(size int64) int64 {
 // "" when the batches ran whole and the estimate is complete or far below
 // the budget, which needs no comment.
 func (m *MemoryPlan) Note() string {
-	if m.parts <= 1 && m.blocks == nil && (m.unknown == 0 || m.budget <= 0 || 2*(m.resident+m.peak) < m.budget) {
+	budgetBlocks := m.blocks != nil && !m.blocks.bySize
+	if m.parts <= 1 && !budgetBlocks && (m.unknown == 0 || m.budget <= 0 || 2*(m.resident+m.peak) < m.budget) {
 		return ""
 	}
 	s := fmt.Sprintf("memory estimate: %s for one run of the %d pass(es) %s side by side on %d samples (weights %s, shared)",
@@ -111,7 +117,7 @@ func (m *MemoryPlan) Note() string {
 		how = fmt.Sprintf("the default: %.0f%% of the %s available", 100*DefaultMemoryFraction, FormatSize(m.avail))
 	}
 	var ran []string
-	if bp := m.blocks; bp != nil {
+	if bp := m.blocks; budgetBlocks {
 		ran = append(ran, fmt.Sprintf("the model ran in %d blocks of consecutive nodes, one session at a time holding only its block's weights (the largest block estimated at %s)",
 			bp.ran, FormatSize(slices.Max(bp.cost))))
 	}
@@ -241,7 +247,13 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		m.blocks = m.cutEvery(e.forceBlocks)
 		return m, nil
 	}
+	if e.sessionNodes > maxSessionNodes*3/2 && m.prof != nil && !e.noSizeCut {
+		m.maxBlock = max(2, maxSessionNodes*len(m.prof.order)/e.sessionNodes)
+	}
 	if e.forceStep > 0 || m.budget <= 0 || m.resident+m.peak <= m.budget {
+		if !e.noSizeCut {
+			m.cutBySize(e.sessionNodes)
+		}
 		return m, nil
 	}
 	perSample := int64(partMargin * float64((m.peak-m.weights-m.rounded)/max(m.samples, 1)))
@@ -276,6 +288,42 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 	}
 	return nil, &BudgetError{Err: fmt.Errorf("the audit does not fit the budget of %s (%s) even one sample at a time in blocks of consecutive nodes: %s (%s in use before the passes); pass a larger --max-memory, or audit on a machine with more memory",
 		FormatSize(m.budget), m.budgetSource(), tight.Error(), FormatSize(m.resident))}
+}
+
+// MaxSessionNodes is about the most nodes one session of the combined
+// graph holds: a larger one runs in blocks of consecutive nodes (the
+// out-of-core machinery, within the memory it has), each block's session
+// created once per run and handed the shared weights. ONNX Runtime's
+// memory planner, at session creation, compares each new value with the
+// freed buffers it has not reused, and a value whose shape an exporter
+// computes (a Reshape from Shape/Gather/Concat: most of a transformer's)
+// matches none, so the creation time grows with the square of the graph.
+// Measured on the 600 M decoder of BenchmarkLLM (fp32 and fp16 side by
+// side: 11445 nodes): one session 2.6–3.5 s to create; blocks of about
+// 2900 nodes 0.07–0.19 s each (0.54 s in all); at this limit ten blocks,
+// 0.4–0.5 s in all, and a failing audit with its fix reruns 8.9–9.8 s
+// against 9.8–10.0 s at 3000.
+const MaxSessionNodes = 1500
+
+// maxSessionNodes is MaxSessionNodes; tests lower it.
+var maxSessionNodes = MaxSessionNodes
+
+// cutBySize cuts a plan that fits its budget into blocks when its
+// combined graph holds more than MaxSessionNodes nodes (nodes of them):
+// blocks as long as that allows, each ended where the fewest values
+// cross, as cut ends them. Out of budget, cut adds the same limit to its
+// own.
+func (m *MemoryPlan) cutBySize(nodes int) {
+	if nodes <= maxSessionNodes*3/2 || m.prof == nil || m.blocks != nil {
+		return
+	}
+	m.maxBlock = max(2, maxSessionNodes*len(m.prof.order)/nodes)
+	m.bySize = true
+	if bp, err := m.cut(m.samples); err == nil && len(bp.starts) > 1 {
+		bp.bySize = true
+		m.blocks = bp
+	}
+	m.bySize = false
 }
 
 // rounds reports whether a pass's graph rounds values to half precision

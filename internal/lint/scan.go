@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
@@ -125,13 +128,34 @@ func (f *Facts) scanConstants() ([]*Constant, error) {
 	g := f.Model.Proto.GetGraph()
 	ix := f.Model.Index
 	var out []*Constant
-	for _, t := range g.GetInitializer() {
-		st, ok, err := scanProto(t, ix.BaseDir)
-		if err != nil {
+	// The initializers are scanned on every core (a 600 M model's 2.4 GB
+	// took 2.5 s on one), their results kept in the graph's order.
+	inits := g.GetInitializer()
+	type scanned struct {
+		st  Stats
+		ok  bool
+		err error
+	}
+	res := make([]scanned, len(inits))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), max(len(inits), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(inits); i = int(next.Add(1) - 1) {
+				r := &res[i]
+				r.st, r.ok, r.err = scanProto(inits[i], ix.BaseDir)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, t := range inits {
+		if err := res[i].err; err != nil {
 			return nil, fmt.Errorf("initializer %q: %w", t.GetName(), err)
 		}
-		if ok {
-			out = append(out, &Constant{Name: t.GetName(), Node: -1, DataType: t.GetDataType(), Stats: st})
+		if res[i].ok {
+			out = append(out, &Constant{Name: t.GetName(), Node: -1, DataType: t.GetDataType(), Stats: res[i].st})
 		}
 	}
 	for _, s := range g.GetSparseInitializer() {
@@ -243,9 +267,7 @@ func scanInto(s *Stats, dt tensor.DType, data []byte) {
 	le := binary.LittleEndian
 	switch dt {
 	case tensor.Float32:
-		for i := 0; i+4 <= len(data); i += 4 {
-			s.add(float64(math.Float32frombits(le.Uint32(data[i:]))))
-		}
+		scanFloat32(s, data)
 	case tensor.Float64:
 		for i := 0; i+8 <= len(data); i += 8 {
 			s.add(math.Float64frombits(le.Uint64(data[i:])))
@@ -259,6 +281,70 @@ func scanInto(s *Stats, dt tensor.DType, data []byte) {
 			s.add(float64(math.Float32frombits(uint32(le.Uint16(data[i:])) << 16)))
 		}
 	}
+}
+
+// The float32 bit patterns of the magnitudes add tells apart: a value
+// whose magnitude lies strictly between them is an ordinary one (NaN's
+// patterns lie above overflow's).
+var (
+	flushBits32    = math.Float32bits(float32(fp16Flush))
+	overflowBits32 = math.Float32bits(float32(fp16Overflow))
+)
+
+// scanFloat32 is scanInto for float32 data: the ordinary values (nonzero,
+// finite, within fp16's range: nearly all of a model's weights) are
+// counted on their bit patterns, eight at a time, and only the others go
+// through add; the result is add's for every element.
+func scanFloat32(s *Stats, data []byte) {
+	le := binary.LittleEndian
+	var nonZero int64
+	var maxBits uint32
+	maxAt := -1
+	n := len(data) / 4
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		b := data[4*i : 4*i+32]
+		all := true
+		for k := 0; k < 8; k++ {
+			a := le.Uint32(b[4*k:]) & 0x7fffffff
+			all = all && a > flushBits32 && a < overflowBits32
+		}
+		if !all {
+			for k := 0; k < 8; k++ {
+				scanOne(s, le.Uint32(b[4*k:]), &nonZero, &maxBits, &maxAt, i+k)
+			}
+			continue
+		}
+		nonZero += 8
+		for k := 0; k < 8; k++ {
+			if a := le.Uint32(b[4*k:]) & 0x7fffffff; a > maxBits {
+				maxBits, maxAt = a, i+k
+			}
+		}
+	}
+	for ; i < n; i++ {
+		scanOne(s, le.Uint32(data[4*i:]), &nonZero, &maxBits, &maxAt, i)
+	}
+	s.Elements += nonZero
+	s.NonZero += nonZero
+	if maxAt >= 0 {
+		if v := float64(math.Float32frombits(le.Uint32(data[4*maxAt:]))); math.Abs(v) > math.Abs(s.Extreme) {
+			s.Extreme = v
+		}
+	}
+}
+
+// scanOne counts one float32 element of scanFloat32: an ordinary one in
+// the running count and maximum, any other through add.
+func scanOne(s *Stats, u uint32, nonZero *int64, maxBits *uint32, maxAt *int, i int) {
+	if a := u & 0x7fffffff; a > flushBits32 && a < overflowBits32 {
+		*nonZero++
+		if a > *maxBits {
+			*maxBits, *maxAt = a, i
+		}
+		return
+	}
+	s.add(float64(math.Float32frombits(u)))
 }
 
 // scalarValue returns the value of a constant with exactly one element,

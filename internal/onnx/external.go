@@ -213,3 +213,22 @@ func nodeLabel(n *NodeProto, i int) string {
 	}
 	return nodeName(n, i)
 }
+
+// ExternalRange returns the file, offset and length of the bytes of t, a
+// tensor stored as external data of a model in folder baseDir, checked as
+// CheckExternalData checks them.
+func ExternalRange(t *TensorProto, baseDir string) (path string, offset, length int64, err error) {
+	want := int64(-1)
+	if dt, ok := supportedDType[TensorProto_DataType(t.GetDataType())]; ok {
+		n, err := elementCount(t)
+		if err != nil {
+			return "", 0, 0, err
+		}
+		want = n * int64(dt.Size())
+	}
+	path, ref, err := checkExternal(t, baseDir, want)
+	if err != nil {
+		return "", 0, 0, err
+	}
+	return path, ref.offset, ref.length, nil
+}

@@ -215,6 +215,7 @@ func roundFloats(js []byte) ([]byte, error) {
 // model and batches as from the repository root.
 func blankRun(r *report.Report) {
 	r.Tool.Version, r.Tool.ORTVersion, r.Tool.ORTThreads, r.Tool.ElapsedSecs = "0.0.0-test", "0.0.0-test", 0, 0
+	r.Tool.Timing = nil
 	fromRoot := func(p string) string { return strings.TrimPrefix(filepath.ToSlash(p), repoRoot+"/") }
 	r.Model.Path = fromRoot(r.Model.Path)
 	for i := range r.Batches {

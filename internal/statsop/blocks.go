@@ -141,7 +141,7 @@ func Split(p *Plan, pin []int) ([]*Block, error) {
 	handed := make([][]string, blocks)
 	for b := range out {
 		bg := &onnx.GraphProto{Name: fmt.Sprintf("%s::block%d", g.Name, b)}
-		bp := &Plan{Records: p.Records, Declared: p.Declared, Model: &onnx.ModelProto{IrVersion: p.Model.IrVersion, ProducerName: p.Model.ProducerName,
+		bp := &Plan{Records: p.Records, Declared: p.Declared, Weights: p.Weights, Model: &onnx.ModelProto{IrVersion: p.Model.IrVersion, ProducerName: p.Model.ProducerName,
 			ProducerVersion: p.Model.ProducerVersion, OpsetImport: p.Model.OpsetImport, Functions: p.Model.Functions, Graph: bg}}
 		out[b] = &Block{Plan: bp, Handed: map[string]bool{}}
 		seen[b] = map[string]bool{}

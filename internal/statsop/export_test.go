@@ -4,6 +4,7 @@ import (
 	"errors"
 	"unsafe"
 
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/ortcapi"
 )
 
@@ -91,3 +92,6 @@ func FailRegisterOnce() error {
 // Mass is what the Mass operator returns for x, computed on the calling
 // goroutine.
 var Mass = mass
+
+// WeightValue exposes (*Weights).value to the external tests.
+func WeightValue(w *Weights, t *onnx.TensorProto) (*ortcapi.Value, error) { return w.value(t) }

@@ -74,6 +74,9 @@ type Plan struct {
 	// the loaded model's memory instead of letting it copy them. "" hands
 	// nothing over.
 	Declared string
+	// Weights, when set, are the audit's weights every session of it
+	// shares: those it holds are handed over from it (see Weights).
+	Weights *Weights
 }
 
 const (

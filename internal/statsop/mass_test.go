@@ -96,7 +96,7 @@ func TestMassOperator(t *testing.T) {
 	g.Output = append(g.Output, onnx.TensorValueInfo("h", onnx.TensorProto_DOUBLE, int64(statsop.MassLen)))
 	m := onnx.NewModel(g, 17)
 	m.OpsetImport = append(m.OpsetImport, &onnx.OperatorSetIdProto{Domain: statsop.Domain, Version: 1})
-	s, err := statsop.NewModelSession(rt, m, "", []string{"x"}, []string{"h"}, ortcapi.Options{Threads: 2})
+	s, err := statsop.NewModelSession(rt, m, "", nil, []string{"x"}, []string{"h"}, ortcapi.Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

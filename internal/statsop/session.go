@@ -54,7 +54,7 @@ func NewSession(rt *ortcapi.Runtime, plan *Plan, inputs []string, opts ortcapi.O
 		ss.Close()
 		return nil, fmt.Errorf("too many statistics sessions open at once")
 	}
-	m, weights, err := handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, &opts)
+	m, weights, err := handOver(rt, withSink(plan.Model, int64(ss.sink)), plan.Declared, plan.Weights, &opts)
 	if err != nil {
 		ss.Close()
 		return nil, err
@@ -94,33 +94,35 @@ func HandsOver(t *onnx.TensorProto) bool {
 }
 
 // handOver returns m with the initializers HandsOver takes replaced by
-// declarations, and adds them to opts as tensors over their bytes, which
-// the caller releases after the session is closed. ONNX Runtime takes a
-// weight given to the session (AddInitializer) without a copy only in
-// place of one the graph declares, and it checks an embedded one's data:
-// the declaration says the weight lies in the file declared (in the
-// session's external-data folder), which ONNX Runtime finds but never
-// reads. The initializers a node updates in place (a training-mode
-// BatchNorm's running statistics) are left to ONNX Runtime's own copy.
-func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *ortcapi.Options) (*onnx.ModelProto, []*ortcapi.Value, error) {
-	if declared == "" {
+// declarations, and adds them to opts as tensors over their bytes: those
+// w holds (shared by every session of the audit, released by w.Close),
+// and the others, which the caller releases after the session is closed.
+// ONNX Runtime takes a weight given to the session (AddInitializer)
+// without a copy only in place of one the graph declares, and it checks
+// an embedded one's data: the declaration says the weight lies in the
+// file declared (in the session's external-data folder), which ONNX
+// Runtime finds but never reads. A weight in an external data file that w
+// holds keeps its declaration and is handed over from w's mapping. The
+// initializers a node updates in place (a training-mode BatchNorm's
+// running statistics) are left to ONNX Runtime's own copy.
+func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weights, opts *ortcapi.Options) (*onnx.ModelProto, []*ortcapi.Value, error) {
+	if declared == "" && w == nil {
 		return m, nil, nil
 	}
 	written := writtenInPlace(m.Graph)
 	var out *onnx.ModelProto
 	var weights []*ortcapi.Value
-	for i, t := range m.Graph.Initializer {
-		if !HandsOver(t) || written[t.Name] {
-			continue
+	fail := func(err error) (*onnx.ModelProto, []*ortcapi.Value, error) {
+		for _, v := range weights {
+			v.Release()
 		}
-		v, err := rt.NewTensor(ortcapi.ElemType(t.DataType), t.Dims, unsafe.Pointer(unsafe.SliceData(t.RawData)), len(t.RawData))
-		if err != nil {
-			for _, w := range weights {
-				w.Release()
-			}
-			return nil, nil, fmt.Errorf("initializer %q: %w", t.Name, err)
-		}
-		weights = append(weights, v)
+		return nil, nil, err
+	}
+	location := declared
+	if location == "" {
+		location = w.declared // w is set: handOver returned above otherwise
+	}
+	give := func(name string, v *ortcapi.Value) {
 		if out == nil {
 			out = onnx.ShallowCopy(m)
 			opts.Initializers = maps.Clone(opts.Initializers)
@@ -128,9 +130,31 @@ func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, opts *or
 				opts.Initializers = map[string]*ortcapi.Value{}
 			}
 		}
-		opts.Initializers[t.Name] = v
+		opts.Initializers[name] = v
+	}
+	for i, t := range m.Graph.Initializer {
+		if written[t.Name] {
+			continue
+		}
+		v, err := w.value(t)
+		if err != nil {
+			return fail(err)
+		}
+		switch {
+		case v != nil && t.GetDataLocation() == onnx.TensorProto_EXTERNAL:
+			give(t.Name, v)
+			continue
+		case v == nil && (declared == "" || !HandsOver(t)):
+			continue
+		case v == nil:
+			if v, err = rt.NewTensor(ortcapi.ElemType(t.DataType), t.Dims, unsafe.Pointer(unsafe.SliceData(t.RawData)), len(t.RawData)); err != nil {
+				return fail(fmt.Errorf("initializer %q: %w", t.Name, err))
+			}
+			weights = append(weights, v)
+		}
+		give(t.Name, v)
 		out.Graph.Initializer[i] = &onnx.TensorProto{Name: t.Name, DataType: t.DataType, Dims: t.Dims, DataLocation: onnx.TensorProto_EXTERNAL,
-			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: declared}, {Key: "offset", Value: "0"},
+			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: location}, {Key: "offset", Value: "0"},
 				{Key: "length", Value: strconv.Itoa(len(t.RawData))}}}
 	}
 	if out == nil {
@@ -154,13 +178,14 @@ type ModelSession struct {
 // creation serialised as NewSession's. declared, when set, hands the
 // weights HandsOver takes to ONNX Runtime over m's memory, as
 // Plan.Declared does: m must stay as it is until the session is closed.
-func NewModelSession(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, inputs, outputs []string, opts ortcapi.Options) (*ModelSession, error) {
+// w, when set, hands over the audit's shared weights (Plan.Weights).
+func NewModelSession(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weights, inputs, outputs []string, opts ortcapi.Options) (*ModelSession, error) {
 	d, err := Register(rt)
 	if err != nil {
 		return nil, fmt.Errorf("register the statistics operators: %w", err)
 	}
 	opts.Domains = append(append([]*ortcapi.CustomOpDomain(nil), opts.Domains...), d)
-	m, weights, err := handOver(rt, m, declared, &opts)
+	m, weights, err := handOver(rt, m, declared, w, &opts)
 	if err != nil {
 		return nil, err
 	}

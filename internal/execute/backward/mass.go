@@ -54,8 +54,9 @@ type massKey struct {
 // for the forward passes; library is the ONNX Runtime library. modelFile
 // is the file the model was loaded from: when it lies in
 // opt.ExternalDataDir, the weights are handed to ONNX Runtime over the
-// memory res.Model holds them in rather than copied (statsop.HandsOver).
-func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, modelFile string, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
+// memory res.Model holds them in rather than copied (statsop.HandsOver);
+// w, when set, hands over the audit's shared weights (statsop.Weights).
+func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, modelFile string, w *statsop.Weights, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
 	rt, err := ortcapi.Open(library)
 	if err != nil {
 		return nil, err
@@ -83,7 +84,7 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 		names = append(names, res.Target)
 	}
 	names = append(names, res.Scale, RoundInput)
-	if ms.s, err = statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), names, outputs, o); err != nil {
+	if ms.s, err = statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), w, names, outputs, o); err != nil {
 		return nil, fmt.Errorf("backward session: %w", err)
 	}
 	return ms, nil

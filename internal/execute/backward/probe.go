@@ -125,7 +125,7 @@ func probeRun(ctx context.Context, library string, m *onnx.ModelProto, modelFile
 	if err != nil {
 		return nil, err
 	}
-	s, err := statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), inNames, outNames, o)
+	s, err := statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), nil, inNames, outNames, o)
 	if err != nil {
 		return nil, err
 	}
