@@ -110,7 +110,7 @@ demo: ort build
 bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
 	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
-	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget' -benchtime 1x -timeout 30m ./internal/audit/
+	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
 	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
 

@@ -467,3 +467,37 @@ func verdictLines(out string) string {
 	}
 	return strings.Join(keep, "\n")
 }
+
+// BenchmarkExporters audits the same models as torch 1.13's TorchScript
+// exporter wrote them (fixtures/torch/cases) and as torch 2.9's dynamo
+// exporter did (fixtures/torch/cases_dynamo), each audit a child process
+// of its own (the default budget, the fix reruns, as a user runs it), and
+// reports dynamo/torchscript in time and in peak RSS over all of them
+// (target issue 25: within 10 %).
+func BenchmarkExporters(b *testing.B) {
+	root := filepath.Join("..", "..", "fixtures", "torch")
+	cases := []string{"resnet_raw_pixels", "efficientnet_normalized", "vit_tiny", "token_transformer_overflow",
+		"gpt_mask_additive_finfo", "llama_finfo_mask_padding", "t5_residual_overflow"}
+	var tTS, tDyn time.Duration
+	var rssTS, rssDyn int64
+	for b.Loop() {
+		for _, c := range cases {
+			for _, dir := range []string{"cases", "cases_dynamo"} {
+				in := &benchInput{model: filepath.Join(root, dir, c, "model.onnx"), dir: filepath.Join(root, dir, c, "batches")}
+				t, rss, _ := childRun(b, in, false, 0, true)
+				if dir == "cases" {
+					tTS += t
+					rssTS += rss
+				} else {
+					tDyn += t
+					rssDyn += rss
+				}
+			}
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(tTS.Milliseconds())/n, "ms-torchscript")
+	b.ReportMetric(float64(tDyn.Milliseconds())/n, "ms-dynamo")
+	b.ReportMetric(float64(tDyn)/float64(tTS), "dynamo/torchscript")
+	b.ReportMetric(float64(rssDyn)/float64(rssTS), "rss-dynamo/rss-torchscript")
+}
