@@ -1,6 +1,7 @@
 package audit_test
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -177,4 +179,53 @@ func zeros(t *testing.T, shape ...int64) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestHFLanguageModelBackward: the training audit of a Hugging Face Llama
+// exported by torch 2.9's dynamo exporter, with the causal LM loss on its
+// own token ids (--lm-shift). The exporter lifts the constants of the
+// module's code into initializers (the 2 of every RMSNorm's pow); none of
+// them gets a gradient, as in PyTorch, where the pow's exponent's would
+// need the log of negative values and turn the fp32 backward to NaN.
+// Truth from torch 2.9.1 and transformers 5.24.0 (loss.backward() on the
+// same model, seed and ids): loss 6.2393947, every gradient finite. (The
+// export holds fewer weights than the model's 21 parameters: it folds
+// Linear weights into transposed copies and merges equal tensors, such as
+// the RMSNorm weights, all ones at initialisation.)
+func TestHFLanguageModelBackward(t *testing.T) {
+	dir := filepath.Join("..", "..", "fixtures", "torch", "cases_hf", "hf_llama")
+	model := filepath.Join(dir, "model.onnx")
+	r, err := audit.Run(context.Background(), audit.Config{ModelPath: model,
+		Inputs: []string{filepath.Join(dir, "batches")}, Train: audit.TrainConfig{Loss: "cross-entropy", LMShift: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.Training.Backward
+	if b.LossValue == nil || math.Abs(*b.LossValue-6.2393947) > 1e-5 {
+		t.Errorf("loss %v, torch 6.2393947", b.LossValue)
+	}
+	if b.Verdict == report.BackwardFP32Broken || len(b.Unsupported) != 0 {
+		t.Errorf("verdict %s, ops without a gradient %+v: PyTorch's fp32 backward is finite", b.Verdict, b.Unsupported)
+	}
+	m, err := onnx.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scalar := map[string]bool{}
+	for _, ti := range m.Proto.Graph.Initializer {
+		if tensor.NumElements(ti.Dims) <= 1 {
+			scalar[ti.Name] = true
+		}
+	}
+	if len(scalar) == 0 {
+		t.Fatal("the export lifted no single-number constant: the test tests nothing")
+	}
+	if len(b.Parameters) < 3 {
+		t.Errorf("%d parameter gradients", len(b.Parameters))
+	}
+	for _, p := range b.Parameters {
+		if scalar[p.Name] {
+			t.Errorf("a gradient for the lifted constant %s", p.Name)
+		}
+	}
 }

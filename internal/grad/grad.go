@@ -62,6 +62,7 @@ import (
 
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/tensor"
 )
 
 // Loss is the loss applied to the prediction output, computed as fastai's
@@ -451,8 +452,16 @@ func (d *driver) run(out, seed string) {
 func (d *driver) markActive(out string) {
 	g := d.b.Graph()
 	req := map[string]bool{}
+	// A dynamo export lifts the constants of the module's code into
+	// initializers (the 2 of every RMSNorm's pow, whose "gradient" needs
+	// the log of negative values; epsilons; scales), and marks the
+	// parameters it kept as they were. A single number it does not mark a
+	// parameter is such a constant, and gets no gradient, as in PyTorch.
+	// (Its other initializers stay: the exporter folds weights into new
+	// ones, a Linear's transposed weight among them, unmarked.)
+	params, marked := onnx.TorchParameters(g)
 	for _, t := range g.Initializer {
-		if t.DataType == elemFloat {
+		if t.DataType == elemFloat && (!marked || params[t.Name] || tensor.NumElements(t.Dims) > 1) {
 			req[t.Name] = true
 		}
 	}

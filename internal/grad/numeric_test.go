@@ -427,6 +427,11 @@ func TestNormalization(t *testing.T) {
 			nodes: []*onnx.NodeProto{nd("LayerNormalization", []string{"x", "s", "b"}, "y")}, tol: 5e-3},
 		{name: "LayerNormalization axis 1", inputs: []tinyInput{in("x", 2, 3, 4), in("s", 3, 4)},
 			nodes: []*onnx.NodeProto{nd("LayerNormalization", []string{"x", "s"}, "y", onnx.AttrInt("axis", 1), onnx.AttrFloat("epsilon", 1e-3))}, tol: 5e-3},
+		// opset 23, as torch 2.9 exports rms_norm there
+		{name: "RMSNormalization last axis", opset: 23, inputs: []tinyInput{in("x", 2, 3, 4), in("s", 4)},
+			nodes: []*onnx.NodeProto{nd("RMSNormalization", []string{"x", "s"}, "y")}, tol: 5e-3},
+		{name: "RMSNormalization axis 1", opset: 23, inputs: []tinyInput{in("x", 2, 3, 4), in("s", 3, 4)},
+			nodes: []*onnx.NodeProto{nd("RMSNormalization", []string{"x", "s"}, "y", onnx.AttrInt("axis", 1), onnx.AttrFloat("epsilon", 1e-3))}, tol: 5e-3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { checkNumeric(t, c) })

@@ -176,3 +176,31 @@ func nodeName(n *NodeProto, i int) string {
 	}
 	return fmt.Sprintf("%s#%d", n.GetOpType(), i)
 }
+
+// inputSpecKind is the metadata key torch's dynamo exporter gives the
+// value info of every initializer it lifted from the module: PARAMETER,
+// BUFFER or CONSTANT_TENSOR (torch.export's graph signature).
+const inputSpecKind = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+// TorchParameters returns the initializers of g that torch's dynamo
+// exporter marks as the module's parameters (nn.Parameter), and whether
+// g carries those marks at all. Without them (TorchScript exports, other
+// producers) every float initializer may be a parameter. With them, a
+// parameter the exporter kept as it was is marked; one it folded into a
+// new initializer (a Linear's weight transposed for its MatMul) is not,
+// and neither are the constants it lifted (a Pow's exponent, an epsilon).
+func TorchParameters(g *GraphProto) (map[string]bool, bool) {
+	params := map[string]bool{}
+	marked := false
+	for _, vi := range g.GetValueInfo() {
+		for _, p := range vi.GetMetadataProps() {
+			if p.GetKey() == inputSpecKind {
+				marked = true
+				if p.GetValue() == "PARAMETER" {
+					params[vi.GetName()] = true
+				}
+			}
+		}
+	}
+	return params, marked
+}

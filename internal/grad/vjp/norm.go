@@ -12,6 +12,7 @@ func init() {
 	register(reduce, "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceMax", "ReduceMin", "ReduceL2")
 	register(batchNorm, "BatchNormalization")
 	register(layerNorm, "LayerNormalization")
+	register(rmsNorm, "RMSNormalization")
 }
 
 // softmax (opset 13 on: one axis).
@@ -239,6 +240,43 @@ func layerNorm(c *call) error {
 			return err
 		}
 		c.set(2, sumTo(b, g, xs, lead, bs))
+	}
+	return nil
+}
+
+// rmsNorm is RMSNormalization (opset 23, torch 2.9's export of rms_norm at
+// that opset): y = x / sqrt(mean(x², axes) + eps) · scale over the axes
+// from axis on, with x̂ = x / rms:
+// dx = (g·scale − x̂ · mean(g·scale·x̂)) / rms, dscale = Σ g·x̂ over the
+// leading axes (torch's rms_norm backward).
+func rmsNorm(c *call) error {
+	x, scale := c.in(0), c.in(1)
+	xs, err := c.shape(x)
+	if err != nil {
+		return err
+	}
+	b, g := c.b, c.g()
+	r := len(xs)
+	axis := normAxis(attrInt(c.n, "axis", -1), r)
+	axes := iota64(int(axis), r)
+	lead := iota64(0, int(axis))
+	nrm := float64(tensor.NumElements(xs[axis:]))
+	eps := attrFloat(c.n, "epsilon", 1e-5)
+
+	ms := b.scale(b.reduceSum(b.mul(x, x), axes, true), 1/nrm)
+	inv := b.op("Reciprocal", []string{b.op("Sqrt", []string{b.add(ms, b.scalar(eps))})})
+	xhat := b.mul(x, inv)
+	if c.wants(0) {
+		gh := b.mul(g, scale)
+		m := b.scale(b.reduceSum(b.mul(gh, xhat), axes, true), 1/nrm)
+		c.set(0, b.mul(inv, b.sub(gh, b.mul(xhat, m))))
+	}
+	if c.wants(1) {
+		ss, err := c.shape(scale)
+		if err != nil {
+			return err
+		}
+		c.set(1, sumTo(b, b.mul(g, xhat), xs, lead, ss))
 	}
 	return nil
 }
