@@ -204,17 +204,11 @@ func layerNorm(c *call) error {
 		return c.errorf("gradient through the Mean or InvStdDev outputs")
 	}
 	x, scale, bias := c.in(0), c.in(1), c.in(2)
-	xs, err := c.shape(x)
+	xs, axes, lead, nrm, eps, err := normGeometry(c, x)
 	if err != nil {
 		return err
 	}
 	b, g := c.b, c.g()
-	r := len(xs)
-	axis := normAxis(attrInt(c.n, "axis", -1), r)
-	axes := iota64(int(axis), r)
-	lead := iota64(0, int(axis))
-	nrm := float64(tensor.NumElements(xs[axis:]))
-	eps := attrFloat(c.n, "epsilon", 1e-5)
 
 	mean := b.scale(b.reduceSum(x, axes, true), 1/nrm)
 	xc := b.sub(x, mean)
@@ -251,17 +245,11 @@ func layerNorm(c *call) error {
 // leading axes (torch's rms_norm backward).
 func rmsNorm(c *call) error {
 	x, scale := c.in(0), c.in(1)
-	xs, err := c.shape(x)
+	xs, axes, lead, nrm, eps, err := normGeometry(c, x)
 	if err != nil {
 		return err
 	}
 	b, g := c.b, c.g()
-	r := len(xs)
-	axis := normAxis(attrInt(c.n, "axis", -1), r)
-	axes := iota64(int(axis), r)
-	lead := iota64(0, int(axis))
-	nrm := float64(tensor.NumElements(xs[axis:]))
-	eps := attrFloat(c.n, "epsilon", 1e-5)
 
 	ms := b.scale(b.reduceSum(b.mul(x, x), axes, true), 1/nrm)
 	inv := b.op("Reciprocal", []string{b.op("Sqrt", []string{b.add(ms, b.scalar(eps))})})
@@ -279,6 +267,19 @@ func rmsNorm(c *call) error {
 		c.set(1, sumTo(b, b.mul(g, xhat), xs, lead, ss))
 	}
 	return nil
+}
+
+// normGeometry is what LayerNormalization and RMSNormalization read of
+// their node: x's shape, the normalized axes (from the axis attribute on)
+// and the leading ones, the number of elements normalized together and
+// epsilon.
+func normGeometry(c *call, x string) (xs, axes, lead []int64, nrm float64, eps float32, err error) {
+	if xs, err = c.shape(x); err != nil {
+		return nil, nil, nil, 0, 0, err
+	}
+	r := len(xs)
+	axis := normAxis(attrInt(c.n, "axis", -1), r)
+	return xs, iota64(int(axis), r), iota64(0, int(axis)), float64(tensor.NumElements(xs[axis:])), attrFloat(c.n, "epsilon", 1e-5), nil
 }
 
 // sumTo sums v (shape xs) over the leading axes and then back to the
