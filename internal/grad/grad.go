@@ -20,7 +20,7 @@
 //	arithmetic:  Add Sub Mul Div Pow Sum Max Min Neg Abs Exp Log Sqrt Reciprocal
 //	activations: Relu LeakyRelu Elu Sigmoid Tanh Erf Gelu Softplus Softsign
 //	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
-//	linear:      Gemm MatMul Conv
+//	linear:      Gemm MatMul Conv Attention
 //	normalizing: Softmax LogSoftmax BatchNormalization LayerNormalization
 //	             RMSNormalization
 //	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin

@@ -438,6 +438,31 @@ func TestNormalization(t *testing.T) {
 	}
 }
 
+// TestAttention: opset 23's Attention on [batch, heads, sequence, head
+// size] inputs: plain, grouped-query (4 query heads over 2 key heads,
+// 5 keys), a boolean mask, an additive mask (whose gradient is taken too),
+// causal with its own scale.
+func TestAttention(t *testing.T) {
+	mask := &onnx.TensorProto{Name: "m", DataType: int32(onnx.TensorProto_BOOL), Dims: []int64{1, 1, 3, 3},
+		RawData: []byte{1, 0, 1, 1, 1, 0, 0, 1, 1}}
+	qkv := []string{"q", "k", "v"}
+	cases := []tiny{
+		{name: "plain", opset: 23, inputs: []tinyInput{in("q", 1, 2, 3, 4), in("k", 1, 2, 3, 4), in("v", 1, 2, 3, 4)},
+			nodes: []*onnx.NodeProto{nd("Attention", qkv, "y")}, tol: 5e-3},
+		{name: "grouped-query", opset: 23, inputs: []tinyInput{in("q", 1, 4, 3, 4), in("k", 1, 2, 5, 4), in("v", 1, 2, 5, 4)},
+			nodes: []*onnx.NodeProto{nd("Attention", qkv, "y")}, tol: 5e-3},
+		{name: "boolean mask", opset: 23, inputs: []tinyInput{in("q", 2, 2, 3, 4), in("k", 2, 2, 3, 4), in("v", 2, 2, 3, 4)},
+			inits: []*onnx.TensorProto{mask}, nodes: []*onnx.NodeProto{nd("Attention", append(qkv, "m"), "y")}, tol: 5e-3},
+		{name: "additive mask", opset: 23, inputs: []tinyInput{in("q", 1, 2, 3, 4), in("k", 1, 2, 3, 4), in("v", 1, 2, 3, 4), in("m", 1, 1, 3, 3)},
+			nodes: []*onnx.NodeProto{nd("Attention", append(qkv, "m"), "y")}, tol: 5e-3},
+		{name: "causal", opset: 23, inputs: []tinyInput{in("q", 1, 2, 4, 4), in("k", 1, 2, 4, 4), in("v", 1, 2, 4, 4)},
+			nodes: []*onnx.NodeProto{nd("Attention", qkv, "y", onnx.AttrInt("is_causal", 1), onnx.AttrFloat("scale", 0.3))}, tol: 5e-3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { checkNumeric(t, c) })
+	}
+}
+
 func TestPooling(t *testing.T) {
 	cases := []tiny{
 		{name: "MaxPool 3x3 stride 2 pad 1 (overlapping)", inputs: []tinyInput{in("x", 2, 2, 5, 5).unique()},

@@ -543,7 +543,8 @@ func init() {
 		AveragePool BatchNormalization Conv ConvTranspose Dropout Einsum Gemm
 		GlobalAveragePool GlobalLpPool GlobalMaxPool GroupNormalization
 		InstanceNormalization LRN LayerNormalization LpNormalization LpPool MatMul
-		MaxPool MeanVarianceNormalization RMSNormalization TopK Range`) {
+		MaxPool MeanVarianceNormalization RMSNormalization TopK Range
+		Attention RotaryEmbedding Swish`) {
 		sameTypeOps[op] = true
 	}
 }
