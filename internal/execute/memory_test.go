@@ -227,6 +227,10 @@ func TestBudgetSplits(t *testing.T) {
 // in parts; over the budget it is refused with the export to fix it.
 func TestFixedBatchRefused(t *testing.T) {
 	e, passes, bs := engineFor(t, "models/demo_cnn.onnx", "batches/demo_cnn_raw.npy")
+	// What the test process holds is not the point: the budget leaves
+	// room for the weights and half a run.
+	defer func(f func() (int64, bool)) { memResident = f }(memResident)
+	memResident = func() (int64, bool) { return 0, false }
 	mp, err := e.memoryPlan(passes, bs, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -468,5 +472,24 @@ func TestHandOverEqualsCopy(t *testing.T) {
 				t.Errorf("%s %s: handed over %+v, copied %+v", passes[p].Name, v, *g, *w)
 			}
 		}
+	}
+}
+
+// TestBudgetBelowResident: a --max-memory below what the process already
+// holds is refused naming both sizes, with no negative room in the
+// message (it read "above the -33337344 B the budget leaves").
+func TestBudgetBelowResident(t *testing.T) {
+	e, passes, bs := engineFor(t, "models/demo_cnn.onnx", "batches/demo_cnn_raw.npy")
+	defer func(f func() (int64, bool)) { memResident = f }(memResident)
+	memResident = func() (int64, bool) { return 64 << 20, true }
+	e.MaxMemory = 1 << 20
+	_, _, err := e.Run(context.Background(), passes, bs)
+	var be *BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("want a budget error, got %v", err)
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "1 MiB") || !strings.Contains(msg, "64 MiB") || strings.Contains(msg, "-") && strings.Contains(msg, " B the budget leaves") {
+		t.Errorf("message %q", msg)
 	}
 }

@@ -263,6 +263,11 @@ func (e *Engine) memoryPlan(passes []Pass, batches []batch.Batch, probe *shapePr
 		m.parts = int((m.samples + m.step - 1) / m.step)
 		return m, nil
 	}
+	if m.budget <= m.resident {
+		// Nothing is left for the passes at all: no cut can help.
+		return nil, &BudgetError{Err: fmt.Errorf("the budget of %s (%s) is below the %s the process holds before the passes start (the ONNX Runtime library, the model, the batches); the audit needs an estimated %s more: pass a larger --max-memory",
+			FormatSize(m.budget), m.budgetSource(), FormatSize(m.resident), FormatSize(m.peak))}
+	}
 	// The weights and one run do not fit together: the model runs in
 	// blocks of consecutive nodes, each session holding only its own
 	// weights; whole batches if the blocks fit them, else in parts.
