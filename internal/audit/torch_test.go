@@ -132,9 +132,11 @@ var hfKnownWrong = map[string]string{
 }
 
 // TestTorchTruthHF: the truth table on the Hugging Face architectures
-// (GPT-2, Llama with and without a massive activation, BERT with a padded
-// batch, T5's encoder with and without its feed-forward overflow, ViT,
-// Whisper's encoder), by verdict and module path.
+// (GPT-2, Llama and Qwen2 with and without a massive activation, Mistral,
+// BERT, RoBERTa and DistilBERT with a padded batch, T5's encoder with and
+// without its feed-forward overflow, ViT, CLIP's vision tower, ConvNeXt,
+// Whisper's encoder, Wav2Vec2; the Llamas at opset 23 too), by verdict
+// and module path.
 func TestTorchTruthHF(t *testing.T) {
 	torchTruth(t, torchHFCases, hfKnownWrong)
 }
