@@ -40,7 +40,7 @@ type refKey struct {
 type refCache struct {
 	outs   map[refKey]*tensor.Tensor
 	values map[*onnx.ModelProto][]string
-	inputs [][]*tensor.Tensor
+	inputs map[string][]*tensor.Tensor // by batchKey
 	bytes  int64
 }
 
@@ -72,12 +72,12 @@ func (c *refCache) keep(model *onnx.ModelProto, value string, b batch.Batch, sha
 		return
 	}
 	if c.outs == nil {
-		c.outs, c.values = map[refKey]*tensor.Tensor{}, map[*onnx.ModelProto][]string{}
+		c.outs, c.values, c.inputs = map[refKey]*tensor.Tensor{}, map[*onnx.ModelProto][]string{}, map[string][]*tensor.Tensor{}
 	}
 	if !slices.Contains(c.values[model], value) {
 		c.values[model] = append(c.values[model], value)
 	}
-	c.inputs = append(c.inputs, b.Inputs)
+	c.inputs[k.batch] = b.Inputs
 	c.outs[k] = t
 	c.bytes += int64(len(t.Data))
 }
