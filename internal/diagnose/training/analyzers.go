@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"fp16audit/checks"
-	"fp16audit/internal/grad"
 	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
@@ -169,7 +168,7 @@ func (f *Facts) fp32NonFinite() []namedValue {
 		}
 	}
 	for _, gr := range b.Res.Params() {
-		if _, ok := grad.LostMass(b.FP32.Params[gr.Value], b.FP32.Params[gr.Value], 0); !ok {
+		if !allFinite(b.FP32.Params[gr.Value]) {
 			out = append(out, namedValue{gr.Value, gr.Node})
 		}
 	}

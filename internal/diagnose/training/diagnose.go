@@ -395,8 +395,14 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 	b := f.Backward
 	bad, over := 0, 0
 	worst, name := 0.0, ""
-	for _, p := range f.gradients().params {
-		l, ok := grad.LostMass(r.Params[p.value], b.FP32.Params[p.value], r.Exp)
+	params := f.gradients().params
+	names := make([]string, len(params))
+	for i, p := range params {
+		names[i] = p.value
+	}
+	lost, finite := lostMasses(r, b.FP32, names, r.Exp)
+	for i, p := range params {
+		l, ok := lost[i], finite[i]
 		switch {
 		case !ok:
 			bad++

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -44,11 +45,6 @@ type Facts struct {
 
 	once  sync.Once
 	table *table
-	// measured caches each emulated run's parameter losses, over whether
-	// it overflows, broken whether the fp32 backward holds NaN/Inf.
-	measured map[*grad.Run][]float64
-	over     map[*grad.Run]bool
-	broken   *bool
 }
 
 // Backward is what the backward runs produced.
@@ -79,7 +75,24 @@ type Backward struct {
 	// generation, in seconds.
 	Count   int
 	Elapsed float64
+
+	// memo holds what is read off the runs' parameter gradients (millions
+	// of elements on a ResNet), once per run for every Facts over this
+	// Backward: the audit asks NextRuns and then diagnoses, each with a
+	// Facts of its own.
+	memo runMemo
 }
+
+// runMemo caches, by run (and the fp32 run it is compared with), the
+// parameter losses of an emulated run, whether a run's parameter
+// gradients hold NaN/Inf, and whether the fp32 backward does.
+type runMemo struct {
+	lost   map[runPair][]float64
+	over   map[*grad.Run]bool
+	broken map[*grad.Run]bool
+}
+
+type runPair struct{ run, fp32 *grad.Run }
 
 // Runner verifies a fix by running the backward again: BF16 runs it with
 // the rounding of the bf16 policy (learn.to_bf16(), which trains without
@@ -189,7 +202,9 @@ func (f *Facts) buildTable() *table {
 			byValue[e.value] = append(byValue[e.value], k)
 		}
 	}
-	for _, gr := range b.Res.Params() {
+	params := b.Res.Params()
+	norms := f.paramNorms(params)
+	for k, gr := range params {
 		p := &param{value: gr.Value, pos: -1, node: gr.Node}
 		if gr.Node >= 0 {
 			p.module, p.pos = onnx.ModulePath(g.Node[gr.Node]), pos[gr.Node]
@@ -212,12 +227,8 @@ func (f *Facts) buildTable() *table {
 			}
 		}
 		if b.FP32 != nil {
-			var ss float64
-			for _, v := range b.FP32.Params[p.value] {
-				ss += float64(v) * float64(v)
-			}
 			for _, i := range p.feeds {
-				if m := t.entries[i].mass(b.FP32); m != nil && math.Sqrt(ss) < noiseRatio*m.Norm() {
+				if m := t.entries[i].mass(b.FP32); m != nil && norms[k] < noiseRatio*m.Norm() {
 					p.noise = true
 				}
 			}
@@ -226,6 +237,24 @@ func (f *Facts) buildTable() *table {
 	}
 	sort.SliceStable(t.params, func(i, j int) bool { return t.params[i].pos < t.params[j].pos })
 	return t
+}
+
+// paramNorms returns the L2 norm of each parameter's fp32 gradient (nil
+// without the fp32 run), spread over the cores.
+func (f *Facts) paramNorms(params []grad.Grad) []float64 {
+	b := f.Backward
+	if b.FP32 == nil {
+		return nil
+	}
+	norms := make([]float64, len(params))
+	parallel(len(params), func(i int) {
+		var ss float64
+		for _, v := range b.FP32.Params[params[i].Value] {
+			ss += float64(v) * float64(v)
+		}
+		norms[i] = math.Sqrt(ss)
+	})
+	return norms
 }
 
 // siteKind says what a Site's input slot is: the weight or bias of a Conv
@@ -283,13 +312,8 @@ func (b *Backward) fp32Broken() bool {
 	if r == nil {
 		return false
 	}
-	if isNaNOrInf(r.Loss) {
+	if isNaNOrInf(r.Loss) || !paramsFinite(r) {
 		return true
-	}
-	for _, g := range r.Params {
-		if !allFinite(g) {
-			return true
-		}
 	}
 	for _, m := range r.Grads {
 		if m.NonFinite > 0 {
@@ -315,12 +339,18 @@ func (f *Facts) ready() bool {
 	return !f.fp32Broken() && len(f.gradients().entries) > 0
 }
 
-// fp32Broken is Backward.fp32Broken, read once per diagnosis.
+// fp32Broken is Backward.fp32Broken, read once per fp32 run.
 func (f *Facts) fp32Broken() bool {
-	if f.broken == nil {
-		f.broken = ptr(f.Backward.fp32Broken())
+	b := f.Backward
+	m := &b.memo
+	if v, ok := m.broken[b.FP32]; ok {
+		return v
 	}
-	return *f.broken
+	if m.broken == nil {
+		m.broken = map[*grad.Run]bool{}
+	}
+	m.broken[b.FP32] = b.fp32Broken()
+	return m.broken[b.FP32]
 }
 
 // overflow says whether the backward at exponent x overflows: measured
@@ -358,21 +388,28 @@ func (f *Facts) overflow(x int) (over bool, first int) {
 // NaN or Inf, which is what makes a GradScaler skip the step. Each run is
 // read once.
 func (f *Facts) runOverflows(r *grad.Run) bool {
-	if v, ok := f.over[r]; ok {
+	m := &f.Backward.memo
+	if v, ok := m.over[r]; ok {
 		return v
 	}
-	v := false
-	for _, g := range r.Params {
-		if !allFinite(g) {
-			v = true
-			break
-		}
+	v := !paramsFinite(r)
+	if m.over == nil {
+		m.over = map[*grad.Run]bool{}
 	}
-	if f.over == nil {
-		f.over = map[*grad.Run]bool{}
-	}
-	f.over[r] = v
+	m.over[r] = v
 	return v
+}
+
+// paramsFinite reports whether every parameter gradient of r is finite,
+// read on every core.
+func paramsFinite(r *grad.Run) bool {
+	gs := make([][]float32, 0, len(r.Params))
+	for _, g := range r.Params {
+		gs = append(gs, g)
+	}
+	bad := make([]bool, len(gs))
+	parallel(len(gs), func(i int) { bad[i] = !allFinite(gs[i]) })
+	return !slices.Contains(bad, true)
 }
 
 // allFinite reads the exponent bits alone: a ResNet's parameter
@@ -395,17 +432,20 @@ func allFinite(g []float32) bool {
 func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 	t, b := f.gradients(), f.Backward
 	if r, ok := b.Runs[x]; ok {
-		if f.measured == nil {
-			f.measured = map[*grad.Run][]float64{}
-		}
-		ls, ok := f.measured[r]
+		m := &b.memo
+		key := runPair{r, b.FP32}
+		ls, ok := m.lost[key]
 		if !ok {
 			// Each run's losses once: a parameter gradient is long.
-			ls = make([]float64, len(t.params))
+			names := make([]string, len(t.params))
 			for i, q := range t.params {
-				ls[i], _ = grad.LostMass(r.Params[q.value], b.FP32.Params[q.value], x)
+				names[i] = q.value
 			}
-			f.measured[r] = ls
+			ls, _ = lostMasses(r, b.FP32, names, x)
+			if m.lost == nil {
+				m.lost = map[runPair][]float64{}
+			}
+			m.lost[key] = ls
 		}
 		return ls[k], true
 	}
@@ -624,4 +664,33 @@ func finite(x float64) *float64 {
 		return nil
 	}
 	return &x
+}
+
+// lostMasses returns grad.LostMass of each named parameter gradient of r
+// (× 2^exp) against fp32's, and whether r's is finite, spread over the
+// cores: a ResNet-18's gradients are 11 M elements, read once per run.
+func lostMasses(r, fp32 *grad.Run, names []string, exp int) (lost []float64, finite []bool) {
+	lost, finite = make([]float64, len(names)), make([]bool, len(names))
+	parallel(len(names), func(i int) {
+		lost[i], finite[i] = grad.LostMass(r.Params[names[i]], fp32.Params[names[i]], exp)
+	})
+	return lost, finite
+}
+
+// parallel calls do(0) … do(n-1) on every core, each index once.
+func parallel(n int, do func(i int)) {
+	work := make(chan int, n)
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), n) {
+		wg.Go(func() {
+			for i := range work {
+				do(i)
+			}
+		})
+	}
+	wg.Wait()
 }
