@@ -282,6 +282,10 @@ const (
 	// FixConstant verifies that constants within the format's range
 	// (torch.finfo(dtype).min) remove the NaN/Inf.
 	FixConstant = "finfo-constant"
+	// FixEpsilon verifies, on an fp32-broken model, that an epsilon
+	// inside the square root a normalization divides by removes the
+	// NaN/Inf of the fp32 pass. Added within v1.2.
+	FixEpsilon = "epsilon"
 )
 
 // Fix is a remedy fp16audit tried by re-running the emulated pass.

@@ -403,7 +403,14 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 // returns its results.
 func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
 	if r.Reference {
-		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: a.fwd}}, r.Batches)
+		m := a.fwd
+		if len(r.Epsilon) > 0 {
+			var err error
+			if m, err = rewrite.AddEpsilon(m, r.Epsilon); err != nil {
+				return nil, err
+			}
+		}
+		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: m}}, r.Batches)
 		if err != nil {
 			return nil, err
 		}

@@ -99,9 +99,11 @@ var dynamoKnownWrong = map[string]string{
 	// exponent constant promoted it to fp32 by chance)
 	"t5_residual_overflow/half": "origin block.1.layer.1.layer_norm",
 	// the dynamo export itself has no "+ eps": torch 2.9's exporter wrote
-	// sqrt(var) for BERT's hand-written sqrt(var + 1e-12), so its pad rows
-	// are 0/0 in fp32 too; fp16audit reports the exported graph faithfully
-	// (fp32-broken at node_div), PyTorch's eager model is healthy
+	// sqrt(var) for BERT's hand-written sqrt(var + 1e-12) (its optimizer
+	// folds an Add of 1e-8 or less away; optimize=False keeps it), so its
+	// pad rows are 0/0 in fp32 too; fp16audit reports the exported graph
+	// faithfully (fp32-broken at node_div) and verifies the epsilon fix
+	// (TestDroppedEpsilon), PyTorch's eager model is healthy
 	"bert_layernorm_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
 	"bert_layernorm_eps/half":          "fp32-broken: the export dropped the eps",
 	"bert_layernorm_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
@@ -370,4 +372,57 @@ func findingLines(r *report.Report) string {
 		b.WriteString("  " + f.Check + " " + f.Severity.String() + " " + f.Node + f.Value + ": " + f.Message + "\n")
 	}
 	return b.String()
+}
+
+// TestDroppedEpsilon: torch 2.9's dynamo export of BERT's hand-written
+// LayerNorm has no "+ 1e-12" (its optimizer folds the Add away), so the
+// pad rows are 0/0 in fp32. The audit says so, names optimize=False, and
+// verifies by rerun that the root with an epsilon is finite; the
+// TorchScript export of the same model keeps its epsilon and gets no such
+// fix.
+func TestDroppedEpsilon(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dir := filepath.Join(torchDynamoCases, "bert_layernorm_eps")
+	r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+		Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Verdict != report.VerdictFP32Broken {
+		t.Fatalf("verdict %s (%s), want fp32-broken: the export divides by sqrt(var)", r.Verdict, r.VerdictText)
+	}
+	i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon })
+	if i < 0 {
+		t.Fatalf("no epsilon fix among %+v", r.Fixes)
+	}
+	fix := r.Fixes[i]
+	if !fix.Works || fix.NonFiniteAfter != 0 || fix.NonFiniteBefore == 0 || !slices.Equal(fix.Nodes, []string{"node_sqrt"}) ||
+		!strings.Contains(fix.Summary, "optimize=False") {
+		t.Errorf("epsilon fix %+v: want it to work at node_sqrt and name optimize=False", fix)
+	}
+	f := findingByCheck(r, "FP2002")
+	if f == nil || !strings.Contains(f.Message, "no epsilon") || !strings.Contains(f.Message, "optimize=False") {
+		t.Errorf("FP2002 finding %+v: want the missing epsilon and optimize=False named", f)
+	}
+	ts := filepath.Join(torchCases, "bert_layernorm_eps")
+	r, err = audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(ts, "model.onnx"),
+		Inputs: []string{filepath.Join(ts, "batches")}, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Verdict != report.VerdictHealthy || slices.ContainsFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon }) {
+		t.Errorf("TorchScript export: verdict %s, fixes %+v; want healthy without an epsilon fix", r.Verdict, r.Fixes)
+	}
+}
+
+// findingByCheck returns r's first finding of the check id, nil if none.
+func findingByCheck(r *report.Report, id string) *checks.Finding {
+	for i := range r.Findings {
+		if r.Findings[i].Check == id {
+			return &r.Findings[i]
+		}
+	}
+	return nil
 }

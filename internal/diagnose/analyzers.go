@@ -191,8 +191,8 @@ func runFP32Broken(f *Facts) ([]checks.Finding, error) {
 		if o.Cause == report.CauseInput {
 			continue
 		}
-		out = append(out, f.nodeFinding(checkFP32Broken, o.Index, o.Value, PassFP32, fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s",
-			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs))))
+		out = append(out, f.nodeFinding(checkFP32Broken, o.Index, o.Value, PassFP32, fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s%s",
+			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs), f.epsilonHint(o.Index))))
 	}
 	return out, nil
 }

@@ -100,6 +100,18 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 		}
 		d.Verdict = report.VerdictFP32Broken
 		d.VerdictText = fmt.Sprintf("the model produces NaN/Inf even in fp32, first at %s (%s)%s: fix the model or data first", o[0].Node, o[0].OpType, samplesWording(o[0].Samples))
+		if !opt.NoFixes {
+			fix, err := f.fixEpsilon(ctx, run, batches, o)
+			if err != nil {
+				return nil, err
+			}
+			if fix != nil {
+				d.Fixes = append(d.Fixes, *fix)
+				if fix.Works {
+					d.VerdictText += fmt.Sprintf("; %s divides by a square root with no epsilon, and with one the fp32 pass is finite (rerun)", o[0].Node)
+				}
+			}
+		}
 		d.Origins = o
 	case f.Main == "":
 		d.Verdict, d.VerdictText = report.VerdictHealthy, "the fp32 pass is clean (policy fp32: no emulated pass)"

@@ -31,6 +31,9 @@ type Rerun struct {
 	// Reference runs the fp32 reference graph (no rounding at all) instead
 	// of an emulated pass; Assign and Clamp are ignored.
 	Reference bool
+	// Epsilon, with Reference, adds eps[v] inside every Sqrt of the value
+	// v (rewrite.AddEpsilon): a normalization's missing epsilon put back.
+	Epsilon map[string]float32
 }
 
 // Runner reruns the policy's emulated pass, to verify a fix, or the fp32

@@ -204,3 +204,17 @@ func TorchParameters(g *GraphProto) (map[string]bool, bool) {
 	}
 	return params, marked
 }
+
+// FromDynamo reports whether g was written by the dynamo exporter
+// (torch.onnx.export(dynamo=True), torch 2.x's default): its nodes carry
+// the module stack in pkg.torch.onnx.name_scopes.
+func FromDynamo(g *GraphProto) bool {
+	for _, n := range g.GetNode() {
+		for _, e := range n.MetadataProps {
+			if e.Key == nameScopesKey {
+				return true
+			}
+		}
+	}
+	return false
+}
