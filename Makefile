@@ -134,7 +134,9 @@ llama-bench:
 # torch 2.x users export (torch.onnx.export(..., dynamo=True), the default
 # since torch 2.9) into fixtures/torch/cases_dynamo, and the Hugging Face
 # architectures of fixtures/torch/cases_hf.py (transformers, small configs,
-# random init) into fixtures/torch/cases_hf, with PyTorch's truth from
+# random init) into fixtures/torch/cases_hf, and the README's export
+# recipes, run verbatim on real fastai learners and transformers models
+# (fixtures/torch/recipes.py), into fixtures/torch/recipes, with PyTorch's truth from
 # torch 2.9 itself (fixtures/torch/oracle.py). It makes .venv-torch2
 # once: torch's Linux wheel from the package index is a CUDA build of
 # several GB (about 7 GB installed), so this is a developer's target; CI and
@@ -142,12 +144,16 @@ llama-bench:
 TORCH2_VENV := .venv-torch2
 TORCH2_PY   ?= python3
 TORCH2_PINS := torch==2.9.1 torchvision==0.24.1 onnx==1.23.2 onnxscript==0.7.2 onnx-ir==1.1.0 ml_dtypes==0.7.0 numpy==2.4.6 \
-  transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0
+  transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0 \
+  fastai==2.8.12 fastcore==2.2.41 fasttransform==0.0.5 pandas==3.1.1 pillow==13.0.0 plum-dispatch==2.9.0 \
+  scikit-learn==1.9.1 spacy==3.8.18
 
 fixtures-torch2:
-	@test -x $(TORCH2_VENV)/bin/python || { $(TORCH2_PY) -m venv $(TORCH2_VENV) && $(TORCH2_VENV)/bin/pip install -q $(TORCH2_PINS); }
+	@test -x $(TORCH2_VENV)/bin/python || $(TORCH2_PY) -m venv $(TORCH2_VENV)
+	$(TORCH2_VENV)/bin/pip install -q $(TORCH2_PINS)
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --out fixtures/torch/cases_dynamo
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family hf --out fixtures/torch/cases_hf
+	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family recipes --out fixtures/torch/recipes
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

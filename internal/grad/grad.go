@@ -18,6 +18,7 @@
 // input as the opset says):
 //
 //	arithmetic:  Add Sub Mul Div Pow Sum Max Min Neg Abs Exp Log Sqrt Reciprocal
+//	             Sin Cos
 //	activations: Relu LeakyRelu Elu Sigmoid Tanh Erf Gelu Softplus Softsign
 //	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
 //	linear:      Gemm MatMul Conv Attention
@@ -457,12 +458,17 @@ func (d *driver) markActive(out string) {
 	// initializers (the 2 of every RMSNorm's pow, whose "gradient" needs
 	// the log of negative values; epsilons; scales), and marks the
 	// parameters it kept as they were. A single number it does not mark a
-	// parameter is such a constant, and gets no gradient, as in PyTorch.
-	// (Its other initializers stay: the exporter folds weights into new
-	// ones, a Linear's transposed weight among them, unmarked.)
-	params, marked := onnx.TorchParameters(g)
+	// parameter is such a constant, and gets no gradient, as in PyTorch;
+	// so does what it marks a buffer or a constant tensor (BatchNorm's
+	// running statistics, RoPE's inv_freq, whose path through Sin and Cos
+	// needs no gradient). (Its other unmarked initializers stay: the
+	// exporter folds weights into new ones, a Linear's transposed weight
+	// among them, unmarked.)
+	kinds, marked := onnx.TorchParameters(g)
 	for _, t := range g.Initializer {
-		if t.DataType == elemFloat && (!marked || params[t.Name] || tensor.NumElements(t.Dims) > 1) {
+		kind, ok := kinds[t.Name]
+		param := !marked || kind == "PARAMETER" || (!ok && tensor.NumElements(t.Dims) > 1)
+		if t.DataType == elemFloat && param {
 			req[t.Name] = true
 		}
 	}

@@ -273,6 +273,8 @@ func TestElementwise(t *testing.T) {
 		{"Erf", in("x", 2, 3), nil, 0},
 		{"Softplus", in("x", 2, 3), nil, 0},
 		{"Softsign", in("x", 2, 3), nil, 0},
+		{"Sin", in("x", 2, 3).rng(-3, 3), nil, 0},
+		{"Cos", in("x", 2, 3).rng(-3, 3), nil, 0},
 		{"HardSigmoid", in("x", 3, 4).rng(-5, 5).avoid(-2.5, 2.5), []*onnx.AttributeProto{onnx.AttrFloat("alpha", 0.2)}, 0},
 		{"HardSwish", in("x", 3, 4).rng(-5, 5).avoid(-3, 3), nil, 0},
 		{"Gelu", in("x", 2, 3).rng(-3, 3), nil, 20},

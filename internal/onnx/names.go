@@ -182,27 +182,26 @@ func nodeName(n *NodeProto, i int) string {
 // BUFFER or CONSTANT_TENSOR (torch.export's graph signature).
 const inputSpecKind = "pkg.torch.export.graph_signature.InputSpec.kind"
 
-// TorchParameters returns the initializers of g that torch's dynamo
-// exporter marks as the module's parameters (nn.Parameter), and whether
-// g carries those marks at all. Without them (TorchScript exports, other
-// producers) every float initializer may be a parameter. With them, a
-// parameter the exporter kept as it was is marked; one it folded into a
-// new initializer (a Linear's weight transposed for its MatMul) is not,
-// and neither are the constants it lifted (a Pow's exponent, an epsilon).
-func TorchParameters(g *GraphProto) (map[string]bool, bool) {
-	params := map[string]bool{}
-	marked := false
+// TorchParameters returns the kind torch's dynamo exporter marks each
+// lifted initializer of g with ("PARAMETER" for an nn.Parameter, "BUFFER"
+// for a registered buffer such as BatchNorm's running statistics or
+// RoPE's inv_freq, "CONSTANT_TENSOR"), and whether g carries those marks
+// at all. Without them (TorchScript exports, other producers) every float
+// initializer may be a parameter. With them, a parameter the exporter kept
+// as it was is marked; one it folded into a new initializer (a Linear's
+// weight transposed for its MatMul) is not, and neither are the constants
+// it lifted (a Pow's exponent, an epsilon).
+func TorchParameters(g *GraphProto) (kinds map[string]string, marked bool) {
+	kinds = map[string]string{}
 	for _, vi := range g.GetValueInfo() {
 		for _, p := range vi.GetMetadataProps() {
 			if p.GetKey() == inputSpecKind {
 				marked = true
-				if p.GetValue() == "PARAMETER" {
-					params[vi.GetName()] = true
-				}
+				kinds[vi.GetName()] = p.GetValue()
 			}
 		}
 	}
-	return params, marked
+	return kinds, marked
 }
 
 // FromDynamo reports whether g was written by the dynamo exporter

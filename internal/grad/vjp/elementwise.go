@@ -15,7 +15,7 @@ func init() {
 	register(arith, "Add", "Sub", "Mul", "Div", "Pow")
 	register(unary, "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Relu",
 		"LeakyRelu", "Sigmoid", "Tanh", "Erf", "Softplus", "HardSigmoid",
-		"HardSwish", "Gelu", "Elu", "Softsign")
+		"HardSwish", "Gelu", "Elu", "Softsign", "Sin", "Cos")
 	register(identity, "Identity")
 	register(clip, "Clip")
 	register(where, "Where")
@@ -119,6 +119,11 @@ func unary(c *call) error {
 	case "Sigmoid":
 		// g * (1 - y) * y
 		d = b.mul(b.mul(g, b.sub(one, y)), y)
+	case "Sin":
+		d = b.mul(g, b.op("Cos", []string{x}))
+	case "Cos":
+		// g * -sin(x)
+		d = b.mul(g, b.neg(b.op("Sin", []string{x})))
 	case "Tanh":
 		// g * (1 - y²)
 		d = b.mul(g, b.sub(one, b.mul(y, y)))
