@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -187,19 +188,53 @@ func zeros(t *testing.T, shape ...int64) string {
 // module's code into initializers (the 2 of every RMSNorm's pow); none of
 // them gets a gradient, as in PyTorch, where the pow's exponent's would
 // need the log of negative values and turn the fp32 backward to NaN.
-// Truth from torch 2.9.1 and transformers 5.24.0 (loss.backward() on the
-// same model, seed and ids): loss 6.2393947, every gradient finite. (The
-// export holds fewer weights than the model's 21 parameters: it folds
-// Linear weights into transposed copies and merges equal tensors, such as
-// the RMSNorm weights, all ones at initialisation.)
+// Truth from torch 2.9.1 and transformers 5.24.0: the loss with
+// labels=input_ids on the same model and ids, recorded by cases_hf.py in
+// truth.json (extra.lm_loss) for every healthy decoder (GPT-2, Llama at
+// both opsets, Qwen2, Mistral); every gradient finite. (The export holds
+// fewer weights than the model's parameters: it folds Linear weights into
+// transposed copies and merges equal tensors, such as the RMSNorm
+// weights, all ones at initialisation.)
 //
-// The same model exported at opset 23 writes its attention as Attention
-// and its norms as RMSNormalization, whose gradient rules it then takes:
-// the same loss, no op without one.
+// The Llama exported at opset 23 writes its attention as Attention and
+// its norms as RMSNormalization, whose gradient rules it then takes: the
+// same loss, no op without one.
 func TestHFLanguageModelBackward(t *testing.T) {
-	for _, c := range []string{"hf_llama", "hf_llama_opset23"} {
+	dirs, err := filepath.Glob(filepath.Join("..", "..", "fixtures", "torch", "cases_hf", "*", "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []string
+	for _, p := range dirs {
+		if lmLoss(t, filepath.Dir(p)) != nil {
+			cases = append(cases, filepath.Base(filepath.Dir(p)))
+		}
+	}
+	if len(cases) < 5 {
+		t.Fatalf("%d Hugging Face decoders carry PyTorch's LM loss (%v), want GPT-2, both Llamas, Qwen2 and Mistral", len(cases), cases)
+	}
+	for _, c := range cases {
 		t.Run(c, func(t *testing.T) { hfLanguageModelBackward(t, c) })
 	}
+}
+
+// lmLoss returns the causal LM loss PyTorch computed on a case's batch
+// (truth.json's extra.lm_loss), nil when the case has none.
+func lmLoss(t *testing.T, dir string) *float64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var x struct {
+		Extra struct {
+			LMLoss *float64 `json:"lm_loss"`
+		} `json:"extra"`
+	}
+	if err := json.Unmarshal(data, &x); err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	return x.Extra.LMLoss
 }
 
 func hfLanguageModelBackward(t *testing.T, name string) {
@@ -211,8 +246,9 @@ func hfLanguageModelBackward(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	b := r.Training.Backward
-	if b.LossValue == nil || math.Abs(*b.LossValue-6.2393947) > 1e-5 {
-		t.Errorf("loss %v, torch 6.2393947", b.LossValue)
+	// truth.json holds 6 significant digits
+	if want := *lmLoss(t, dir); b.LossValue == nil || math.Abs(*b.LossValue-want) > 1e-5*math.Abs(want) {
+		t.Errorf("loss %v, PyTorch's %v", b.LossValue, want)
 	}
 	if b.Verdict == report.BackwardFP32Broken || len(b.Unsupported) != 0 {
 		t.Errorf("verdict %s, ops without a gradient %+v: PyTorch's fp32 backward is finite", b.Verdict, b.Unsupported)
