@@ -22,6 +22,7 @@ import (
 	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
@@ -438,13 +439,10 @@ func checkOutputs(c Case) (Outcome, string, string) {
 	return Failed, "output mismatch", diff
 }
 
-// randomOps draw random numbers; without a seed, no two runs agree.
-var randomOps = []string{"Bernoulli", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
-
 // randomOp returns the first random op of g, or "".
 func randomOp(g *onnx.GraphProto) string {
 	for _, n := range g.Node {
-		if slices.Contains(randomOps, n.OpType) {
+		if ops.Random(n.Domain, n.OpType) {
 			return n.OpType
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
@@ -142,7 +143,7 @@ func constantValues(g *onnx.GraphProto, order []int) map[string]bool {
 				all = false
 			}
 		}
-		if all && !(onnx.IsDefaultDomain(n.Domain) && randomOps[n.OpType]) {
+		if all && !ops.Random(n.Domain, n.OpType) {
 			for _, o := range n.Output {
 				if o != "" {
 					c[o] = true
@@ -152,11 +153,6 @@ func constantValues(g *onnx.GraphProto, order []int) map[string]bool {
 	}
 	return c
 }
-
-// randomOps make new values on every run although they read only
-// constants.
-var randomOps = map[string]bool{"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true,
-	"RandomUniformLike": true, "Multinomial": true, "Bernoulli": true}
 
 // passOrigins finds the origins of non-finite values in one pass's results
 // under assignment asg, classified: their cause, the fp32 magnitude of each

@@ -64,6 +64,7 @@ import (
 
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/tensor"
 )
 
@@ -482,7 +483,7 @@ func (d *driver) markActive(out string) {
 	order := d.ix.Order()
 	for _, i := range order {
 		n := g.Node[i]
-		if nondiff[n.OpType] {
+		if nondiff(n.OpType) {
 			continue
 		}
 		dep := false
@@ -505,7 +506,7 @@ func (d *driver) markActive(out string) {
 		for _, o := range n.Output {
 			hit = hit || reach[o]
 		}
-		if !hit || nondiff[n.OpType] {
+		if !hit || nondiff(n.OpType) {
 			continue
 		}
 		for _, in := range n.Input {
@@ -581,18 +582,12 @@ func (d *driver) roundSite(i, j int, v, dx string) string {
 	return rounded
 }
 
-// nondiff are ops whose float outputs carry no gradient back to their
-// inputs: comparisons and index computations, shape queries, random
-// generators and rounding steps (zero derivative almost everywhere).
-var nondiff = map[string]bool{
-	"Shape": true, "Size": true, "Equal": true, "Less": true, "Greater": true,
-	"LessOrEqual": true, "GreaterOrEqual": true, "Not": true, "And": true,
-	"Or": true, "Xor": true, "IsNaN": true, "IsInf": true, "ArgMax": true,
-	"ArgMin": true, "NonZero": true, "ConstantOfShape": true, "Constant": true,
-	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true,
-	"RandomUniformLike": true, "Bernoulli": true, "Multinomial": true,
-	"EyeLike": true, "Range": true, "OneHot": true,
-	"Floor": true, "Ceil": true, "Round": true, "Sign": true,
+// nondiff reports whether an op's float outputs carry no gradient back to
+// its inputs (its row's Grad is ops.NoGrad): comparisons and index
+// computations, shape queries, random generators and rounding steps.
+func nondiff(opType string) bool {
+	o := ops.Lookup(ops.Default, opType)
+	return o != nil && o.Grad == ops.NoGrad
 }
 
 func defaultOpset(m *onnx.ModelProto) int64 {

@@ -2,14 +2,19 @@ package grad_test
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 
 	"fp16audit/internal/execute/backward"
 	"fp16audit/internal/grad"
+	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/tensor"
@@ -298,6 +303,8 @@ func TestElementwise(t *testing.T) {
 			nodes: []*onnx.NodeProto{nd("Greater", []string{"c", "zero"}, "m"), nd("Where", []string{"m", "a", "b"}, "y")}},
 		tiny{name: "Cast", inputs: []tinyInput{in("x", 2, 3)},
 			nodes: []*onnx.NodeProto{nd("Cast", []string{"x"}, "y", onnx.AttrInt("to", 1))}},
+		tiny{name: "CastLike", inputs: []tinyInput{in("x", 2, 3)}, inits: []*onnx.TensorProto{fconst("like", nil, 0)},
+			nodes: []*onnx.NodeProto{nd("CastLike", []string{"x", "like"}, "y")}},
 		tiny{name: "Dropout eval", inputs: []tinyInput{in("x", 2, 3)},
 			inits: []*onnx.TensorProto{fconst("ratio", nil, 0.3)},
 			nodes: []*onnx.NodeProto{nd("Dropout", []string{"x", "ratio"}, "y")}},
@@ -416,6 +423,7 @@ func TestNormalization(t *testing.T) {
 		{name: "ReduceSumSquare", inputs: []tinyInput{in("x", 2, 3)}, nodes: []*onnx.NodeProto{nd("ReduceSumSquare", []string{"x"}, "y", onnx.AttrInts("axes", 1))}},
 		{name: "ReduceL2", inputs: []tinyInput{in("x", 2, 3)}, nodes: []*onnx.NodeProto{nd("ReduceL2", []string{"x"}, "y", onnx.AttrInts("axes", 1), onnx.AttrInt("keepdims", 0))}},
 		{name: "ReduceMax", inputs: []tinyInput{in("x", 2, 3).unique()}, nodes: []*onnx.NodeProto{nd("ReduceMax", []string{"x"}, "y", onnx.AttrInts("axes", 1), onnx.AttrInt("keepdims", 0))}},
+		{name: "ReduceMin", inputs: []tinyInput{in("x", 2, 3).unique()}, nodes: []*onnx.NodeProto{nd("ReduceMin", []string{"x"}, "y", onnx.AttrInts("axes", 0))}},
 		{name: "BatchNormalization inference", inputs: []tinyInput{in("x", 2, 3, 2, 2), in("s", 3), in("b", 3)},
 			inits: []*onnx.TensorProto{fconst("mean", []int64{3}, 0.1, -0.2, 0.3), fconst("var", []int64{3}, 0.5, 1.5, 2)},
 			nodes: []*onnx.NodeProto{nd("BatchNormalization", []string{"x", "s", "b", "mean", "var"}, "y", onnx.AttrFloat("epsilon", 1e-3))}},
@@ -537,5 +545,31 @@ func TestShapeOps(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { checkNumeric(t, c) })
+	}
+}
+
+// TestTableGradients: every op whose row in internal/onnx/ops names a
+// gradient rule has a central-difference case in this file (its op type
+// appears in one of the cases' nodes), so a row cannot claim a gradient
+// that nothing checks against finite differences.
+func TestTableGradients(t *testing.T) {
+	fs := token.NewFileSet()
+	f, err := parser.ParseFile(fs, "numeric_test.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lits := map[string]bool{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		if b, ok := n.(*ast.BasicLit); ok && b.Kind == token.STRING {
+			if s, err := strconv.Unquote(b.Value); err == nil {
+				lits[s] = true
+			}
+		}
+		return true
+	})
+	for _, op := range vjp.Ops() {
+		if !lits[op] {
+			t.Errorf("%s has a gradient rule (its row in internal/onnx/ops) but no central-difference case here", op)
+		}
 	}
 }

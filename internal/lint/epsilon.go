@@ -5,6 +5,7 @@ import (
 
 	"fp16audit/checks"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 )
 
@@ -33,10 +34,6 @@ type epsSite struct {
 	eps   float64
 }
 
-// normOps are the normalization ops with an epsilon attribute.
-var normOps = map[string]bool{"LayerNormalization": true, "InstanceNormalization": true,
-	"BatchNormalization": true, "GroupNormalization": true}
-
 // epsSites returns the normalization epsilons of the graph, in order.
 func (f *Facts) epsSites() []epsSite {
 	f.epsOnce.Do(func() {
@@ -47,7 +44,7 @@ func (f *Facts) epsSites() []epsSite {
 				continue
 			}
 			switch {
-			case normOps[n.GetOpType()]:
+			case ops.Epsilon(n.GetDomain(), n.GetOpType()):
 				for _, a := range n.GetAttribute() {
 					if a.GetName() == "epsilon" {
 						f.eps = append(f.eps, epsSite{node: i, eps: float64(a.GetF())})

@@ -1,9 +1,10 @@
 package onnx
 
-import "fmt"
+import (
+	"fmt"
 
-// controlFlow are the standard ops whose subgraphs read the enclosing scope.
-var controlFlow = map[string]bool{"If": true, "Loop": true, "Scan": true, "SequenceMap": true}
+	"fp16audit/internal/onnx/ops"
+)
 
 // checkDefined fails when a node of g, or a subgraph of it reading the
 // enclosing scope, uses a value that no node produces and that is neither a
@@ -13,7 +14,7 @@ func checkDefined(g *GraphProto, ix *Index) error {
 	defined := sourceNames(g)
 	for i, n := range g.GetNode() {
 		uses := n.GetInput()
-		if controlFlow[n.GetOpType()] && IsDefaultDomain(n.GetDomain()) {
+		if o := ops.Lookup(n.GetDomain(), n.GetOpType()); o != nil && o.Subgraphs {
 			// The scoping of other ops' graph attributes is theirs to define.
 			uses = append(append([]string(nil), uses...), ix.ImplicitInputs(i)...)
 		}

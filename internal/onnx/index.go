@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/tensor"
 )
 
@@ -156,12 +157,6 @@ func (ix *Index) ImplicitInputs(i int) []string { return ix.implicit[i] }
 // already in order keeps its file order.
 func (ix *Index) Order() []int { return slices.Clone(ix.order) }
 
-// randomOps draw random numbers: two copies of one give different values.
-var randomOps = map[string]bool{
-	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true, "RandomUniformLike": true,
-	"Bernoulli": true, "Multinomial": true,
-}
-
 // ConstantNodes reports, per node, whether its outputs are constants:
 // computed from initializers and Constant nodes alone, never from a graph
 // input, by ops that draw no random numbers, so that any copy of the node
@@ -177,7 +172,7 @@ func (ix *Index) ConstantNodes(pure func(*NodeProto) bool) []bool {
 	}
 	for _, i := range ix.order {
 		n := nodes[i]
-		c := (IsDefaultDomain(n.GetDomain()) && !randomOps[n.GetOpType()]) || (pure != nil && pure(n))
+		c := (IsDefaultDomain(n.GetDomain()) && !ops.Random(ops.Default, n.GetOpType())) || (pure != nil && pure(n))
 		for _, in := range append(slices.Clone(n.GetInput()), ix.implicit[i]...) {
 			if in == "" || !c {
 				continue
@@ -524,31 +519,6 @@ func nonNil(dims []int64) []int64 {
 	return dims
 }
 
-// sameTypeOps are ops whose first output has the element type of their
-// first input.
-var sameTypeOps = map[string]bool{}
-
-func init() {
-	for _, op := range strings.Fields(`
-		Abs Acos Acosh Add Asin Asinh Atan Atanh Ceil Celu Clip Cos Cosh Div Elu
-		Erf Exp Floor Gelu HardSigmoid HardSwish Hardmax Identity LeakyRelu Log
-		LogSoftmax Max Mean Min Mish Mod Mul Neg Pow PRelu Reciprocal Relu Round
-		Selu Shrink Sigmoid Sign Sin Sinh Softmax Softplus Softsign Sqrt Sub Sum
-		Tan Tanh ThresholdedRelu
-		Compress Concat DepthToSpace Expand Flatten Gather GatherElements GatherND
-		Pad Reshape Resize ReverseSequence Scatter ScatterElements ScatterND Slice
-		SpaceToDepth Split Squeeze Tile Transpose Trilu Unsqueeze Upsample CumSum
-		ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean
-		ReduceMin ReduceProd ReduceSum ReduceSumSquare
-		AveragePool BatchNormalization Conv ConvTranspose Dropout Einsum Gemm
-		GlobalAveragePool GlobalLpPool GlobalMaxPool GroupNormalization
-		InstanceNormalization LRN LayerNormalization LpNormalization LpPool MatMul
-		MaxPool MeanVarianceNormalization RMSNormalization TopK Range
-		Attention RotaryEmbedding Swish`) {
-		sameTypeOps[op] = true
-	}
-}
-
 // inferType returns the element type of output k of n from its inputs'
 // types and attributes, or 0.
 func (ix *Index) inferType(n *NodeProto, k int) int32 {
@@ -593,7 +563,7 @@ func (ix *Index) inferType(n *NodeProto, k int) int32 {
 			return int32(TensorProto_INT64)
 		}
 	default:
-		if !sameTypeOps[op] {
+		if o := ops.Lookup(ops.Default, op); o == nil || !o.SameType {
 			return 0
 		}
 	}

@@ -3,8 +3,10 @@ package precision
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 )
 
 // Assignment is the precision of every value and node of a graph under a
@@ -632,7 +634,7 @@ func (s *assigner) assignNode(i int) {
 		castAll(np)
 	default:
 		data := floatIn
-		if k, ok := dataInputs[n.OpType]; ok && std {
+		if k := dataInputs(n.OpType); k > 0 && std {
 			data = nil
 			for _, j := range floatIn {
 				if j < k {
@@ -777,7 +779,7 @@ func (s *assigner) generated(n *onnx.NodeProto) Precision {
 			return pr
 		}
 	}
-	if onnx.IsStandardDomain(n.Domain) && subgraphOps[n.OpType] {
+	if o := ops.Lookup(n.Domain, n.OpType); o != nil && o.Subgraphs {
 		return s.p.Params
 	}
 	return FP32
@@ -796,18 +798,13 @@ func (s *assigner) outputIsFloat(n *onnx.NodeProto, k int, std bool) bool {
 		}
 	}
 	if std {
-		if nonFloatOps[n.OpType] {
+		if o := ops.Lookup(n.Domain, n.OpType); o != nil && (o.NonFloat || slices.Contains(o.IndexOutputs, k)) {
 			return false
-		}
-		for _, slot := range nonFloatSlots[n.OpType] {
-			if slot == k {
-				return false
-			}
 		}
 		if t, ok := explicitDType(n); ok {
 			return PrecisionOf(t) != NotFloat
 		}
-		if floatFactories[n.OpType] {
+		if o := ops.Lookup(n.Domain, n.OpType); o != nil && o.FloatFactory {
 			return true
 		}
 	}
@@ -876,40 +873,6 @@ func (s *assigner) isRsqrtSqrt(n *onnx.NodeProto) bool {
 var (
 	// linearOps are the ops whose output a Linear bias split is added to.
 	linearOps = toSet([]string{"MatMul", "Gemm", "Conv", "ConvTranspose"})
-	// subgraphOps run graphs Assign does not visit.
-	subgraphOps = toSet([]string{"If", "Loop", "Scan", "SequenceMap"})
-	// nonFloatOps have no float outputs whatever their inputs.
-	nonFloatOps = toSet([]string{
-		"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Equal", "Greater",
-		"GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not",
-		"IsNaN", "IsInf", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-		"BitwiseNot", "NonMaxSuppression", "MatMulInteger", "ConvInteger",
-		"QuantizeLinear", "QLinearConv", "QLinearMatMul", "Multinomial",
-		"OptionalHasElement", "SequenceLength", "StringNormalizer",
-		"StringConcat", "StringSplit", "RegexFullMatch",
-	})
-	// nonFloatSlots lists the index and mask outputs of float ops.
-	nonFloatSlots = map[string][]int{
-		"TopK":                  {1},
-		"Unique":                {1, 2, 3},
-		"MaxPool":               {1},
-		"Dropout":               {1},
-		"DynamicQuantizeLinear": {0, 2},
-	}
-	// floatFactories make floats by default when no dtype attribute says
-	// otherwise.
-	floatFactories = toSet([]string{
-		"ConstantOfShape", "RandomNormal", "RandomUniform", "HannWindow",
-		"HammingWindow", "BlackmanWindow", "MelWeightMatrix",
-	})
-	// dataInputs gives, for ops with float parameter inputs, how many
-	// leading inputs take part in type promotion.
-	dataInputs = map[string]int{
-		"Resize": 1, "Upsample": 1, "Dropout": 1,
-		"LayerNormalization": 1, "GroupNormalization": 1,
-		"RMSNormalization": 1, "InstanceNormalization": 1,
-		"BatchNormalization": 1,
-	}
 )
 
 // DataSlot reports whether input slot j of an op of type opType takes part
@@ -918,8 +881,17 @@ var (
 // ops (roi and scales, the ratio, scale and bias), which keep their own
 // type whatever the data's.
 func DataSlot(opType string, j int) bool {
-	k, ok := dataInputs[opType]
-	return !ok || j < k
+	k := dataInputs(opType)
+	return k == 0 || j < k
+}
+
+// dataInputs is the row's DataInputs of an op of the default domain: how
+// many leading inputs take part in type promotion (0: all).
+func dataInputs(opType string) int {
+	if o := ops.Lookup(ops.Default, opType); o != nil {
+		return o.DataInputs
+	}
+	return 0
 }
 
 // explicitDType returns the element type a factory-like op is told to

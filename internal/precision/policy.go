@@ -203,7 +203,7 @@ func PolicyByName(name string) (*Policy, error) {
 // precision (Conv, MatMul, Gemm...): the kind of op a layer's weights live
 // in, whatever the policy.
 func IsLowerPrecisionOp(domain, opType string) bool {
-	c, ok := autocastLists[opType]
+	c, ok := autocastList(opType)
 	return ok && onnx.IsDefaultDomain(domain) && c == LowerPrecision
 }
 
@@ -228,7 +228,7 @@ func (p *Policy) Category(domain, opType string) (cat Category, known bool) {
 	}
 	switch p.kind {
 	case kindAutocast:
-		if c, ok := autocastLists[opType]; ok {
+		if c, ok := autocastList(opType); ok {
 			return c, true
 		}
 	case kindHalf:

@@ -3,6 +3,8 @@ package precision
 import (
 	"strings"
 	"testing"
+
+	"fp16audit/internal/onnx/ops"
 )
 
 func mustPolicy(t *testing.T, name string) *Policy {
@@ -142,16 +144,24 @@ func TestCategoryUnknown(t *testing.T) {
 	}
 }
 
-// TestAutocastListsAreStandardOps catches a misspelt op in the lists, which
-// would silently never match.
-func TestAutocastListsAreStandardOps(t *testing.T) {
-	for op := range autocastLists {
-		if !standardSet[op] {
-			t.Errorf("autocast list op %q is not in standardOps", op)
+// TestAutocastCategories: the policy reads every autocast row of the op
+// table as its category, under both autocast policies, and nothing else
+// moves an op of the default domain off FollowInputs there.
+func TestAutocastCategories(t *testing.T) {
+	want := map[ops.Autocast]Category{ops.Follow: FollowInputs, ops.Lower: LowerPrecision, ops.FP32: AlwaysFP32, ops.Promote: Promote}
+	for _, name := range []string{"autocast-fp16", "autocast-bf16"} {
+		p, err := PolicyByName(name)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if len(standardSet) != len(standardOps) {
-		t.Errorf("standardOps has %d duplicates", len(standardOps)-len(standardSet))
+		for _, o := range ops.All() {
+			if o.Domain != ops.Default {
+				continue
+			}
+			if c, known := p.Category("", o.Name); !known || c != want[o.Autocast] {
+				t.Errorf("%s: %s is %v (known %v), its row says %v", name, o.Name, c, known, want[o.Autocast])
+			}
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 )
 
 // internalSuffix marks the names this package invents, as audit's rewrites
@@ -330,19 +331,14 @@ func isFloat(t int32) bool {
 	return t == elemFloat || t == elemDouble || t == elemF16 || t == elemBF16
 }
 
-// randomOps draw random numbers: separate sessions, one per pass, drew the
-// same numbers (each node seeded alike), but several copies of a node in
-// one session draw different ones unless seeded.
-var randomOps = map[string]bool{
-	"RandomNormal": true, "RandomUniform": true, "RandomNormalLike": true, "RandomUniformLike": true,
-	"Bernoulli": true, "Multinomial": true,
-}
-
 // seeded returns n, the node at index i of its pass's graph (the same
 // index in every pass), with a seed of i when it is a random op without
 // one, so that every pass's copy draws the same numbers.
 func seeded(n *onnx.NodeProto, i int) *onnx.NodeProto {
-	if !randomOps[n.OpType] || (n.Domain != "" && n.Domain != "ai.onnx") {
+	// (Random ops draw different numbers in each copy of a node in one
+	// session unless seeded; separate sessions, one per pass, drew the
+	// same.)
+	if !ops.Random(n.Domain, n.OpType) {
 		return n
 	}
 	for _, a := range n.Attribute {

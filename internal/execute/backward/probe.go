@@ -8,6 +8,7 @@ import (
 	"fp16audit/internal/grad"
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/ortcapi"
 	"fp16audit/internal/statsop"
@@ -196,20 +197,19 @@ func tensorOfValue(name string, v *ortcapi.Value) (*tensor.Tensor, error) {
 	return t, nil
 }
 
-// dataShaped are the ops whose output shapes depend on the values of
-// their inputs. A forward pass that ran a batch in parts recorded shapes
-// extrapolated from runs of one and two samples, right only for shapes
-// that scale with the batch; the probe runs the whole batch. (Values of
-// integer type, which the passes do not observe, already leave a graph
-// to the probe.)
-var dataShaped = map[string]bool{"NonZero": true, "Compress": true, "Unique": true, "Range": true}
+// A forward pass that ran a batch in parts recorded shapes extrapolated
+// from runs of one and two samples, right only for shapes that scale with
+// the batch; an op whose output shapes depend on the values of its inputs
+// (its row's DataShaped in internal/onnx/ops) leaves the graph to the
+// probe, which runs the whole batch. (Values of integer type, which the
+// passes do not observe, already do.)
 
 // Known returns the Facts of m on inputs (in the order of the graph inputs
 // that need feeding) from shapes already measured on that batch — a
 // forward pass's record of every value's shape — or nil when they do not
 // suffice: a value m computes has no shape there, or a rule reads a
 // parameter m computes at run time (Probe fetches those), or an op's
-// output shape depends on data (dataShaped). When it is not nil, Probe
+// output shape depends on data (DataShaped). When it is not nil, Probe
 // would return the same Facts from another forward run.
 func Known(m *onnx.ModelProto, inputs []*tensor.Tensor, shapes map[string][]int64) *grad.Facts {
 	ix, err := onnx.NewIndex(m.Graph)
@@ -228,7 +228,7 @@ func Known(m *onnx.ModelProto, inputs []*tensor.Tensor, shapes map[string][]int6
 		f.Shapes[t.Name] = append([]int64{}, t.Dims...)
 	}
 	for _, n := range m.Graph.Node {
-		if dataShaped[n.OpType] {
+		if o := ops.Lookup(n.Domain, n.OpType); o != nil && o.DataShaped {
 			return nil
 		}
 		for _, o := range n.Output {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/tensor"
 )
 
@@ -25,21 +26,16 @@ type Facts struct {
 	Values map[string]*tensor.Tensor
 }
 
-// paramInputs lists, per op, the input slots a rule reads as fixed
-// parameters rather than as data.
-var paramInputs = map[string][]int{
-	"Slice":      {1, 2, 3, 4},
-	"Pad":        {1, 3},
-	"Tile":       {1},
-	"ReduceSum":  {1},
-	"ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceSumSquare": {1}, "ReduceL2": {1},
-	"Dropout": {1, 2},
-}
-
 // ParamInputs returns the input slots of an op type that the rules read as
-// fixed parameters rather than as data: a probe records their contents
-// when they are computed at run time.
-func ParamInputs(opType string) []int { return paramInputs[opType] }
+// fixed parameters rather than as data (its row's ParamInputs in
+// internal/onnx/ops): a probe records their contents when they are
+// computed at run time.
+func ParamInputs(opType string) []int {
+	if o := ops.Lookup(ops.Default, opType); o != nil {
+		return o.ParamInputs
+	}
+	return nil
+}
 
 // Internal ends every intermediate name the backward graph (and a probe)
 // invents; a model's own names never do (CheckNames).
@@ -60,7 +56,7 @@ func (b *Builder) Apply(i int, gy []string, need []bool) ([]string, error) {
 	c := &call{b: b, n: n, i: i, gy: gy, need: need, dx: make([]string, len(n.Input))}
 	b.label = NodeLabel(n, i)
 	c.mark()
-	r, ok := rules[n.OpType]
+	r, ok := ruleOf(n.OpType)
 	if !onnx.IsDefaultDomain(n.Domain) {
 		ok = false
 	}

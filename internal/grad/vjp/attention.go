@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register(attention, "Attention")
+	family("attention", attention)
 }
 
 // attention is Attention (opset 23, torch 2.9's export of

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 )
 
 // errNoRule marks an op without a vector–Jacobian product.
@@ -32,17 +34,51 @@ type call struct {
 // vjp is a rule: the vector–Jacobian product of one op type.
 type rule func(c *call) error
 
-// rules maps op types of the default domain to their rule.
-var rules = map[string]rule{}
+// families are the gradient rules by the name an op's row in
+// internal/onnx/ops gives as its Grad ("unary", "conv", …); rules maps the
+// op types of the default domain to theirs, built from the table once
+// every file's family is in.
+var (
+	families  = map[string]rule{}
+	rules     map[string]rule
+	rulesOnce sync.Once
+)
 
-func register(r rule, ops ...string) {
-	for _, op := range ops {
-		rules[op] = r
+// family registers the rule that the ops whose row names it get.
+func family(name string, r rule) { families[name] = r }
+
+// ruleOf returns the rule of an op type of the default domain.
+func ruleOf(opType string) (rule, bool) {
+	rulesOnce.Do(func() {
+		rules = map[string]rule{}
+		for _, o := range ops.All() {
+			if o.Domain != ops.Default || o.Grad == "" || o.Grad == ops.NoGrad {
+				continue
+			}
+			r, ok := families[o.Grad]
+			if !ok {
+				panic(fmt.Sprintf("vjp: the row of %s names the gradient rule %q, which package vjp does not have", o.Name, o.Grad))
+			}
+			rules[o.Name] = r
+		}
+	})
+	r, ok := rules[opType]
+	return r, ok
+}
+
+// Families returns the names of the gradient rules, sorted.
+func Families() []string {
+	out := make([]string, 0, len(families))
+	for name := range families {
+		out = append(out, name)
 	}
+	sort.Strings(out)
+	return out
 }
 
 // Ops returns the op types that have a gradient rule, sorted.
 func Ops() []string {
+	ruleOf("")
 	out := make([]string, 0, len(rules))
 	for op := range rules {
 		out = append(out, op)

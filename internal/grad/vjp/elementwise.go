@@ -12,17 +12,15 @@ import (
 // kinks (x = 0 for Relu, |x| = 3 for HardSwish) fall on the same side.
 
 func init() {
-	register(arith, "Add", "Sub", "Mul", "Div", "Pow")
-	register(unary, "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Relu",
-		"LeakyRelu", "Sigmoid", "Tanh", "Erf", "Softplus", "HardSigmoid",
-		"HardSwish", "Gelu", "Elu", "Softsign", "Sin", "Cos")
-	register(identity, "Identity")
-	register(clip, "Clip")
-	register(where, "Where")
-	register(sum, "Sum")
-	register(extremum, "Max", "Min")
-	register(cast, "Cast", "CastLike")
-	register(dropout, "Dropout")
+	family("arith", arith)
+	family("unary", unary)
+	family("identity", identity)
+	family("clip", clip)
+	family("where", where)
+	family("sum", sum)
+	family("extremum", extremum)
+	family("cast", cast)
+	family("dropout", dropout)
 }
 
 // arith handles the broadcasting arithmetic ops: each input's gradient is

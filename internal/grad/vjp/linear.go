@@ -9,9 +9,9 @@ import (
 )
 
 func init() {
-	register(gemm, "Gemm")
-	register(matmul, "MatMul")
-	register(conv, "Conv")
+	family("gemm", gemm)
+	family("matmul", matmul)
+	family("conv", conv)
 }
 
 // gemm: Y = alpha·A'·B' + beta·C with A' = transA ? Aᵀ : A and B' likewise.

@@ -8,11 +8,11 @@ import (
 )
 
 func init() {
-	register(softmax, "Softmax", "LogSoftmax")
-	register(reduce, "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceMax", "ReduceMin", "ReduceL2")
-	register(batchNorm, "BatchNormalization")
-	register(layerNorm, "LayerNormalization")
-	register(rmsNorm, "RMSNormalization")
+	family("softmax", softmax)
+	family("reduce", reduce)
+	family("batchNorm", batchNorm)
+	family("layerNorm", layerNorm)
+	family("rmsNorm", rmsNorm)
 }
 
 // softmax (opset 13 on: one axis).

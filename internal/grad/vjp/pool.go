@@ -8,9 +8,9 @@ import (
 )
 
 func init() {
-	register(maxPool, "MaxPool")
-	register(avgPool, "AveragePool")
-	register(globalPool, "GlobalAveragePool", "GlobalMaxPool")
+	family("maxPool", maxPool)
+	family("avgPool", avgPool)
+	family("globalPool", globalPool)
 }
 
 // maxPool routes each output's gradient to the input element it took. The

@@ -9,17 +9,17 @@ import (
 )
 
 func init() {
-	register(reshapeBack, "Reshape", "Flatten", "Squeeze", "Unsqueeze")
-	register(transposeBack, "Transpose")
-	register(concat, "Concat")
-	register(split, "Split")
-	register(sliceBack, "Slice")
-	register(gather, "Gather")
-	register(gatherElements, "GatherElements")
-	register(expand, "Expand")
-	register(tile, "Tile")
-	register(pad, "Pad")
-	register(trilu, "Trilu")
+	family("reshapeBack", reshapeBack)
+	family("transposeBack", transposeBack)
+	family("concat", concat)
+	family("split", split)
+	family("sliceBack", sliceBack)
+	family("gather", gather)
+	family("gatherElements", gatherElements)
+	family("expand", expand)
+	family("tile", tile)
+	family("pad", pad)
+	family("trilu", trilu)
 }
 
 // reshapeBack: ops that only relabel the elements take the gradient back to

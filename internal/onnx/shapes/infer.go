@@ -4,6 +4,7 @@ package shapes
 
 import (
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"slices"
 
 	"fp16audit/internal/tensor"
@@ -16,33 +17,8 @@ import (
 // caller then asks ONNX Runtime (probeShapes). Shapes are concrete: symbolic
 // dimensions are bound by the batch's actual input shapes.
 
-// unaryOps return a value of their first input's shape.
-var unaryOps = map[string]bool{
-	"Relu": true, "LeakyRelu": true, "Sigmoid": true, "Tanh": true, "Exp": true, "Log": true,
-	"Sqrt": true, "Reciprocal": true, "Neg": true, "Abs": true, "Erf": true, "Softplus": true,
-	"Softsign": true, "Elu": true, "Selu": true, "Celu": true, "Gelu": true, "HardSigmoid": true,
-	"HardSwish": true, "Mish": true, "Cast": true, "CastLike": true, "Identity": true,
-	"Dropout": true, "Softmax": true, "LogSoftmax": true, "Hardmax": true,
-	"LayerNormalization": true, "BatchNormalization": true, "InstanceNormalization": true,
-	"GroupNormalization": true, "Clip": true, "Floor": true, "Ceil": true, "Round": true,
-	"Sign": true, "Not": true, "IsNaN": true, "IsInf": true, "Sin": true, "Cos": true,
-	"Tan": true, "Asin": true, "Acos": true, "Atan": true, "Sinh": true, "Cosh": true,
-	"ThresholdedRelu": true, "CumSum": true, "LpNormalization": true, "Shrink": true,
-	"QuickGelu": true, "Trilu": true,
-}
-
-// broadcastOps return the numpy broadcast of all their inputs' shapes.
-var broadcastOps = map[string]bool{
-	"Add": true, "Sub": true, "Mul": true, "Div": true, "Pow": true, "Max": true, "Min": true,
-	"Mean": true, "Sum": true, "Equal": true, "Less": true, "Greater": true, "LessOrEqual": true,
-	"GreaterOrEqual": true, "And": true, "Or": true, "Xor": true, "Mod": true, "PRelu": true,
-	"Where": true, "BitShift": true,
-}
-
-var reduceOps = map[string]bool{
-	"ReduceMean": true, "ReduceSum": true, "ReduceMax": true, "ReduceMin": true, "ReduceProd": true,
-	"ReduceL1": true, "ReduceL2": true, "ReduceLogSum": true, "ReduceLogSumExp": true, "ReduceSumSquare": true,
-}
+// The shape rule family of each op (unary, broadcast, reduce, or a rule
+// of its own below) is its row's Shape in internal/onnx/ops.
 
 // shapeInference holds what is known while walking one graph.
 type shapeInference struct {
@@ -171,6 +147,10 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 	}
 	x := si.in(n, 0)
 	op := n.GetOpType()
+	family := ops.ShapeOwn
+	if o := ops.Lookup(ops.Default, op); o != nil {
+		family = o.Shape
+	}
 	switch {
 	case op == "Constant":
 		if t, err := si.idx.ConstantValue(n.GetOutput()[0]); err == nil {
@@ -180,7 +160,7 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			return [][]int64{nonNilDims(t.Shape)}
 		}
 		return nil
-	case unaryOps[op]:
+	case family == ops.ShapeUnary:
 		if x == nil {
 			return nil
 		}
@@ -188,7 +168,7 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			return [][]int64{x, x} // the mask has the input's shape
 		}
 		return [][]int64{x}
-	case broadcastOps[op]:
+	case family == ops.ShapeBroadcast:
 		out := []int64{}
 		for k := range n.GetInput() {
 			s := si.in(n, k)
@@ -201,7 +181,7 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 			}
 		}
 		return [][]int64{out}
-	case reduceOps[op]:
+	case family == ops.ShapeReduce:
 		return si.reduce(n, x)
 	}
 	switch op {

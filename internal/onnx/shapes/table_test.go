@@ -1,0 +1,165 @@
+package shapes_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
+	"fp16audit/internal/onnx/shapes"
+	"fp16audit/internal/onnxrt"
+	"fp16audit/internal/tensor"
+)
+
+// arg is one input of a row's example node: its type and shape, and the
+// int64 values of an axis input (nil: zeros).
+type arg struct {
+	dtype tensor.DType
+	shape []int64
+	ints  []int64
+}
+
+func f32(shape ...int64) arg { return arg{dtype: tensor.Float32, shape: shape} }
+
+// example is a node of the row's op that ONNX Runtime can run: its inputs
+// (the first a graph input, the others initializers), attributes and
+// opset.
+type example struct {
+	args  []arg
+	attrs []*onnx.AttributeProto
+	opset int64
+}
+
+// examples are the ops whose node needs more than the family's generic
+// inputs (unary: x [2,3,4]; broadcast: [2,3,4] and [3,1]; reduce: x
+// [2,3,4] over axis 1, as an input at opset 18).
+var examples = map[string]example{
+	"Cast":                  {args: []arg{f32(2, 3, 4)}, attrs: []*onnx.AttributeProto{onnx.AttrInt("to", int64(onnx.TensorProto_DOUBLE))}},
+	"CastLike":              {args: []arg{f32(2, 3, 4), {dtype: tensor.Float64, shape: []int64{1}}}},
+	"Mish":                  {args: []arg{f32(2, 3, 4)}, opset: 18},
+	"Swish":                 {args: []arg{f32(2, 3, 4)}, opset: 24},
+	"Not":                   {args: []arg{{dtype: tensor.Bool, shape: []int64{2, 3, 4}}}},
+	"LayerNormalization":    {args: []arg{f32(2, 3, 4), f32(4), f32(4)}},
+	"BatchNormalization":    {args: []arg{f32(2, 3, 4), f32(3), f32(3), f32(3), f32(3)}},
+	"InstanceNormalization": {args: []arg{f32(2, 3, 4), f32(3), f32(3)}},
+	"GroupNormalization":    {args: []arg{f32(2, 4, 3), f32(4), f32(4)}, attrs: []*onnx.AttributeProto{onnx.AttrInt("num_groups", 2)}, opset: 21},
+	"RMSNormalization":      {args: []arg{f32(2, 3, 4), f32(4)}, opset: 23},
+	"CumSum":                {args: []arg{f32(2, 3, 4), {dtype: tensor.Int64, shape: []int64{}, ints: []int64{1}}}},
+	"Gelu":                  {args: []arg{f32(2, 3, 4)}, opset: 20},
+	"And":                   {args: []arg{{dtype: tensor.Bool, shape: []int64{2, 3, 4}}, {dtype: tensor.Bool, shape: []int64{3, 1}}}},
+	"Or":                    {args: []arg{{dtype: tensor.Bool, shape: []int64{2, 3, 4}}, {dtype: tensor.Bool, shape: []int64{3, 1}}}},
+	"Xor":                   {args: []arg{{dtype: tensor.Bool, shape: []int64{2, 3, 4}}, {dtype: tensor.Bool, shape: []int64{3, 1}}}},
+	"Where":                 {args: []arg{{dtype: tensor.Bool, shape: []int64{3, 1}}, f32(2, 3, 4), f32(4)}},
+	"BitShift":              {args: []arg{{dtype: tensor.Uint32, shape: []int64{2, 3, 4}}, {dtype: tensor.Uint32, shape: []int64{3, 1}}}, attrs: []*onnx.AttributeProto{onnx.AttrString("direction", "LEFT")}},
+	"Mod":                   {args: []arg{f32(2, 3, 4), f32(3, 1)}, attrs: []*onnx.AttributeProto{onnx.AttrInt("fmod", 1)}},
+	"PRelu":                 {args: []arg{f32(2, 3, 4), f32(3, 1)}},
+}
+
+// TestTableShapes runs every op of the table whose shape rule is a family
+// (unary, broadcast, reduce) through ONNX Runtime and checks that
+// shapes.Infer gives the shape ONNX Runtime's output has: a row claiming a
+// family its op does not follow fails here. Reductions run with keepdims
+// on and off.
+func TestTableShapes(t *testing.T) {
+	lib, err := onnxrt.FindLibrary("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := onnxrt.Init(lib); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range ops.All() {
+		if o.Domain != ops.Default || o.Shape == ops.ShapeOwn {
+			continue
+		}
+		ex, ok := examples[o.Name]
+		if !ok {
+			switch o.Shape {
+			case ops.ShapeUnary:
+				ex = example{args: []arg{f32(2, 3, 4)}}
+			case ops.ShapeBroadcast:
+				ex = example{args: []arg{f32(2, 3, 4), f32(3, 1)}}
+			case ops.ShapeReduce:
+				ex = example{args: []arg{f32(2, 3, 4), {dtype: tensor.Int64, shape: []int64{1}, ints: []int64{1}}}, opset: 18}
+			}
+		}
+		keeps := []int64{-1}
+		if o.Shape == ops.ShapeReduce {
+			keeps = []int64{1, 0}
+		}
+		for _, keep := range keeps {
+			name := o.Name
+			attrs := ex.attrs
+			if keep >= 0 {
+				name = fmt.Sprintf("%s/keepdims=%d", o.Name, keep)
+				attrs = append(slices.Clone(attrs), onnx.AttrInt("keepdims", keep))
+			}
+			t.Run(name, func(t *testing.T) {
+				checkShape(t, o.Name, ex, attrs)
+			})
+			n++
+		}
+	}
+	if n < 80 {
+		t.Fatalf("%d rows checked: the table lost its shape families", n)
+	}
+}
+
+func checkShape(t *testing.T, op string, ex example, attrs []*onnx.AttributeProto) {
+	opset := ex.opset
+	if opset == 0 {
+		opset = 17
+	}
+	var ins []string
+	g := &onnx.GraphProto{Name: op}
+	var feed *tensor.Tensor
+	for k, a := range ex.args {
+		name := fmt.Sprintf("in%d", k)
+		ins = append(ins, name)
+		size := tensor.NumElements(a.shape) * int64(a.dtype.Size())
+		if k == 0 {
+			g.Input = append(g.Input, onnx.TensorValueInfo(name, onnx.TensorProto_DataType(a.dtype), dimsOf(a.shape)...))
+			feed = &tensor.Tensor{Name: name, DType: a.dtype, Shape: a.shape, Data: make([]byte, size)}
+			continue
+		}
+		if a.ints != nil {
+			g.Initializer = append(g.Initializer, onnx.Int64Tensor(name, a.shape, a.ints))
+			continue
+		}
+		g.Initializer = append(g.Initializer, &onnx.TensorProto{Name: name, Dims: a.shape, DataType: int32(a.dtype), RawData: make([]byte, size)})
+	}
+	g.Node = []*onnx.NodeProto{onnx.Node(op, "node", ins, []string{"y"}, attrs...)}
+	g.Output = []*onnx.ValueInfoProto{{Name: "y"}}
+	m := onnx.NewModel(g, opset)
+	data, err := onnx.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := onnxrt.NewSession(data, []string{"in0"}, []string{"y"}, onnxrt.SessionOptions{Optimization: "none"})
+	if err != nil {
+		t.Fatalf("ONNX Runtime cannot run the example: %v", err)
+	}
+	defer s.Close()
+	out, err := s.Run([]*tensor.Tensor{feed})
+	if err != nil {
+		t.Fatalf("ONNX Runtime cannot run the example: %v", err)
+	}
+	ix, err := onnx.NewIndex(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := shapes.Infer(g, ix, map[string][]int64{"in0": ex.args[0].shape}, nil)["y"]
+	if want := out[0].Shape; got == nil || !slices.Equal(got, want) {
+		t.Errorf("shapes.Infer gives %v, ONNX Runtime's output is %v", got, want)
+	}
+}
+
+func dimsOf(shape []int64) []any {
+	out := make([]any, len(shape))
+	for i, d := range shape {
+		out[i] = d
+	}
+	return out
+}
