@@ -23,7 +23,7 @@
 //	             HardSigmoid HardSwish Clip (SiLU is Mul by Sigmoid)
 //	linear:      Gemm MatMul Conv Attention
 //	normalizing: Softmax LogSoftmax BatchNormalization LayerNormalization
-//	             RMSNormalization
+//	             RMSNormalization RotaryEmbedding
 //	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin
 //	pooling:     MaxPool AveragePool GlobalAveragePool GlobalMaxPool
 //	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice

@@ -68,6 +68,18 @@ func scalarInt(name string, v int64) *onnx.TensorProto {
 	return onnx.Int64Tensor(name, []int64{}, []int64{v})
 }
 
+// rope returns RotaryEmbedding's caches for positions 0–2 and half a
+// rotated width of half (any numbers: the rule is the op's transpose, not
+// a property of true sines), and the positions of two sequences of three.
+func rope(half int64) []*onnx.TensorProto {
+	cos, sin := make([]float32, 3*half), make([]float32, 3*half)
+	for i := range cos {
+		cos[i], sin[i] = float32(math.Cos(0.7*float64(i))), float32(math.Sin(0.7*float64(i)))
+	}
+	return []*onnx.TensorProto{fconst("cos", []int64{3, half}, cos...), fconst("sin", []int64{3, half}, sin...),
+		onnx.Int64Tensor("pos", []int64{2, 3}, []int64{0, 1, 2, 2, 0, 1})}
+}
+
 func fconst(name string, dims []int64, v ...float32) *onnx.TensorProto {
 	return onnx.FloatTensor(name, dims, v)
 }
@@ -442,6 +454,15 @@ func TestNormalization(t *testing.T) {
 			nodes: []*onnx.NodeProto{nd("RMSNormalization", []string{"x", "s"}, "y")}, tol: 5e-3},
 		{name: "RMSNormalization axis 1", opset: 23, inputs: []tinyInput{in("x", 2, 3, 4), in("s", 3, 4)},
 			nodes: []*onnx.NodeProto{nd("RMSNormalization", []string{"x", "s"}, "y", onnx.AttrInt("axis", 1), onnx.AttrFloat("epsilon", 1e-3))}, tol: 5e-3},
+		// RoPE at opset 23: [batch, heads, sequence, head size] with the
+		// caches indexed by positions, the halves rotated (and the pairs,
+		// interleaved), and a partial rotation leaving channels as they are
+		{name: "RotaryEmbedding", opset: 23, inputs: []tinyInput{in("x", 2, 2, 3, 4)}, inits: rope(2),
+			nodes: []*onnx.NodeProto{nd("RotaryEmbedding", []string{"x", "cos", "sin", "pos"}, "y")}},
+		{name: "RotaryEmbedding interleaved", opset: 23, inputs: []tinyInput{in("x", 2, 2, 3, 4)}, inits: rope(2),
+			nodes: []*onnx.NodeProto{nd("RotaryEmbedding", []string{"x", "cos", "sin", "pos"}, "y", onnx.AttrInt("interleaved", 1))}},
+		{name: "RotaryEmbedding partial", opset: 23, inputs: []tinyInput{in("x", 2, 2, 3, 6)}, inits: rope(2),
+			nodes: []*onnx.NodeProto{nd("RotaryEmbedding", []string{"x", "cos", "sin", "pos"}, "y", onnx.AttrInt("rotary_embedding_dim", 4))}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { checkNumeric(t, c) })

@@ -155,7 +155,7 @@ var table = []Op{
 	{Name: "Resize", Autocast: FP32, DataInputs: 1, SameType: true},
 	{Name: "ReverseSequence", SameType: true},
 	{Name: "RoiAlign"},
-	{Name: "RotaryEmbedding", SameType: true},
+	{Name: "RotaryEmbedding", SameType: true, Grad: "rotary", Shape: ShapeUnary},
 	{Name: "Round", Shape: ShapeUnary, SameType: true, Grad: NoGrad},
 	{Name: "STFT"},
 	{Name: "Scan", Subgraphs: true},

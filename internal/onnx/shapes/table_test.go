@@ -35,10 +35,12 @@ type example struct {
 // inputs (unary: x [2,3,4]; broadcast: [2,3,4] and [3,1]; reduce: x
 // [2,3,4] over axis 1, as an input at opset 18).
 var examples = map[string]example{
-	"Cast":                  {args: []arg{f32(2, 3, 4)}, attrs: []*onnx.AttributeProto{onnx.AttrInt("to", int64(onnx.TensorProto_DOUBLE))}},
-	"CastLike":              {args: []arg{f32(2, 3, 4), {dtype: tensor.Float64, shape: []int64{1}}}},
-	"Mish":                  {args: []arg{f32(2, 3, 4)}, opset: 18},
-	"Swish":                 {args: []arg{f32(2, 3, 4)}, opset: 24},
+	"Cast":     {args: []arg{f32(2, 3, 4)}, attrs: []*onnx.AttributeProto{onnx.AttrInt("to", int64(onnx.TensorProto_DOUBLE))}},
+	"CastLike": {args: []arg{f32(2, 3, 4), {dtype: tensor.Float64, shape: []int64{1}}}},
+	"Mish":     {args: []arg{f32(2, 3, 4)}, opset: 18},
+	"Swish":    {args: []arg{f32(2, 3, 4)}, opset: 24},
+	"RotaryEmbedding": {args: []arg{f32(2, 2, 3, 4), f32(3, 2), f32(3, 2), {dtype: tensor.Int64, shape: []int64{2, 3}, ints: []int64{0, 1, 2, 2, 0, 1}}},
+		opset: 23},
 	"Not":                   {args: []arg{{dtype: tensor.Bool, shape: []int64{2, 3, 4}}}},
 	"LayerNormalization":    {args: []arg{f32(2, 3, 4), f32(4), f32(4)}},
 	"BatchNormalization":    {args: []arg{f32(2, 3, 4), f32(3), f32(3), f32(3), f32(3)}},
