@@ -426,3 +426,57 @@ func findingByCheck(r *report.Report, id string) *checks.Finding {
 	}
 	return nil
 }
+
+// TestDynamoTrainFoldsBatchNorm: torch 2.9's dynamo exporter, given a
+// model in train() mode (and training=TRAINING), folds every BatchNorm into
+// the layer before it, so the export computes PyTorch's eval-mode forward
+// (fixtures/torch/dynamo_train.py recorded it: the graph matches torch's
+// eval output and not its train-mode output). A --mode train audit says
+// so, naming each BatchNorm and its layer and the export that keeps
+// training mode, and the fused layers carry the layer's module path, not
+// the BatchNorm's.
+func TestDynamoTrainFoldsBatchNorm(t *testing.T) {
+	dir := filepath.Join("..", "..", "fixtures", "torch", "dynamo_train", "cnn_bn_train")
+	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var truth struct {
+		Folded    map[string]string `json:"folded"`
+		BNNodes   int               `json:"batchnorm_nodes"`
+		DiffTrain float64           `json:"max_abs_graph_minus_torch_train"`
+		DiffEval  float64           `json:"max_abs_graph_minus_torch_eval"`
+	}
+	if err := json.Unmarshal(data, &truth); err != nil {
+		t.Fatal(err)
+	}
+	if truth.BNNodes != 0 || truth.DiffEval > 1e-5 || truth.DiffTrain < 0.1 {
+		t.Fatalf("truth.json: %+v; the fixture no longer shows the export computing the eval-mode forward", truth)
+	}
+	r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+		Inputs: []string{filepath.Join(dir, "batches")}, Train: audit.TrainConfig{Mode: "train"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := findingByCheck(r, "FP6002")
+	if f == nil {
+		t.Fatalf("no FP6002 finding; findings:\n%s", findingLines(r))
+	}
+	for bn, layer := range truth.Folded {
+		if !strings.Contains(f.Message, bn+" into "+layer) {
+			t.Errorf("FP6002 %q does not name %s folded into %s", f.Message, bn, layer)
+		}
+	}
+	if !strings.Contains(f.Message, "dynamo=False") {
+		t.Errorf("FP6002 %q: want the export that keeps training mode", f.Message)
+	}
+	layers := map[string]bool{}
+	for _, n := range r.Nodes {
+		layers[n.Module] = true
+	}
+	for bn, layer := range truth.Folded {
+		if !layers[layer] || layers[bn] {
+			t.Errorf("module paths %v: want the fused layer %s, not the BatchNorm %s", layers, layer, bn)
+		}
+	}
+}

@@ -54,13 +54,11 @@ func ModulePath(n *NodeProto) string {
 	return pathFromName(n.Name)
 }
 
-// fusedConvModule is the convolution's module of a Conv into which the
-// dynamo exporter's optimizer folded the BatchNorm after it: the node
-// carries the BatchNorm's metadata (its module stack ends at
-// BatchNorm2d) but computes the convolution, and keeps the convolution's
-// weight, named "<conv module>.weight". "" for any other node.
+// fusedConvModule is the layer's module of a Conv, ConvTranspose or Gemm
+// into which the dynamo exporter's optimizer folded the BatchNorm after it
+// (FusedBatchNorm). "" for any other node.
 func fusedConvModule(n *NodeProto, classes []string) string {
-	if (n.OpType != "Conv" && n.OpType != "ConvTranspose") || len(n.Input) < 2 {
+	if !isFusable(n) || len(n.Input) < 2 {
 		return ""
 	}
 	bn := false
@@ -71,6 +69,38 @@ func fusedConvModule(n *NodeProto, classes []string) string {
 		return w
 	}
 	return ""
+}
+
+func isFusable(n *NodeProto) bool {
+	return IsDefaultDomain(n.Domain) && (n.OpType == "Conv" || n.OpType == "ConvTranspose" || n.OpType == "Gemm")
+}
+
+// FusedBatchNorm reports whether n is a Conv, ConvTranspose or Gemm into
+// which the dynamo exporter's optimizer folded the BatchNorm after it, and
+// returns the BatchNorm's module and the layer's. The node carries the
+// BatchNorm's metadata (its module stack ends at BatchNorm1d/2d) but
+// computes the layer, and keeps the layer's weight, named "<layer
+// module>.weight". torch 2.9.1 folds it even for a model exported in
+// train() mode, whose BatchNorm normalizes with the batch's statistics:
+// the export then computes the eval-mode forward.
+func FusedBatchNorm(n *NodeProto) (bn, layer string, ok bool) {
+	var scopes, classes string
+	for _, e := range n.MetadataProps {
+		switch e.Key {
+		case nameScopesKey:
+			scopes = e.Value
+		case classHierarchyKey:
+			classes = e.Value
+		}
+	}
+	if scopes == "" {
+		return "", "", false
+	}
+	layer = fusedConvModule(n, parseList(classes))
+	if layer == "" {
+		return "", "", false
+	}
+	return pathFromScopes(parseList(scopes), parseList(classes)), layer, true
 }
 
 func pathFromScopes(scopes, classes []string) string {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
@@ -106,11 +107,17 @@ func runBNStats(f *Facts) ([]checks.Finding, error) {
 // it computes by folding a BatchNorm into the Conv before it.
 var foldedConv = regexp.MustCompile(`^onnx::Conv_\d+$`)
 
-// foldedConvs returns the Conv nodes that read a folded weight and bias.
+// foldedConvs returns the Conv nodes that read a folded weight and bias,
+// and the Conv and Gemm nodes into which the dynamo exporter folded a
+// BatchNorm (onnx.FusedBatchNorm).
 func (f *Facts) foldedConvs() []int {
 	var out []int
 	ix := f.Model.Index
 	for i, n := range f.Model.Proto.Graph.Node {
+		if _, _, ok := onnx.FusedBatchNorm(n); ok {
+			out = append(out, i)
+			continue
+		}
 		if n.OpType != "Conv" || len(n.Input) < 3 {
 			continue
 		}
@@ -134,6 +141,16 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 	}
 	msg := fmt.Sprintf("%d Conv node(s) read a BatchNorm folded in by an eval-mode export (%s): --mode train cannot recover batch statistics from them, so this train-mode forward still normalizes with the running statistics (and Dropout, which eval exports drop, is missing); re-export with torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)",
 		len(convs), strings.Join(limit(names, 6), ", "))
+	if onnx.FromDynamo(f.Model.Proto.Graph) {
+		var bns []string
+		for _, i := range convs {
+			if bn, layer, ok := onnx.FusedBatchNorm(f.Model.Proto.Graph.Node[i]); ok {
+				bns = append(bns, fmt.Sprintf("%s into %s", bn, layer))
+			}
+		}
+		msg = fmt.Sprintf("the dynamo exporter folded %d BatchNorm(s) into the layer before them (%s), which torch 2.9.1 does even for a model exported in train() mode: this export computes the eval-mode forward (running statistics, no Dropout), and --mode train cannot recover batch statistics from it; re-export with torch.onnx.export(..., dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)",
+			len(bns), strings.Join(limit(bns, 6), ", "))
+	}
 	return []checks.Finding{f.finding(checkFoldedBN, convs[0], "", msg)}, nil
 }
 

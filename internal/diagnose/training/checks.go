@@ -32,7 +32,14 @@ with each batch's statistics instead, and the folded graph cannot be turned
 back into a training one (an eval export also drops Dropout). Under --mode
 train this model therefore still runs with running statistics. Re-export
 with training=torch.onnx.TrainingMode.TRAINING and
-do_constant_folding=False to audit a training step.`})
+do_constant_folding=False to audit a training step.
+
+torch 2.x's dynamo exporter (torch.onnx.export(dynamo=True), the default
+from torch 2.9) folds too, into a Conv or Gemm that keeps the layer's
+weight and carries the BatchNorm's module metadata, and it does so even
+for a model in train() mode, ignoring training= (measured with torch
+2.9.1): such an export computes the eval-mode forward whatever mode the
+model was in. Re-export with dynamo=False and the options above.`})
 	checkFP32Backward = checks.Register(&checks.Check{ID: "FP6003", Title: "fp32 backward produces nan or inf", Severity: checks.SevError, Doc: `The backward pass produces NaN/Inf even in fp32 at loss scale 1: the loss
 or a gradient is not finite without any reduced precision (a loss on a
 non-finite prediction, a target out of the loss's domain, a sqrt or log at

@@ -114,7 +114,12 @@ func (f *Facts) modeNotes() []string {
 			len(kept), f.Mode, strings.Join(limit(kept, 6), ", ")))
 	}
 	if convs := f.foldedConvs(); len(convs) > 0 && f.Mode == rewrite.ModeEval {
-		notes = append(notes, fmt.Sprintf("%d Conv node(s) carry a BatchNorm folded in by an eval-mode export: this eval-mode audit normalizes with its running statistics (the identity for an untrained model), training with each batch's; to audit training, export with training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False and run --mode train", len(convs)))
+		how := "export with training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False"
+		if onnx.FromDynamo(g) {
+			// torch 2.9.1's dynamo exporter folds them whatever the mode
+			how = "export with dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False (the dynamo exporter folds BatchNorm even in train() mode)"
+		}
+		notes = append(notes, fmt.Sprintf("%d Conv node(s) carry a BatchNorm folded in by an eval-mode export: this eval-mode audit normalizes with its running statistics (the identity for an untrained model), training with each batch's; to audit training, %s and run --mode train", len(convs), how))
 	}
 	if f.Mode == rewrite.ModeTrain && len(f.Changes.Dropouts) > 0 {
 		notes = append(notes, fmt.Sprintf("%d Dropout node(s) drop as in training, with ONNX Runtime's generator seeded %d (not PyTorch's masks)", len(f.Changes.Dropouts), f.Seed))
