@@ -155,6 +155,7 @@ fixtures-torch2:
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family hf --out fixtures/torch/cases_hf
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family recipes --out fixtures/torch/recipes
 	$(TORCH2_VENV)/bin/python fixtures/torch/dynamo_train.py
+	$(TORCH2_VENV)/bin/python fixtures/torch/train/gen.py --exporter dynamo
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

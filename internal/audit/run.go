@@ -146,6 +146,9 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if err != nil {
 		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
 	}
+	if err := m.Flatten(); err != nil {
+		return nil, &ModelError{Path: cfg.ModelPath, Err: err}
+	}
 	a := &audit{cfg: cfg, model: m, policy: policy, passes: map[string]*observe.PassResult{}}
 	if err := a.applyMode(); err != nil {
 		return nil, err
@@ -172,6 +175,10 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 		device = "cpu"
 	}
 	a.report = newReport(m, policy, device, cfg.Threads, batches)
+	if len(m.Inlined) > 0 {
+		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the calls of %d local function(s) were expanded into the graph (%s): each op inside is placed by the policy and reported as <call>/<node>",
+			len(m.Inlined), strings.Join(limitList(m.Inlined, 6), ", ")))
+	}
 	for _, n := range notes {
 		if n.Input != "" {
 			a.report.Notes = append(a.report.Notes, fmt.Sprintf("input %q: %s", n.Input, n.Text))

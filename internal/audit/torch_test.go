@@ -480,3 +480,52 @@ func TestDynamoTrainFoldsBatchNorm(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalFunctions: a model torch exported with its blocks as ONNX local
+// functions (fixtures/torch/functions.py, torch 1.13,
+// export_modules_as_functions) is audited as if exported flat: each call is
+// inlined, its Gemms placed in fp16 by autocast, and the overflow PyTorch
+// finds in blocks.1.fc2 found there, module and all (the Gemm reads
+// blocks.1.fc2.weight); bf16 is healthy, as in PyTorch. Without inlining
+// the calls were ops of unknown precision, run in fp32: healthy.
+func TestLocalFunctions(t *testing.T) {
+	dir := filepath.Join("..", "..", "fixtures", "torch", "functions", "block_overflow")
+	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var truth struct {
+		Functions []string
+		Policies  map[string]struct {
+			OutputsNonFinite bool   `json:"outputs_nonfinite"`
+			OriginModule     string `json:"origin_module"`
+		}
+	}
+	if err := json.Unmarshal(data, &truth); err != nil {
+		t.Fatal(err)
+	}
+	if len(truth.Policies) != 3 {
+		t.Fatalf("truth.json: %d policies", len(truth.Policies))
+	}
+	for policy, want := range truth.Policies {
+		t.Run(policy, func(t *testing.T) {
+			r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+				Inputs: []string{filepath.Join(dir, "batches")}, Policy: policy, Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(r.Notes, func(n string) bool { return strings.Contains(n, "local function") }) {
+				t.Errorf("no note says the calls were inlined: %v", r.Notes)
+			}
+			if !want.OutputsNonFinite {
+				if r.Verdict != report.VerdictHealthy {
+					t.Errorf("verdict %s (%s), PyTorch's outputs are finite", r.Verdict, r.VerdictText)
+				}
+				return
+			}
+			if r.Verdict != report.VerdictOverflow || len(r.Origins) == 0 || r.Origins[0].Module != want.OriginModule {
+				t.Errorf("verdict %s (%s), origins %+v; PyTorch overflows at %s", r.Verdict, r.VerdictText, r.Origins, want.OriginModule)
+			}
+		})
+	}
+}

@@ -102,6 +102,11 @@ func lintModel(path string, s settings) ([]checks.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
+	// the ops inside local functions are placed one by one, as the audit
+	// places them
+	if err := m.Flatten(); err != nil {
+		return nil, err
+	}
 	sel, err := checks.ParseSelection(s.checks)
 	if err != nil {
 		return nil, err

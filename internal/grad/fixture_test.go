@@ -28,6 +28,12 @@ import (
 
 const fixtureDir = "../../fixtures/torch/train"
 
+// dynamoFixtureDir holds the same fixtures exported by torch 2.9's dynamo
+// exporter (gen.py --exporter dynamo), with torch 2.9's autograd; those
+// whose truth is a train-mode BatchNorm are left out there (the exporter
+// folds it), as its manifest's "skipped" says.
+const dynamoFixtureDir = "../../fixtures/torch/train_dynamo"
+
 // autogradTol bounds max|ours − torch| / max|torch| per tensor: fp32
 // rounding differences between two implementations of the same formulas
 // (different summation orders in MatMul, Conv and the reductions), relative
@@ -40,6 +46,8 @@ type manifest struct {
 }
 
 type fixtureEntry struct {
+	// Dir is the folder the entry's manifest lies in (set on reading).
+	Dir       string  `json:"-"`
 	Name      string  `json:"name"`
 	Model     string  `json:"model"`
 	Data      string  `json:"data"`
@@ -73,9 +81,11 @@ type fixtureEntry struct {
 	} `json:"experiment"`
 }
 
-func readManifest(t testing.TB) manifest {
+func readManifest(t testing.TB) manifest { return readManifestIn(t, fixtureDir) }
+
+func readManifestIn(t testing.TB, dir string) manifest {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(fixtureDir, "manifest.json"))
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +93,22 @@ func readManifest(t testing.TB) manifest {
 	if err := json.Unmarshal(data, &m); err != nil {
 		t.Fatal(err)
 	}
+	for i := range m.Fixtures {
+		m.Fixtures[i].Dir = dir
+	}
 	return m
+}
+
+// bothExporters returns the fixtures of both exporters, labelled
+// "torchscript/<name>" and "dynamo/<name>".
+func bothExporters(t testing.TB) (labels []string, entries []fixtureEntry) {
+	for _, d := range []struct{ label, dir string }{{"torchscript", fixtureDir}, {"dynamo", dynamoFixtureDir}} {
+		for _, e := range readManifestIn(t, d.dir).Fixtures {
+			labels = append(labels, d.label+"/"+e.Name)
+			entries = append(entries, e)
+		}
+	}
+	return labels, entries
 }
 
 // loaded is a fixture with its backward graph built and a session open.
@@ -101,11 +126,15 @@ type loaded struct {
 func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.Rounding, extra ...string) *loaded {
 	t.Helper()
 	requireORT(t)
-	m, err := onnx.Load(filepath.Join(fixtureDir, e.Model))
+	dir := e.Dir
+	if dir == "" {
+		dir = fixtureDir
+	}
+	m, err := onnx.Load(filepath.Join(dir, e.Model))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts, err := batch.ReadNPZ(filepath.Join(fixtureDir, e.Data))
+	ts, err := batch.ReadNPZ(filepath.Join(dir, e.Data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,20 +146,23 @@ func loadFixture(t testing.TB, e fixtureEntry, rounding func(*onnx.Model) *grad.
 		l.inputs = append(l.inputs, l.arrays[in.Key])
 	}
 	l.target = l.arrays[e.Target]
-	facts, err := backward.Probe(context.Background(), ortLib, m.Proto, "", l.inputs, sessionOptions)
+	// the dynamo exporter writes the weights beside the model
+	opt := sessionOptions
+	opt.ExternalDataDir = dir
+	facts, err := backward.Probe(context.Background(), ortLib, m.Proto, "", l.inputs, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.facts = facts
-	opt := grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, CrossEntropy: e.crossEntropy()}
+	gopt := grad.Options{Loss: grad.Loss(e.Loss), Output: e.Output, TargetShape: l.target.Shape, CrossEntropy: e.crossEntropy()}
 	if rounding != nil {
-		opt.Rounding = rounding(m)
+		gopt.Rounding = rounding(m)
 	}
-	l.res, err = grad.Build(m.Proto, facts, opt)
+	l.res, err = grad.Build(m.Proto, facts, gopt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.sess, err = backward.NewSession(l.res, sessionOptions, append(l.res.Outputs(), extra...))
+	l.sess, err = backward.NewSession(l.res, opt, append(l.res.Outputs(), extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,8 +175,9 @@ func (e fixtureEntry) crossEntropy() grad.CrossEntropyOptions {
 }
 
 func TestAutograd(t *testing.T) {
-	for _, e := range readManifest(t).Fixtures {
-		t.Run(e.Name, func(t *testing.T) {
+	labels, entries := bothExporters(t)
+	for k, e := range entries {
+		t.Run(labels[k], func(t *testing.T) {
 			var values []string
 			for _, a := range e.Activations {
 				values = append(values, a.Value)
@@ -256,11 +289,12 @@ const deepFlushTol = 0.02
 
 func TestFP16Experiment(t *testing.T) {
 	man := readManifest(t)
-	for _, e := range man.Fixtures {
+	labels, entries := bothExporters(t)
+	for k, e := range entries {
 		if e.Experiment == nil {
 			continue
 		}
-		t.Run(e.Name, func(t *testing.T) {
+		t.Run(labels[k], func(t *testing.T) {
 			round := func(*onnx.Model) *grad.Rounding {
 				r := &grad.Rounding{Values: map[string]int32{}}
 				for _, m := range e.Experiment.Modules {

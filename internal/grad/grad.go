@@ -27,7 +27,7 @@
 //	reductions:  ReduceSum ReduceMean ReduceSumSquare ReduceL2 ReduceMax ReduceMin
 //	pooling:     MaxPool AveragePool GlobalAveragePool GlobalMaxPool
 //	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice
-//	             Gather GatherElements Expand Tile Pad Where Trilu
+//	             Gather GatherElements GatherND Expand Tile Pad Where Trilu
 //	pass-through: Identity Dropout Cast CastLike
 //
 // Comparisons, index and shape queries, random generators and rounding ops

@@ -549,6 +549,12 @@ func TestShapeOps(t *testing.T) {
 			nodes: []*onnx.NodeProto{nd("Gather", []string{"w", "tok"}, "y")}},
 		{name: "GatherElements", inputs: []tinyInput{in("x", 3, 4)}, inits: []*onnx.TensorProto{onnx.Int64Tensor("i", []int64{3, 2}, []int64{0, 3, 3, 3, -1, 1})},
 			nodes: []*onnx.NodeProto{nd("GatherElements", []string{"x", "i"}, "y", onnx.AttrInt("axis", 1))}},
+		// the dynamo exporter's advanced indexing: a tuple met twice, one
+		// negative index, and a slice left of the tuples
+		{name: "GatherND", opset: 18, inputs: []tinyInput{in("x", 3, 4, 2)}, inits: []*onnx.TensorProto{onnx.Int64Tensor("i", []int64{4, 2}, []int64{0, 1, 2, 3, 0, 1, -1, 0})},
+			nodes: []*onnx.NodeProto{nd("GatherND", []string{"x", "i"}, "y")}},
+		{name: "GatherND full tuples", opset: 18, inputs: []tinyInput{in("x", 3, 4)}, inits: []*onnx.TensorProto{onnx.Int64Tensor("i", []int64{2, 2, 2}, []int64{0, 1, 2, 3, 0, 1, 1, -2})},
+			nodes: []*onnx.NodeProto{nd("GatherND", []string{"x", "i"}, "y")}},
 		{name: "Expand", inputs: []tinyInput{in("x", 3, 1)}, inits: []*onnx.TensorProto{ints("s", 2, 3, 4)},
 			nodes: []*onnx.NodeProto{nd("Expand", []string{"x", "s"}, "y")}},
 		{name: "Tile", inputs: []tinyInput{in("x", 2, 3)}, inits: []*onnx.TensorProto{ints("r", 2, 3)},

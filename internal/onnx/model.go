@@ -52,6 +52,33 @@ type Model struct {
 	// Index indexes Proto's main graph as loaded; a pass that rewrites
 	// Proto builds a new one.
 	Index *Index
+	// Inlined names the local functions whose calls Flatten expanded into
+	// the main graph.
+	Inlined []string
+}
+
+// Flatten expands the calls of m's local functions into its main graph
+// (InlineFunctions) and indexes the result, for the stages that place,
+// observe and differentiate ops one by one; Load leaves the model as the
+// file holds it. Errors are *LoadError.
+func (m *Model) Flatten() error {
+	inlined, err := InlineFunctions(m.Proto)
+	if err != nil {
+		return &LoadError{m.Path, err}
+	}
+	if len(inlined) == 0 {
+		return nil
+	}
+	ix, err := NewIndex(m.Proto.GetGraph())
+	if err != nil {
+		return &LoadError{m.Path, err}
+	}
+	if err := checkDefined(m.Proto.GetGraph(), ix); err != nil {
+		return &LoadError{m.Path, err}
+	}
+	ix.BaseDir = m.Dir
+	m.Index, m.Inlined = ix, inlined
+	return nil
 }
 
 // Load reads and checks the ONNX model at path. Besides decoding, it checks

@@ -17,6 +17,7 @@ func init() {
 	family("gather", gather)
 	family("gatherElements", gatherElements)
 	family("expand", expand)
+	family("gatherND", gatherND)
 	family("tile", tile)
 	family("pad", pad)
 	family("trilu", trilu)
@@ -340,5 +341,35 @@ func trilu(c *call) error {
 		ins = append(ins, k)
 	}
 	c.set(0, c.b.op("Trilu", ins, onnx.AttrInt("upper", attrInt(c.n, "upper", 1))))
+	return nil
+}
+
+// gatherND: data at the index tuples of indices' last axis (what the
+// dynamo exporter writes for advanced indexing, x[rows, cols]). The
+// gradient scatter-adds g into zeros of the data's shape at the same
+// tuples (a tuple met twice sums, as autograd's index_put with
+// accumulate does); negative indices count from each indexed dimension's
+// end.
+func gatherND(c *call) error {
+	if !c.wants(0) {
+		return nil
+	}
+	if bd := attrInt(c.n, "batch_dims", 0); bd != 0 {
+		return c.errorf("GatherND with batch_dims %d", bd)
+	}
+	data, idx := c.in(0), c.in(1)
+	sh, err := c.shapes(data, idx)
+	if err != nil {
+		return err
+	}
+	xs, is := sh[0], sh[1]
+	if len(is) == 0 || is[len(is)-1] < 1 || is[len(is)-1] > int64(len(xs)) {
+		return c.errorf("GatherND with indices of shape %v on data of shape %v", is, xs)
+	}
+	b := c.b
+	k := is[len(is)-1]
+	neg := b.op("Less", []string{idx, b.int0(0)})
+	ni := b.op("Where", []string{neg, b.op("Add", []string{idx, b.ints(xs[:k]...)}), idx})
+	c.set(0, b.op("ScatterND", []string{b.zeros(xs), ni, c.g()}, onnx.AttrString("reduction", "add")))
 	return nil
 }

@@ -69,7 +69,7 @@ var table = []Op{
 	{Name: "GRU", Autocast: Lower},
 	{Name: "Gather", SameType: true, Grad: "gather"},
 	{Name: "GatherElements", SameType: true, Grad: "gatherElements"},
-	{Name: "GatherND", SameType: true},
+	{Name: "GatherND", SameType: true, Grad: "gatherND"},
 	{Name: "Gelu", Shape: ShapeUnary, SameType: true, Grad: "unary"},
 	{Name: "Gemm", Autocast: Lower, SameType: true, Grad: "gemm"},
 	{Name: "GlobalAveragePool", SameType: true, Grad: "globalPool"},
