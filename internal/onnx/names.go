@@ -36,7 +36,19 @@ const (
 // downsample.0/Conv is layer2.0.downsample.0), any other scope is appended
 // with ".". A name without a leading "/" carries no scope.
 func ModulePath(n *NodeProto) string {
-	var scopes, classes string
+	scopes, classes := torchScopes(n)
+	if scopes != "" {
+		if m := fusedConvModule(n, parseList(classes)); m != "" {
+			return m
+		}
+		return pathFromScopes(parseList(scopes), parseList(classes))
+	}
+	return pathFromName(n.Name)
+}
+
+// torchScopes returns the dynamo exporter's module stack and class
+// hierarchy entries of n ("" where absent).
+func torchScopes(n *NodeProto) (scopes, classes string) {
 	for _, e := range n.MetadataProps {
 		switch e.Key {
 		case nameScopesKey:
@@ -45,13 +57,7 @@ func ModulePath(n *NodeProto) string {
 			classes = e.Value
 		}
 	}
-	if scopes != "" {
-		if m := fusedConvModule(n, parseList(classes)); m != "" {
-			return m
-		}
-		return pathFromScopes(parseList(scopes), parseList(classes))
-	}
-	return pathFromName(n.Name)
+	return scopes, classes
 }
 
 // fusedConvModule is the layer's module of a Conv, ConvTranspose or Gemm
@@ -84,15 +90,7 @@ func isFusable(n *NodeProto) bool {
 // train() mode, whose BatchNorm normalizes with the batch's statistics:
 // the export then computes the eval-mode forward.
 func FusedBatchNorm(n *NodeProto) (bn, layer string, ok bool) {
-	var scopes, classes string
-	for _, e := range n.MetadataProps {
-		switch e.Key {
-		case nameScopesKey:
-			scopes = e.Value
-		case classHierarchyKey:
-			classes = e.Value
-		}
-	}
+	scopes, classes := torchScopes(n)
 	if scopes == "" {
 		return "", "", false
 	}
