@@ -110,8 +110,10 @@ var dynamoKnownWrong = map[string]string{
 }
 
 // TestTorchTruthDynamo: the truth table on the dynamo exports. Their node
-// names (node_Conv_3, node_linear) are the exporter's own, so origins are
-// checked by PyTorch module path, as the oracle names them.
+// names (node_Conv_3, node_linear) are the exporter's own: origins are
+// checked by PyTorch module path, as the oracle names them, and by node,
+// the one the oracle finds the exporter translated its aten op into (the
+// nodes' module and op-target metadata).
 func TestTorchTruthDynamo(t *testing.T) {
 	torchTruth(t, torchDynamoCases, dynamoKnownWrong)
 }
@@ -207,6 +209,10 @@ func torchTruth(t *testing.T, root string, knownWrong map[string]string) {
 						}
 					case want.OriginModule != "" && o.Module != want.OriginModule:
 						t.Errorf("origin %s module %q, PyTorch's module is %q", o.Node, o.Module, want.OriginModule)
+					case want.OriginNode != "" && o.Node+o.Input != want.OriginNode:
+						// the oracle maps its event to the node the dynamo
+						// exporter translated its aten op into
+						t.Errorf("origin node %s%s (module %s), PyTorch's op is node %s", o.Node, o.Input, o.Module, want.OriginNode)
 					}
 					return
 				}
