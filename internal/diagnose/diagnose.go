@@ -108,7 +108,7 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 			if fix != nil {
 				d.Fixes = append(d.Fixes, *fix)
 				if fix.Works {
-					d.VerdictText += fmt.Sprintf("; %s divides by a square root with no epsilon, and with one the fp32 pass is finite (rerun)", o[0].Node)
+					d.VerdictText += fmt.Sprintf("; %s divides by a square root with no epsilon, and with one no NaN/Inf of the fp32 pass reaches an output (rerun)", o[0].Node)
 				}
 			}
 		}

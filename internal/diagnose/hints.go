@@ -109,18 +109,21 @@ func (f *Facts) fixEpsilon(ctx context.Context, run Runner, batches []batch.Batc
 	if err != nil {
 		return nil, err
 	}
-	fix.NonFiniteAfter = f.countNonFinite(res, nil)
-	fix.Works = fix.NonFiniteAfter == 0
+	// judged as the verdict was: by NaN/Inf that reach a graph output,
+	// with the infinities the model writes on purpose left out
+	origins, deliberate, _ := f.passOrigins(PassFP32, res, f.assign[PassFP32])
+	fix.NonFiniteAfter = f.countNonFinite(res, deliberate)
+	fix.Works = len(f.deciding(origins)) == 0
 	where := strings.Join(limitList(roots, 4), ", ")
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("with an epsilon of %g added inside the square root at %s the fp32 pass holds no NaN/Inf", rerunEpsilon, where)
+		fix.Summary = fmt.Sprintf("with an epsilon of %g added inside the square root at %s no NaN/Inf of the fp32 pass reaches an output", rerunEpsilon, where)
 		if onnx.FromDynamo(f.graph()) {
 			fix.Summary += ": export with torch.onnx.export(..., optimize=False) to keep your epsilon, then audit again"
 		} else {
 			fix.Summary += ": add one to the normalization (or use torch.nn.LayerNorm), export again and audit again"
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("an epsilon of %g inside the square root at %s leaves %d NaN/Inf in the fp32 pass: the root is not the only cause", rerunEpsilon, where, fix.NonFiniteAfter)
+		fix.Summary = fmt.Sprintf("an epsilon of %g inside the square root at %s still leaves NaN/Inf reaching the outputs of the fp32 pass (%d in all): the root is not the only cause", rerunEpsilon, where, fix.NonFiniteAfter)
 	}
 	return fix, nil
 }
