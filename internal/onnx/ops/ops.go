@@ -18,8 +18,6 @@
 // may read it.
 package ops
 
-import "sort"
-
 // Autocast is the CUDA autocast list an op's aten counterpart is on
 // (aten/src/ATen/autocast_mode.h, PyTorch 2.x), as DESIGN.md translates
 // them.
@@ -113,20 +111,14 @@ type Op struct {
 	Epsilon bool
 }
 
-var (
-	byName = map[string][]*Op{}
-	names  []string
-)
+// byName holds the rows of each op type, one per domain.
+var byName = map[string][]*Op{}
 
 func init() {
 	for i := range table {
 		o := &table[i]
-		if byName[o.Name] == nil {
-			names = append(names, o.Name)
-		}
 		byName[o.Name] = append(byName[o.Name], o)
 	}
-	sort.Strings(names)
 }
 
 // Lookup returns the row of op type opType in domain ("" or "ai.onnx" is
@@ -143,24 +135,6 @@ func Lookup(domain, opType string) *Op {
 	return nil
 }
 
-// ByType returns the row of op type opType in whichever domain has it
-// (the default domain first), nil when none: for the rules that have
-// always keyed on the type alone (shape inference, which runs on the
-// default domain's nodes, and the contrib ops exporters write as if they
-// were standard).
-func ByType(opType string) *Op {
-	rs := byName[opType]
-	if len(rs) == 0 {
-		return nil
-	}
-	for _, o := range rs {
-		if o.Domain == Default {
-			return o
-		}
-	}
-	return rs[0]
-}
-
 // Standard reports whether an op belongs to the ONNX standard (ai.onnx or
 // ai.onnx.ml), whose semantics fp16audit knows.
 func Standard(domain, opType string) bool {
@@ -170,18 +144,6 @@ func Standard(domain, opType string) bool {
 
 // All returns every row, in the table's order.
 func All() []Op { return append([]Op(nil), table...) }
-
-// Set returns the op types (of any domain) whose row satisfies keep, as a
-// set.
-func Set(keep func(*Op) bool) map[string]bool {
-	out := map[string]bool{}
-	for i := range table {
-		if keep(&table[i]) {
-			out[table[i].Name] = true
-		}
-	}
-	return out
-}
 
 // Random reports whether an op draws random numbers (its row's Random).
 func Random(domain, opType string) bool {
