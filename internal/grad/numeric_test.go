@@ -576,27 +576,61 @@ func TestShapeOps(t *testing.T) {
 }
 
 // TestTableGradients: every op whose row in internal/onnx/ops names a
-// gradient rule has a central-difference case in this file (its op type
-// appears in one of the cases' nodes), so a row cannot claim a gradient
-// that nothing checks against finite differences.
+// gradient rule has a central-difference case in this file (a node of
+// that op type, built with nd or onnx.Node), so a row cannot claim a
+// gradient that nothing checks against finite differences.
 func TestTableGradients(t *testing.T) {
 	fs := token.NewFileSet()
 	f, err := parser.ParseFile(fs, "numeric_test.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lits := map[string]bool{}
+	built := map[string]bool{}
 	ast.Inspect(f, func(n ast.Node) bool {
-		if b, ok := n.(*ast.BasicLit); ok && b.Kind == token.STRING {
-			if s, err := strconv.Unquote(b.Value); err == nil {
-				lits[s] = true
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			// TestElementwise's unary table: {"Neg", in("x", 2, 3), …},
+			// each row's op built with nd(u.op, …)
+			if id, ok := n.Lhs[0].(*ast.Ident); ok && id.Name == "unary" && len(n.Rhs) == 1 {
+				if cl, ok := n.Rhs[0].(*ast.CompositeLit); ok {
+					for _, e := range cl.Elts {
+						if row, ok := e.(*ast.CompositeLit); ok && len(row.Elts) > 0 {
+							addString(built, row.Elts[0])
+						}
+					}
+				}
+			}
+		case *ast.CallExpr:
+			if isNodeBuilder(n.Fun) && len(n.Args) > 0 {
+				addString(built, n.Args[0])
 			}
 		}
 		return true
 	})
 	for _, op := range vjp.Ops() {
-		if !lits[op] {
+		if !built[op] {
 			t.Errorf("%s has a gradient rule (its row in internal/onnx/ops) but no central-difference case here", op)
+		}
+	}
+}
+
+// isNodeBuilder reports whether fn is nd or onnx.Node.
+func isNodeBuilder(fn ast.Expr) bool {
+	switch fn := fn.(type) {
+	case *ast.Ident:
+		return fn.Name == "nd"
+	case *ast.SelectorExpr:
+		x, ok := fn.X.(*ast.Ident)
+		return ok && x.Name == "onnx" && fn.Sel.Name == "Node"
+	}
+	return false
+}
+
+// addString adds e to set when it is a string literal.
+func addString(set map[string]bool, e ast.Expr) {
+	if b, ok := e.(*ast.BasicLit); ok && b.Kind == token.STRING {
+		if s, err := strconv.Unquote(b.Value); err == nil {
+			set[s] = true
 		}
 	}
 }
