@@ -278,7 +278,7 @@ def _export(model, args, names, out_names, path, exporter, train_mode):
     order = {"auto": ["dynamo", "torchscript"], "dynamo": ["dynamo"], "torchscript": ["torchscript"]}.get(exporter)
     if order is None:
         raise ValueError("fp16audit.audit: exporter=%r; want 'auto', 'dynamo' or 'torchscript'" % exporter)
-    if train_mode and exporter == "auto":
+    if train_mode and exporter == "auto" and _has_dynamo(torch):
         # torch 2.9.1's dynamo exporter ignores training=TRAINING and folds
         # every BatchNorm into the layer before it even for a model in
         # train() mode (fixtures/torch/dynamo_train): a train-mode audit
