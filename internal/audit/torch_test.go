@@ -107,6 +107,10 @@ var dynamoKnownWrong = map[string]string{
 	"bert_layernorm_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
 	"bert_layernorm_eps/half":          "fp32-broken: the export dropped the eps",
 	"bert_layernorm_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
+	// the same for a hand-written RMSNorm, x * rsqrt(mean(x^2) + 1e-12)
+	"rmsnorm_rsqrt_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
+	"rmsnorm_rsqrt_eps/half":          "fp32-broken: the export dropped the eps",
+	"rmsnorm_rsqrt_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
 }
 
 // TestTorchTruthDynamo: the truth table on the dynamo exports. Their node
@@ -380,46 +384,52 @@ func findingLines(r *report.Report) string {
 	return b.String()
 }
 
-// TestDroppedEpsilon: torch 2.9's dynamo export of BERT's hand-written
-// LayerNorm has no "+ 1e-12" (its optimizer folds the Add away), so the
-// pad rows are 0/0 in fp32. The audit says so, names optimize=False, and
-// verifies by rerun that the root with an epsilon is finite; the
-// TorchScript export of the same model keeps its epsilon and gets no such
-// fix.
+// TestDroppedEpsilon: torch 2.9's dynamo export of a hand-written
+// normalization with eps 1e-12 has no "+ 1e-12" (its optimizer folds the
+// Add away), so the pad rows divide by zero in fp32. Two placements: BERT's
+// LayerNorm, (x - u) / sqrt(var + eps) (a Div), and an RMSNorm, x *
+// rsqrt(mean(x^2) + eps) (a Reciprocal). The audit says so, names
+// optimize=False, and verifies by rerun that the root with an epsilon
+// keeps NaN/Inf from the outputs; the TorchScript exports of the same
+// models keep their epsilon and get no such fix.
 func TestDroppedEpsilon(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	dir := filepath.Join(torchDynamoCases, "bert_layernorm_eps")
-	r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
-		Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Verdict != report.VerdictFP32Broken {
-		t.Fatalf("verdict %s (%s), want fp32-broken: the export divides by sqrt(var)", r.Verdict, r.VerdictText)
-	}
-	i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon })
-	if i < 0 {
-		t.Fatalf("no epsilon fix among %+v", r.Fixes)
-	}
-	fix := r.Fixes[i]
-	if !fix.Works || fix.NonFiniteAfter != 0 || fix.NonFiniteBefore == 0 || !slices.Equal(fix.Nodes, []string{"node_sqrt"}) ||
-		!strings.Contains(fix.Summary, "optimize=False") {
-		t.Errorf("epsilon fix %+v: want it to work at node_sqrt and name optimize=False", fix)
-	}
-	f := findingByCheck(r, "FP2002")
-	if f == nil || !strings.Contains(f.Message, "no epsilon") || !strings.Contains(f.Message, "optimize=False") {
-		t.Errorf("FP2002 finding %+v: want the missing epsilon and optimize=False named", f)
-	}
-	ts := filepath.Join(torchCases, "bert_layernorm_eps")
-	r, err = audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(ts, "model.onnx"),
-		Inputs: []string{filepath.Join(ts, "batches")}, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Verdict != report.VerdictHealthy || slices.ContainsFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon }) {
-		t.Errorf("TorchScript export: verdict %s, fixes %+v; want healthy without an epsilon fix", r.Verdict, r.Fixes)
+	for _, c := range []struct{ name, root string }{{"bert_layernorm_eps", "node_sqrt"}, {"rmsnorm_rsqrt_eps", "node_Sqrt_5"}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(torchDynamoCases, c.name)
+			r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+				Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verdict != report.VerdictFP32Broken {
+				t.Fatalf("verdict %s (%s), want fp32-broken: the export divides by a root without its epsilon", r.Verdict, r.VerdictText)
+			}
+			i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon })
+			if i < 0 {
+				t.Fatalf("no epsilon fix among %+v", r.Fixes)
+			}
+			fix := r.Fixes[i]
+			if !fix.Works || fix.NonFiniteAfter != 0 || fix.NonFiniteBefore == 0 || !slices.Equal(fix.Nodes, []string{c.root}) ||
+				!strings.Contains(fix.Summary, "optimize=False") {
+				t.Errorf("epsilon fix %+v: want it to work at %s and name optimize=False", fix, c.root)
+			}
+			f := findingByCheck(r, "FP2002")
+			if f == nil || !strings.Contains(f.Message, "no epsilon") || !strings.Contains(f.Message, "optimize=False") {
+				t.Errorf("FP2002 finding %+v: want the missing epsilon and optimize=False named", f)
+			}
+			ts := filepath.Join(torchCases, c.name)
+			r, err = audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(ts, "model.onnx"),
+				Inputs: []string{filepath.Join(ts, "batches")}, Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verdict != report.VerdictHealthy || slices.ContainsFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon }) {
+				t.Errorf("TorchScript export: verdict %s, fixes %+v; want healthy without an epsilon fix", r.Verdict, r.Fixes)
+			}
+		})
 	}
 }
 

@@ -73,7 +73,7 @@ func (f *Facts) epsilonHint(ni int) string {
 	if !ok {
 		return ""
 	}
-	hint := fmt.Sprintf("; %s divides by the square root of a mean or sum with no epsilon added, so a row whose values are all equal (a zero pad embedding) gives 0/0", f.nodeName(r.Node))
+	hint := fmt.Sprintf("; %s divides by the square root of a mean or sum with no epsilon added, so a row whose values are all equal (a zero pad embedding) divides by zero", f.nodeName(r.Node))
 	if onnx.FromDynamo(f.graph()) {
 		hint += ". " + dynamoEpsilon
 	}
@@ -81,7 +81,7 @@ func (f *Facts) epsilonHint(ni int) string {
 }
 
 // dynamoEpsilon says what the dynamo exporter does to a small epsilon.
-const dynamoEpsilon = "If the PyTorch code adds an epsilon of 1e-8 or less inside the root (BERT's 1e-12), torch.onnx.export's optimizer removed it (measured with torch 2.9.1): export again with optimize=False, or use torch.nn.LayerNorm, whose epsilon is exported as an attribute"
+const dynamoEpsilon = "If the PyTorch code adds an epsilon of 1e-8 or less inside the root (BERT's 1e-12), torch.onnx.export's optimizer removed it (measured with torch 2.9.1): export again with optimize=False, or use torch.nn.LayerNorm or torch.nn.RMSNorm, whose epsilon is exported as an attribute"
 
 // fixEpsilon reruns the fp32 reference with an epsilon put back inside
 // the roots the origins divide by; nil when no origin is such a division.
@@ -120,7 +120,7 @@ func (f *Facts) fixEpsilon(ctx context.Context, run Runner, batches []batch.Batc
 		if onnx.FromDynamo(f.graph()) {
 			fix.Summary += ": export with torch.onnx.export(..., optimize=False) to keep your epsilon, then audit again"
 		} else {
-			fix.Summary += ": add one to the normalization (or use torch.nn.LayerNorm), export again and audit again"
+			fix.Summary += ": add one to the normalization (or use torch.nn.LayerNorm or torch.nn.RMSNorm), export again and audit again"
 		}
 	} else {
 		fix.Summary = fmt.Sprintf("an epsilon of %g inside the square root at %s still leaves NaN/Inf reaching the outputs of the fp32 pass (%d in all): the root is not the only cause", rerunEpsilon, where, fix.NonFiniteAfter)
