@@ -365,7 +365,7 @@ func (s *assigner) promotionCast(i int) bool {
 		}
 		fp32 := false
 		for j, in := range c.Input {
-			if j != u.slot && in != "" && in != out && s.elemType(in) == int32(onnx.TensorProto_FLOAT) && !s.zeroDim(in) {
+			if j != u.slot && in != "" && in != out && s.elemType(in) == int32(onnx.TensorProto_FLOAT) && !s.zeroDim(in) && !s.fromHalf(in) {
 				fp32 = true
 			}
 		}
@@ -374,6 +374,23 @@ func (s *assigner) promotionCast(i int) bool {
 		}
 	}
 	return len(uses) > 0
+}
+
+// fromHalf reports whether value name is a Cast to FLOAT of a 16-bit
+// value. Such an operand was 16-bit in the traced model too, so it is not
+// the float32 tensor that made PyTorch promote: x.half().float() +
+// y.half().float() is the model's own pair of upcasts, computed in fp32.
+func (s *assigner) fromHalf(name string) bool {
+	i, ok := s.producer[name]
+	if !ok {
+		return false
+	}
+	n := s.g.Node[i]
+	if !onnx.IsDefaultDomain(n.Domain) || n.OpType != "Cast" || len(n.Input) == 0 || n.Input[0] == "" {
+		return false
+	}
+	t := s.elemType(n.Input[0])
+	return t == int32(onnx.TensorProto_FLOAT16) || t == int32(onnx.TensorProto_BFLOAT16)
 }
 
 // prec returns the precision of a value consumed by a node. A value no node
