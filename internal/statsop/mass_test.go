@@ -89,14 +89,19 @@ func TestMassOperator(t *testing.T) {
 	n := int64(3<<16 + 11)
 	x := massInput(int(n), 7)
 	g := &onnx.GraphProto{Name: "mass-op"}
-	g.Input = append(g.Input, onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, n))
-	node := onnx.Node(statsop.OpMass, "mass", []string{"x"}, []string{"h"})
-	node.Domain = statsop.Domain
-	g.Node = append(g.Node, node)
-	g.Output = append(g.Output, onnx.TensorValueInfo("h", onnx.TensorProto_DOUBLE, int64(statsop.MassLen)))
+	g.Input = append(g.Input, onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, n), onnx.TensorValueInfo("on", onnx.TensorProto_FLOAT))
+	// h is Mass(x); hs is Mass(x, on), switched by on.
+	for _, node := range []*onnx.NodeProto{
+		onnx.Node(statsop.OpMass, "mass", []string{"x"}, []string{"h"}),
+		onnx.Node(statsop.OpMass, "switched", []string{"x", "on"}, []string{"hs"}),
+	} {
+		node.Domain = statsop.Domain
+		g.Node = append(g.Node, node)
+		g.Output = append(g.Output, onnx.TensorValueInfo(node.Output[0], onnx.TensorProto_DOUBLE, int64(statsop.MassLen)))
+	}
 	m := onnx.NewModel(g, 17)
 	m.OpsetImport = append(m.OpsetImport, &onnx.OperatorSetIdProto{Domain: statsop.Domain, Version: 1})
-	s, err := statsop.NewModelSession(rt, m, "", nil, []string{"x"}, []string{"h"}, ortcapi.Options{Threads: 2})
+	s, err := statsop.NewModelSession(rt, m, "", nil, []string{"x", "on"}, []string{"h", "hs"}, ortcapi.Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,19 +111,43 @@ func TestMassOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer in.Release()
-	got := make([]float64, statsop.MassLen)
-	out, err := rt.NewTensor(ortcapi.Float64, []int64{int64(len(got))}, unsafe.Pointer(&got[0]), 8*len(got))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Release()
-	if err := s.Run([]*ortcapi.Value{in}, []*ortcapi.Value{out}); err != nil {
-		t.Fatal(err)
-	}
 	want := statsop.Mass(x)
-	for k := range want {
-		if math.Float64bits(got[k]) != math.Float64bits(want[k]) {
-			t.Errorf("slot %d: operator %g, statsop.Mass %g", k, got[k], want[k])
+	for _, on := range []float32{1, 0} {
+		sw := []float32{on}
+		onv, err := rt.NewTensor(ortcapi.Float32, []int64{}, unsafe.Pointer(&sw[0]), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, gotSw := make([]float64, statsop.MassLen), make([]float64, statsop.MassLen)
+		for k := range gotSw {
+			gotSw[k] = -1 // the switched-off operator writes its zeros
+		}
+		var outs []*ortcapi.Value
+		for _, h := range [][]float64{got, gotSw} {
+			v, err := rt.NewTensor(ortcapi.Float64, []int64{int64(len(h))}, unsafe.Pointer(&h[0]), 8*len(h))
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, v)
+		}
+		err = s.Run([]*ortcapi.Value{in, onv}, outs)
+		for _, v := range append(outs, onv) {
+			v.Release()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range want {
+			if math.Float64bits(got[k]) != math.Float64bits(want[k]) {
+				t.Errorf("slot %d: operator %g, statsop.Mass %g", k, got[k], want[k])
+			}
+			w := want[k]
+			if on == 0 {
+				w = 0
+			}
+			if math.Float64bits(gotSw[k]) != math.Float64bits(w) {
+				t.Errorf("on=%g: slot %d: operator %g, want %g", on, k, gotSw[k], w)
+			}
 		}
 	}
 }

@@ -532,8 +532,9 @@ static void round_work(void *user, size_t it) {
 	fa_round(j->dst + lo, j->src + lo, hi - lo, j->to);
 }
 
-// round_enabled reads Round's optional input "on": when it is given and
-// its first element is 0, *to becomes 0 (copy unrounded).
+// round_enabled reads the optional input "on" of Round and Mass: when it
+// is given and its first element is 0, *to becomes 0 (Round copies its
+// input unrounded, Mass computes nothing).
 static OrtStatus *round_enabled(OrtKernelContext *ctx, int *to) {
 	size_t n = 0;
 	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInputCount)(ctx, &n);
@@ -758,6 +759,16 @@ static OrtStatus *mass_compute(void *kernel, OrtKernelContext *ctx) {
 	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)(out, &dst)) != NULL) {
 		return st;
 	}
+	int on = 1;
+	if ((st = round_enabled(ctx, &on)) != NULL) {
+		return st;
+	}
+	if (on == 0) {
+		// Switched off: a run whose histograms nobody reads (the backward
+		// audit's rounded runs) skips the pass over x.
+		memset(dst, 0, FA_MASS_LEN * sizeof(double));
+		return NULL;
+	}
 	int64_t n = (int64_t)count, k = (n + mass_chunk - 1) / mass_chunk;
 	if (k <= 1) {
 		mass_rows((const float *)src, n, (double *)dst);
@@ -821,7 +832,8 @@ void fa_ops_init(const void *table, const void **ops) {
 	round_op.KernelComputeV2 = round_compute;
 	mass_op = observe_op;
 	mass_op.GetName = mass_name;
-	mass_op.GetInputCharacteristic = required;
+	mass_op.GetInputTypeCount = two_count;
+	mass_op.GetInputCharacteristic = round_input;
 	mass_op.GetVariadicInputMinArity = one;
 	mass_op.GetOutputType = double_type;
 	mass_op.CreateKernelV2 = mass_create;

@@ -65,7 +65,9 @@ const (
 // by float32 exponent field in h[0:256], their sums of squares from
 // MassSumSq, max |x| over the finite elements at MassMax and the count of
 // NaN and Inf at MassNonFinite. The backward audit reads one per gradient
-// held in 16 bits (internal/grad's Mass interprets it).
+// held in 16 bits (internal/grad's Mass interprets it). Mass(x, on) with
+// on a float scalar 0 computes nothing and returns zeros (a run whose
+// histograms nobody reads).
 const (
 	OpMass        = C.FA_OP_MASS
 	MassLen       = C.FA_MASS_LEN

@@ -85,7 +85,8 @@ void fa_sink_free(int64_t id);
 // h[FA_MASS_NONFINITE] counts the NaN and Inf elements (exponent field
 // 255, in neither table). From it the share of x's L2 norm that rounding
 // to a narrower format loses at any scale follows without another read
-// (internal/grad's Mass).
+// (internal/grad's Mass). An optional second input "on" (a float scalar)
+// of 0 switches it off: h is all zeros and x is not read.
 #define FA_OP_MASS "Mass"
 enum {
 	FA_MASS_BUCKETS = 256,

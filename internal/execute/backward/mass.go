@@ -20,6 +20,11 @@ import (
 // switches the rounding of the 16-bit gradients on (1) or off (0).
 const RoundInput = "round::fp16audit"
 
+// MassInput is the scalar float input that switches the Mass histograms
+// on (1) or off (0): only the unrounded run's are read (they judge every
+// scale), so a rounded run skips their pass over every 16-bit gradient.
+const MassInput = "mass::fp16audit"
+
 // MassSession runs a backward graph built with autocast's rounding for the
 // backward audit. Every rounding Cast pair becomes statsop's Round, which
 // the input RoundInput switches off, so one session runs the fp32
@@ -83,7 +88,7 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 	if res.Target != "" {
 		names = append(names, res.Target)
 	}
-	names = append(names, res.Scale, RoundInput)
+	names = append(names, res.Scale, RoundInput, MassInput)
 	if ms.s, err = statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), w, names, outputs, o); err != nil {
 		return nil, fmt.Errorf("backward session: %w", err)
 	}
@@ -153,7 +158,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	}
 	mass := func(raw string, k massKey) {
 		out := raw + "::mass" + vjp.Internal
-		n := onnx.Node(statsop.OpMass, out, []string{raw}, []string{out})
+		n := onnx.Node(statsop.OpMass, out, []string{raw, MassInput}, []string{out})
 		n.Domain = statsop.Domain
 		added = append(added, n)
 		ms.keys = append(ms.keys, k)
@@ -185,7 +190,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	}
 	g = &onnx.GraphProto{Node: append(nodes, added...), Name: g.Name, Initializer: g.Initializer,
 		SparseInitializer: g.SparseInitializer, Input: append(append([]*onnx.ValueInfoProto(nil), g.Input...),
-			onnx.TensorValueInfo(RoundInput, onnx.TensorProto_FLOAT)), ValueInfo: g.ValueInfo}
+			onnx.TensorValueInfo(RoundInput, onnx.TensorProto_FLOAT), onnx.TensorValueInfo(MassInput, onnx.TensorProto_FLOAT)), ValueInfo: g.ValueInfo}
 	outputs := []string{res.Loss}
 	g.Output = append(g.Output, onnx.TensorValueInfo(res.Loss, onnx.TensorProto_FLOAT))
 	ms.loss = make([]float32, 1)
@@ -230,12 +235,14 @@ func (ms *MassSession) Close() {
 }
 
 // Run runs forward and backward at loss scale 2^exp, with the 16-bit
-// gradients rounded or left in fp32, and returns what the run says.
+// gradients rounded or left in fp32, and returns what the run says. Only
+// the unrounded run summarises the 16-bit gradients (Grads and Sites): a
+// rounded run's are empty, its Mass nodes switched off.
 func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	scale := []float32{float32(math.Ldexp(1, exp))}
-	on := []float32{0}
+	on, masses := []float32{0}, []float32{1}
 	if rounded {
-		on[0] = 1
+		on[0], masses[0] = 1, 0
 	}
 	feeds := append([]*tensor.Tensor(nil), ms.inputs...)
 	if ms.res.Target != "" {
@@ -250,7 +257,7 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backward: %w", err)
 	}
-	for _, s := range [][]float32{scale, on} {
+	for _, s := range [][]float32{scale, on, masses} {
 		v, err := tensorOf(ms.rt, []int64{}, s)
 		if err != nil {
 			return nil, err
@@ -293,6 +300,9 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	r := &grad.Run{Exp: exp, Rounded: rounded, Loss: float64(ms.loss[0]), Grads: map[string]*grad.Mass{},
 		Sites: map[string]*grad.Mass{}, Params: map[string][]float32{}}
 	for k, h := range ms.masses {
+		if rounded {
+			break // not computed (MassInput)
+		}
 		m, err := grad.MassFrom(h)
 		if err != nil {
 			return nil, err

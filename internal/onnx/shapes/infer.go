@@ -164,8 +164,13 @@ func (si *shapeInference) node(n *onnx.NodeProto) [][]int64 {
 		if x == nil {
 			return nil
 		}
-		if op == "Dropout" {
+		switch op {
+		case "Dropout":
 			return [][]int64{x, x} // the mask has the input's shape
+		case "BatchNormalization":
+			// In training mode the running mean and variance come out
+			// beside y, shaped as the ones read in.
+			return [][]int64{x, si.in(n, 3), si.in(n, 4)}
 		}
 		return [][]int64{x}
 	case family == ops.ShapeBroadcast:

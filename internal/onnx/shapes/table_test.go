@@ -165,3 +165,50 @@ func dimsOf(shape []int64) []any {
 	}
 	return out
 }
+
+// TestBatchNormTrainingShapes: a train-mode BatchNormalization (the
+// training audit's forward) has the running mean and variance as outputs
+// 1 and 2; shapes.Infer sizes all three as ONNX Runtime returns them, so
+// that the backward can be built before anything runs.
+func TestBatchNormTrainingShapes(t *testing.T) {
+	lib, err := onnxrt.FindLibrary("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := onnxrt.Init(lib); err != nil {
+		t.Fatal(err)
+	}
+	g := &onnx.GraphProto{Name: "bn-train", Input: []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 3, 4, 5)}}
+	for _, name := range []string{"scale", "bias", "mean", "var"} {
+		g.Initializer = append(g.Initializer, onnx.FloatTensor(name, []int64{3}, []float32{1, 1, 1}))
+	}
+	outs := []string{"y", "running_mean", "running_var"}
+	g.Node = []*onnx.NodeProto{onnx.Node("BatchNormalization", "bn", []string{"x", "scale", "bias", "mean", "var"}, outs, onnx.AttrInt("training_mode", 1))}
+	for _, o := range outs {
+		g.Output = append(g.Output, &onnx.ValueInfoProto{Name: o})
+	}
+	data, err := onnx.Marshal(onnx.NewModel(g, 15))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := onnxrt.NewSession(data, []string{"x"}, outs, onnxrt.SessionOptions{Optimization: "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	shape := []int64{2, 3, 4, 5}
+	got, err := s.Run([]*tensor.Tensor{tensor.FromFloat32s("x", shape, make([]float32, tensor.NumElements(shape)))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := onnx.NewIndex(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inferred := shapes.Infer(g, ix, map[string][]int64{"x": shape}, nil)
+	for k, o := range outs {
+		if s, ok := inferred[o]; !ok || !slices.Equal(s, got[k].Shape) {
+			t.Errorf("%s: shapes.Infer gives %v (known %v), ONNX Runtime's output is %v", o, s, ok, got[k].Shape)
+		}
+	}
+}
