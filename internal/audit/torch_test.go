@@ -50,6 +50,13 @@ type truth struct {
 		ChosenOutputs   []string         `json:"chosen_outputs"`
 		RankedAgreement []truthAgreement `json:"ranked_agreement"`
 		DecayedModules  []string         `json:"decayed_modules"`
+		// KeepFP32Fix is what PyTorch did with the origin's module back
+		// in float32 under model.half() (half rows that fail).
+		Provenance  string `json:"provenance"`
+		KeepFP32Fix *struct {
+			Modules []string `json:"modules"`
+			Works   bool     `json:"works"`
+		} `json:"keep_fp32_fix"`
 	} `json:"policies"`
 }
 
@@ -543,5 +550,78 @@ func TestLocalFunctions(t *testing.T) {
 				t.Errorf("verdict %s (%s), origins %+v; PyTorch overflows at %s", r.Verdict, r.VerdictText, r.Origins, want.OriginModule)
 			}
 		})
+	}
+}
+
+// keepFixKnownWrong are the cases whose keep-fp32 fix fp16audit still
+// judges otherwise than PyTorch, with why.
+var keepFixKnownWrong = map[string]string{
+	// at opset 14 the exporter writes nn.LayerNorm out as arithmetic,
+	// which promotes: fp16audit carries fc2's fp32 residual through it in
+	// fp32, while PyTorch's nn.LayerNorm refuses an fp32 input beside its
+	// fp16 weight, so the user casts it down first and it overflows there
+	"token_transformer_overflow": "a decomposed nn.LayerNorm reads as promoting arithmetic",
+}
+
+// TestTorchKeepFP32Fix: where fp16audit's keep-fp32 fix under half names
+// the module PyTorch's run was repaired by (fixtures/torch/realcases.py
+// keeps the origin's module in float32 under model.half(), its input cast
+// up and its output back down), the fix works exactly when it worked in
+// PyTorch.
+func TestTorchKeepFP32Fix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dirs, err := filepath.Glob(filepath.Join(torchCases, "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	compared := 0
+	for _, dir := range dirs {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			continue
+		}
+		tr := readTruth(t, dir)
+		row := tr.Policies["half"]
+		want := row.KeepFP32Fix
+		if want == nil {
+			continue
+		}
+		if row.Provenance == "explicit" {
+			// The model's own cast to half is the origin: fp16audit's fix
+			// removes it, PyTorch's run kept the module with the cast
+			// inside. Different fixes.
+			continue
+		}
+		r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+			Inputs: []string{filepath.Join(dir, "batches")}, Policy: "half", Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixKeepFP32 })
+		if i < 0 {
+			t.Logf("%s: no keep-fp32 fix (PyTorch: keeping %v works=%v)", tr.Case, want.Modules, want.Works)
+			continue
+		}
+		fix := r.Fixes[i]
+		if !slices.Equal(fix.Modules, want.Modules) {
+			t.Logf("%s: the fix keeps %v, PyTorch's run kept %v: not compared", tr.Case, fix.Modules, want.Modules)
+			continue
+		}
+		compared++
+		t.Logf("%s: keeping %v works=%v, in PyTorch works=%v", tr.Case, fix.Modules, fix.Works, want.Works)
+		if why, ok := keepFixKnownWrong[tr.Case]; ok {
+			if fix.Works == want.Works {
+				t.Errorf("%s: known to be wrong (%s), but now right: remove it from the list", tr.Case, why)
+			}
+			continue
+		}
+		if fix.Works != want.Works {
+			t.Errorf("%s: keeping %v in fp32 works=%v (%s), in PyTorch works=%v", tr.Case, fix.Modules, fix.Works, fix.Summary, want.Works)
+		}
+	}
+	t.Logf("%d keep-fp32 fixes compared with PyTorch's", compared)
+	if compared < 2 {
+		t.Fatalf("%d keep-fp32 fixes compared with PyTorch's; the truth lost its fix records", compared)
 	}
 }

@@ -297,13 +297,25 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 	}
 	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
 	cur := origins
+	asg := f.Static.Assign
 	for it := 1; it <= f.Thresholds.FixIterations && len(cur) > 0; it++ {
+		grown := false
 		for _, o := range cur {
-			if o.Index >= 0 {
-				keep[o.Index] = true
+			if o.Index >= 0 && !keep[o.Index] {
+				keep[o.Index], grown = true, true
 			}
 		}
-		asg := precision.AssignKeepFP32(f.Static.Policy, g, f.Static.Order, f.Static.Model.Index.ElemType, keep)
+		if !grown && it > 1 {
+			// Every origin already computes in fp32 and still fails: what
+			// it reads was lost upstream (an epsilon rounded to zero in
+			// 16 bits before the kept division). Keep the rest of its
+			// module, as the user's module.float() does, and once that is
+			// all kept, the 16-bit producers of what the kept nodes read.
+			if !f.growKept(keep, cur, asg) {
+				break
+			}
+		}
+		asg = precision.AssignKeepFP32(f.Static.Policy, g, f.Static.Order, f.Static.Model.Index.ElemType, keep)
 		deciding, err := f.verify(ctx, run, Rerun{Name: fmt.Sprintf("%s+keep-fp32#%d", f.Main, it), Assign: asg, Batches: batches}, fix)
 		if err != nil {
 			return nil, err
@@ -313,8 +325,8 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 	}
 	f.nameKept(fix, keep, seed)
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (wrap in torch.autocast(device_type=\"cuda\", enabled=False) and cast its input with .float())",
-			strings.Join(fix.Modules, ", "))
+		fix.Summary = fmt.Sprintf("keeping %s in fp32 removes every overflow (%s)",
+			strings.Join(fix.Modules, ", "), f.keepHow("it", "its", "returns"))
 		if len(seed) > 0 {
 			fix.Summary += ", with the model's own half cast removed"
 		}
@@ -323,6 +335,63 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 			len(fix.Nodes), fix.Iterations, f.remains(fix))
 	}
 	return fix, nil
+}
+
+// keepHow says how a user keeps modules in fp32 under the audited policy:
+// under autocast, a region with autocast off fed float32; under
+// model.half(), the modules back in float32 (module.float()), their input
+// cast up and what they return cast back down where a half layer reads it
+// (PyTorch's Linear, Conv and LayerNorm refuse a float32 input beside
+// float16 weights). it, its and returns name the modules.
+func (f *Facts) keepHow(it, its, returns string) string {
+	if f.Static.Policy.Name == "half" {
+		return fmt.Sprintf("call .float() on %s and cast %s input with .float(); cast what %s %s back with .half() where a half Linear, Conv or LayerNorm reads it", it, its, it, returns)
+	}
+	return fmt.Sprintf("wrap %s in torch.autocast(device_type=\"cuda\", enabled=False) and cast %s input with .float()", it, its)
+}
+
+// growKept adds to keep, for origins that are kept already, the other
+// nodes of their modules that asg holds in 16 bits; where those are all
+// kept, the nodes held in 16 bits that produce an input of a kept node. It
+// reports whether keep grew.
+func (f *Facts) growKept(keep map[int]bool, origins []report.Origin, asg *precision.Assignment) bool {
+	g := f.graph()
+	half := func(ni int) bool {
+		p := asg.Node[ni]
+		return !keep[ni] && (p == precision.FP16 || p == precision.BF16)
+	}
+	grown := false
+	for _, o := range origins {
+		if o.Index < 0 {
+			continue
+		}
+		m := onnx.ModulePath(g.Node[o.Index])
+		if m == "" {
+			continue
+		}
+		for _, ni := range f.Static.Order {
+			if half(ni) && onnx.ModulePath(g.Node[ni]) == m {
+				keep[ni], grown = true, true
+			}
+		}
+	}
+	if grown {
+		return true
+	}
+	producer := map[string]int{}
+	for i, n := range g.Node {
+		for _, out := range n.Output {
+			producer[out] = i
+		}
+	}
+	for _, ni := range sortedKeys(keep) {
+		for _, in := range g.Node[ni].Input {
+			if pi, ok := producer[in]; ok && half(pi) {
+				keep[pi], grown = true, true
+			}
+		}
+	}
+	return grown
 }
 
 // nameKept lists the nodes kept in fp32 (removed casts among them) and
@@ -379,8 +448,8 @@ func (f *Facts) fixKeepRegion(ctx context.Context, run Runner, batches []batch.B
 	}
 	f.nameKept(fix, keep, nil)
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 (%s) brings the outputs back within the tolerance (wrap them in torch.autocast(device_type=\"cuda\", enabled=False) and cast their input with .float())",
-			len(fix.Nodes), strings.Join(limitList(fix.Modules, 8), ", "))
+		fix.Summary = fmt.Sprintf("keeping %d node(s) in fp32 (%s) brings the outputs back within the tolerance (%s)",
+			len(fix.Nodes), strings.Join(limitList(fix.Modules, 8), ", "), f.keepHow("them", "their", "return"))
 	} else {
 		fix.Summary = fmt.Sprintf("keeping %d of the %d drifting node(s) in fp32 (%s) does not bring the outputs back after %d rerun(s): %s",
 			len(fix.Nodes), len(region), strings.Join(limitList(fix.Modules, 8), ", "), fix.Iterations, f.remains(fix))

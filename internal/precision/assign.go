@@ -637,12 +637,14 @@ func (s *assigner) assignNode(i int) {
 		np, out = s.p.Lower, s.p.Lower
 		castAll(np)
 		own = ReasonAutocast
-	case std && s.p.kind == kindHalf && IsLowerPrecisionOp(n.Domain, n.OpType) && s.anyIn(floatIn, n, FP16):
-		// PyTorch refuses a matmul or convolution of mixed dtypes, so
-		// under model.half() the model itself must hand its fp16 weights
-		// fp16 activations, even where an fp32 trace shows fp32 ones (T5's
-		// "if self.weight.dtype == torch.float16: h = h.to(self.weight.dtype)"
-		// vanishes from a graph exported in fp32).
+	case std && s.p.kind == kindHalf && (IsLowerPrecisionOp(n.Domain, n.OpType) || halfParamNorms[n.OpType]) && s.anyIn(floatIn, n, FP16):
+		// PyTorch refuses a matmul, convolution or nn.LayerNorm of mixed
+		// dtypes, so under model.half() the model itself must hand its
+		// fp16 weights fp16 activations, even where an fp32 trace shows
+		// fp32 ones (T5's "if self.weight.dtype == torch.float16: h =
+		// h.to(self.weight.dtype)" vanishes from a graph exported in
+		// fp32; an fp32 value kept by the keep-fp32 fix is cast down
+		// before the next such layer).
 		np, out = FP16, FP16
 		castAll(np)
 		own = ReasonHalfPolicy
@@ -687,6 +689,13 @@ func (s *assigner) assignNode(i int) {
 	}
 	s.provenance(i, w, casts)
 }
+
+// halfParamNorms are the normalizations whose scale PyTorch will not mix
+// with an input of another dtype (F.layer_norm: "expected scalar type
+// Float but found Half"): under model.half() their fp16 scale makes them
+// compute in fp16. BatchNormalization, which model.half() users keep in
+// fp32, is not among them.
+var halfParamNorms = toSet([]string{"LayerNormalization", "GroupNormalization", "RMSNormalization"})
 
 // anyIn reports whether one of the float input slots of n holds p.
 func (s *assigner) anyIn(slots []int, n *onnx.NodeProto, p Precision) bool {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -130,6 +131,19 @@ func (f *Facts) foldedConvs() []int {
 	return out
 }
 
+// layerOps names the op types of the layers a BatchNorm was folded into,
+// in the order met: "Conv", or "Conv/Gemm" where the dynamo exporter
+// folded a BatchNorm1d into a Linear too.
+func layerOps(g *onnx.GraphProto, nodes []int) string {
+	var types []string
+	for _, i := range nodes {
+		if t := g.Node[i].OpType; !slices.Contains(types, t) {
+			types = append(types, t)
+		}
+	}
+	return strings.Join(types, "/")
+}
+
 func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 	convs := f.foldedConvs()
 	if len(convs) == 0 {
@@ -139,8 +153,8 @@ func runFoldedBN(f *Facts) ([]checks.Finding, error) {
 	for _, i := range convs {
 		names = append(names, onnx2name(f, i))
 	}
-	msg := fmt.Sprintf("%d Conv node(s) read a BatchNorm folded in by an eval-mode export (%s): --mode train cannot recover batch statistics from them, so this train-mode forward still normalizes with the running statistics (and Dropout, which eval exports drop, is missing); re-export with torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)",
-		len(convs), strings.Join(limit(names, 6), ", "))
+	msg := fmt.Sprintf("%d %s node(s) read a BatchNorm folded in by an eval-mode export (%s): --mode train cannot recover batch statistics from them, so this train-mode forward still normalizes with the running statistics (and Dropout, which eval exports drop, is missing); re-export with torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)",
+		len(convs), layerOps(f.Model.Proto.Graph, convs), strings.Join(limit(names, 6), ", "))
 	if onnx.FromDynamo(f.Model.Proto.Graph) {
 		var bns []string
 		for _, i := range convs {

@@ -119,7 +119,7 @@ func (f *Facts) modeNotes() []string {
 			// torch 2.9.1's dynamo exporter folds them whatever the mode
 			how = "export with dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False (the dynamo exporter folds BatchNorm even in train() mode)"
 		}
-		notes = append(notes, fmt.Sprintf("%d Conv node(s) carry a BatchNorm folded in by an eval-mode export: this eval-mode audit normalizes with its running statistics (the identity for an untrained model), training with each batch's; to audit training, %s and run --mode train", len(convs), how))
+		notes = append(notes, fmt.Sprintf("%d %s node(s) carry a BatchNorm folded in by an eval-mode export: this eval-mode audit normalizes with its running statistics (the identity for an untrained model), training with each batch's; to audit training, %s and run --mode train", len(convs), layerOps(g, convs), how))
 	}
 	if f.Mode == rewrite.ModeTrain && len(f.Changes.Dropouts) > 0 {
 		notes = append(notes, fmt.Sprintf("%d Dropout node(s) drop as in training, with ONNX Runtime's generator seeded %d (not PyTorch's masks)", len(f.Changes.Dropouts), f.Seed))
