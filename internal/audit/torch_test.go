@@ -563,16 +563,23 @@ var keepFixKnownWrong = map[string]string{
 	"token_transformer_overflow": "a decomposed nn.LayerNorm reads as promoting arithmetic",
 }
 
-// TestTorchKeepFP32Fix: where fp16audit's keep-fp32 fix under half names
-// the module PyTorch's run was repaired by (fixtures/torch/realcases.py
-// keeps the origin's module in float32 under model.half(), its input cast
-// up and its output back down), the fix works exactly when it worked in
+// TestTorchKeepFP32Fix: on both exporters' cases, where fp16audit's
+// keep-fp32 fix under half names the module PyTorch's run was repaired by
+// (fixtures/torch/realcases.py keeps the origin's module in float32 under
+// model.half(), its input cast up, and casts down what a torch.nn layer
+// with float16 weights reads), the fix works exactly when it worked in
 // PyTorch.
 func TestTorchKeepFP32Fix(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	dirs, err := filepath.Glob(filepath.Join(torchCases, "*"))
+	for _, root := range []string{torchCases, torchDynamoCases} {
+		t.Run(filepath.Base(root), func(t *testing.T) { torchKeepFP32Fix(t, root) })
+	}
+}
+
+func torchKeepFP32Fix(t *testing.T, root string) {
+	dirs, err := filepath.Glob(filepath.Join(root, "*"))
 	if err != nil {
 		t.Fatal(err)
 	}
