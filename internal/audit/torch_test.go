@@ -560,7 +560,7 @@ var keepFixKnownWrong = map[string]string{
 	// which promotes: fp16audit carries fc2's fp32 residual through it in
 	// fp32, while PyTorch's nn.LayerNorm refuses an fp32 input beside its
 	// fp16 weight, so the user casts it down first and it overflows there
-	"token_transformer_overflow": "a decomposed nn.LayerNorm reads as promoting arithmetic",
+	"token_transformer_overflow/half": "a decomposed nn.LayerNorm reads as promoting arithmetic",
 }
 
 // TestTorchKeepFP32Fix: on both exporters' cases, where fp16audit's
@@ -583,52 +583,52 @@ func torchKeepFP32Fix(t *testing.T, root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	compared := 0
+	compared := map[string]int{}
 	for _, dir := range dirs {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			continue
 		}
 		tr := readTruth(t, dir)
-		row := tr.Policies["half"]
-		want := row.KeepFP32Fix
-		if want == nil {
-			continue
-		}
-		if row.Provenance == "explicit" {
-			// The model's own cast to half is the origin: fp16audit's fix
-			// removes it, PyTorch's run kept the module with the cast
-			// inside. Different fixes.
-			continue
-		}
-		r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
-			Inputs: []string{filepath.Join(dir, "batches")}, Policy: "half", Threads: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixKeepFP32 })
-		if i < 0 {
-			t.Logf("%s: no keep-fp32 fix (PyTorch: keeping %v works=%v)", tr.Case, want.Modules, want.Works)
-			continue
-		}
-		fix := r.Fixes[i]
-		if !slices.Equal(fix.Modules, want.Modules) {
-			t.Logf("%s: the fix keeps %v, PyTorch's run kept %v: not compared", tr.Case, fix.Modules, want.Modules)
-			continue
-		}
-		compared++
-		t.Logf("%s: keeping %v works=%v, in PyTorch works=%v", tr.Case, fix.Modules, fix.Works, want.Works)
-		if why, ok := keepFixKnownWrong[tr.Case]; ok {
-			if fix.Works == want.Works {
-				t.Errorf("%s: known to be wrong (%s), but now right: remove it from the list", tr.Case, why)
+		for _, policy := range []string{"autocast-fp16", "half", "autocast-bf16"} {
+			row := tr.Policies[policy]
+			want := row.KeepFP32Fix
+			if want == nil || row.Provenance == "explicit" {
+				// The model's own cast to half is the origin: fp16audit's
+				// fix removes it, PyTorch's run kept the module with the
+				// cast inside. Different fixes.
+				continue
 			}
-			continue
-		}
-		if fix.Works != want.Works {
-			t.Errorf("%s: keeping %v in fp32 works=%v (%s), in PyTorch works=%v", tr.Case, fix.Modules, fix.Works, fix.Summary, want.Works)
+			key := tr.Case + "/" + policy
+			r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
+				Inputs: []string{filepath.Join(dir, "batches")}, Policy: policy, Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixKeepFP32 })
+			if i < 0 {
+				t.Logf("%s: no keep-fp32 fix (PyTorch: keeping %v works=%v)", key, want.Modules, want.Works)
+				continue
+			}
+			fix := r.Fixes[i]
+			if !slices.Equal(fix.Modules, want.Modules) {
+				t.Logf("%s: the fix keeps %v, PyTorch's run kept %v: not compared", key, fix.Modules, want.Modules)
+				continue
+			}
+			compared[policy]++
+			t.Logf("%s: keeping %v works=%v, in PyTorch works=%v", key, fix.Modules, fix.Works, want.Works)
+			if why, ok := keepFixKnownWrong[key]; ok {
+				if fix.Works == want.Works {
+					t.Errorf("%s: known to be wrong (%s), but now right: remove it from the list", key, why)
+				}
+				continue
+			}
+			if fix.Works != want.Works {
+				t.Errorf("%s: keeping %v in fp32 works=%v (%s), in PyTorch works=%v", key, fix.Modules, fix.Works, fix.Summary, want.Works)
+			}
 		}
 	}
-	t.Logf("%d keep-fp32 fixes compared with PyTorch's", compared)
-	if compared < 2 {
-		t.Fatalf("%d keep-fp32 fixes compared with PyTorch's; the truth lost its fix records", compared)
+	t.Logf("keep-fp32 fixes compared with PyTorch's, by policy: %v", compared)
+	if compared["half"] < 2 || compared["autocast-fp16"] < 2 {
+		t.Fatalf("keep-fp32 fixes compared with PyTorch's: %v; the truth lost its fix records", compared)
 	}
 }
