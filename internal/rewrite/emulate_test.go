@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"fp16audit/internal/testutil/ortinit"
 	"math"
 	"path/filepath"
 	"testing"
@@ -13,17 +14,6 @@ import (
 )
 
 const optimization = "none"
-
-func initORT(t *testing.T) {
-	t.Helper()
-	lib, err := onnxrt.FindLibrary("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := onnxrt.Init(lib); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func runModel(t *testing.T, m *onnx.ModelProto, opt onnxrt.SessionOptions, inputs []*tensor.Tensor, inNames, outNames []string) []*tensor.Tensor {
 	t.Helper()
@@ -48,7 +38,7 @@ func runModel(t *testing.T, m *onnx.ModelProto, opt onnxrt.SessionOptions, input
 // its output is stored in fp16, so exactly the elements whose fp32 value
 // rounds beyond 65504 (|y| >= 65520) are ±Inf, and 65519 rounds to 65504.
 func TestEmulatedMatMulOverflow(t *testing.T) {
-	initORT(t)
+	ortinit.Init(t)
 	// y = A·[1,1]ᵀ; every entry of A is exact in fp16 and every sum exact in fp32.
 	a := []float32{
 		65504, 0, // 65504: the fp16 max, finite
@@ -93,7 +83,7 @@ func TestEmulatedMatMulOverflow(t *testing.T) {
 // TestInstrumentKeepsOutputs: marking every intermediate as an output must
 // leave the model's own outputs bit-identical to a plain run.
 func TestInstrumentKeepsOutputs(t *testing.T) {
-	initORT(t)
+	ortinit.Init(t)
 	for _, name := range []string{"mlp", "cnn", "attention", "demo_cnn", "cnn_external", "overflowing_op", "torch_resnetish", "torch_half_cast"} {
 		path := filepath.Join("..", "..", "fixtures", "models", name+".onnx")
 		m, err := onnx.Load(path)

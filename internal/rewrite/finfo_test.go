@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"fp16audit/internal/testutil/ortinit"
 	"math"
 	"slices"
 	"testing"
@@ -95,7 +96,7 @@ func TestFinfoFills(t *testing.T) {
 // buffer t stays -3.4e38 under autocast (fp16 scores with an fp32 tensor
 // promote) and is -Inf under half, as model.half() makes it.
 func TestEmulatedFinfoFill(t *testing.T) {
-	initORT(t)
+	ortinit.Init(t)
 	g := finfoGraph()
 	m := onnx.NewModel(g, 17)
 	x := tensor.FromFloat32s("x", []int64{2, 3}, []float32{0.5, -1, 2, 3, 1, -2})

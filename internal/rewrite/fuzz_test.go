@@ -2,6 +2,7 @@ package rewrite
 
 import (
 	"fmt"
+	"fp16audit/internal/testutil/ortinit"
 	"math"
 	"slices"
 	"testing"
@@ -29,7 +30,7 @@ func FuzzEmulate(f *testing.F) {
 	f.Add([]byte{6, 3, 0, 12, 1, 11, 2, 10, 0, 13, 0, 14, 1}, float32(300))
 	f.Add([]byte{2, 11, 0, 11, 0}, float32(7e4))
 	f.Fuzz(func(t *testing.T, data []byte, scale float32) {
-		initORT(t)
+		ortinit.Init(t)
 		x := scaledInput(scale)
 		mp, halfCasts := emulateModel(data)
 		var own []string

@@ -1,6 +1,7 @@
 package rewrite
 
 import (
+	"fp16audit/internal/testutil/ortinit"
 	"math"
 	"path/filepath"
 	"slices"
@@ -51,7 +52,7 @@ func batchNormRef(x []float32, shape []int64, eps float64) []float64 {
 // running statistics ONNX Runtime's in-place update of running_var would
 // overwrite the weight before the kernel reads it.
 func TestTrainModeBatchNorm(t *testing.T) {
-	initORT(t)
+	ortinit.Init(t)
 	dir := "../../fixtures/torch/cases/tabular_fastai_raw"
 	m, err := onnx.Load(filepath.Join(dir, "model.onnx"))
 	if err != nil {
@@ -138,7 +139,7 @@ func TestModeDropout(t *testing.T) {
 	if !slices.Equal(ch.Dropouts, []int{0}) || onnx.IntAttr(n, "seed", 0) != 7 || n.Input[2] == "tm" {
 		t.Fatalf("train mode: changes %+v, node %v seed %d", ch, n.Input, onnx.IntAttr(n, "seed", 0))
 	}
-	initORT(t)
+	ortinit.Init(t)
 	x := make([]float32, 64*64)
 	for i := range x {
 		x[i] = 1

@@ -2,6 +2,7 @@ package shapes_test
 
 import (
 	"fmt"
+	"fp16audit/internal/testutil/ortinit"
 	"slices"
 	"testing"
 
@@ -64,7 +65,7 @@ var examples = map[string]example{
 // family its op does not follow fails here. Reductions run with keepdims
 // on and off.
 func TestTableShapes(t *testing.T) {
-	initRuntime(t)
+	ortinit.Init(t)
 	n := 0
 	for _, o := range ops.All() {
 		if o.Domain != ops.Default || o.Shape == ops.ShapeOwn {
@@ -165,7 +166,7 @@ func dimsOf(shape []int64) []any {
 // 1 and 2; shapes.Infer sizes all three as ONNX Runtime returns them, so
 // that the backward can be built before anything runs.
 func TestBatchNormTrainingShapes(t *testing.T) {
-	initRuntime(t)
+	ortinit.Init(t)
 	g := &onnx.GraphProto{Name: "bn-train", Input: []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 3, 4, 5)}}
 	for _, name := range []string{"scale", "bias", "mean", "var"} {
 		g.Initializer = append(g.Initializer, onnx.FloatTensor(name, []int64{3}, []float32{1, 1, 1}))
@@ -198,17 +199,5 @@ func TestBatchNormTrainingShapes(t *testing.T) {
 		if s, ok := inferred[o]; !ok || !slices.Equal(s, got[k].Shape) {
 			t.Errorf("%s: shapes.Infer gives %v (known %v), ONNX Runtime's output is %v", o, s, ok, got[k].Shape)
 		}
-	}
-}
-
-// initRuntime loads ONNX Runtime for the tests that run ops in it.
-func initRuntime(t *testing.T) {
-	t.Helper()
-	lib, err := onnxrt.FindLibrary("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := onnxrt.Init(lib); err != nil {
-		t.Fatal(err)
 	}
 }
