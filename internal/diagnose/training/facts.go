@@ -85,11 +85,13 @@ type Backward struct {
 
 // runMemo caches, by run (and the fp32 run it is compared with), the
 // parameter losses of an emulated run, whether a run's parameter
-// gradients hold NaN/Inf, and whether the fp32 backward does.
+// gradients hold NaN/Inf, whether the fp32 backward does, and the fp32
+// parameter gradients' norms.
 type runMemo struct {
 	lost   map[runPair][]float64
 	over   map[*grad.Run]bool
 	broken map[*grad.Run]bool
+	norms  map[*grad.Run][]float64
 }
 
 type runPair struct{ run, fp32 *grad.Run }
@@ -246,6 +248,9 @@ func (f *Facts) paramNorms(params []grad.Grad) []float64 {
 	if b.FP32 == nil {
 		return nil
 	}
+	if norms, ok := b.memo.norms[b.FP32]; ok && len(norms) == len(params) {
+		return norms
+	}
 	norms := make([]float64, len(params))
 	parallel(len(params), func(i int) {
 		var ss float64
@@ -254,6 +259,10 @@ func (f *Facts) paramNorms(params []grad.Grad) []float64 {
 		}
 		norms[i] = math.Sqrt(ss)
 	})
+	if b.memo.norms == nil {
+		b.memo.norms = map[*grad.Run][]float64{}
+	}
+	b.memo.norms[b.FP32] = norms
 	return norms
 }
 
@@ -441,11 +450,19 @@ func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 			for i, q := range t.params {
 				names[i] = q.value
 			}
-			ls, _ = lostMasses(r, b.FP32, names, x)
+			var finite []bool
+			ls, finite = lostMasses(r, b.FP32, names, x)
 			if m.lost == nil {
 				m.lost = map[runPair][]float64{}
 			}
 			m.lost[key] = ls
+			if _, ok := m.over[r]; !ok && len(names) == len(r.Params) {
+				// The same read said whether every gradient is finite.
+				if m.over == nil {
+					m.over = map[*grad.Run]bool{}
+				}
+				m.over[r] = slices.Contains(finite, false)
+			}
 		}
 		return ls[k], true
 	}
