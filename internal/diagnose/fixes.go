@@ -344,7 +344,7 @@ func (f *Facts) fixKeepFP32(ctx context.Context, run Runner, batches []batch.Bat
 // (PyTorch's Linear, Conv and LayerNorm refuse a float32 input beside
 // float16 weights). it, its and returns name the modules.
 func (f *Facts) keepHow(it, its, returns string) string {
-	if f.Static.Policy.Name == "half" {
+	if f.Static.Policy.ModelHalf() {
 		return fmt.Sprintf("call .float() on %s and cast %s input with .float(); cast what %s %s back with .half() where a half Linear, Conv or LayerNorm reads it", it, its, it, returns)
 	}
 	return fmt.Sprintf("wrap %s in torch.autocast(device_type=\"cuda\", enabled=False) and cast %s input with .float()", it, its)
@@ -378,15 +378,10 @@ func (f *Facts) growKept(keep map[int]bool, origins []report.Origin, asg *precis
 	if grown {
 		return true
 	}
-	producer := map[string]int{}
-	for i, n := range g.Node {
-		for _, out := range n.Output {
-			producer[out] = i
-		}
-	}
+	ix := f.Static.Model.Index
 	for _, ni := range sortedKeys(keep) {
 		for _, in := range g.Node[ni].Input {
-			if pi, ok := producer[in]; ok && half(pi) {
+			if pi := ix.Producer(in); pi >= 0 && half(pi) {
 				keep[pi], grown = true, true
 			}
 		}

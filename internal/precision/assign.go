@@ -389,8 +389,7 @@ func (s *assigner) fromHalf(name string) bool {
 	if !onnx.IsDefaultDomain(n.Domain) || n.OpType != "Cast" || len(n.Input) == 0 || n.Input[0] == "" {
 		return false
 	}
-	t := s.elemType(n.Input[0])
-	return t == int32(onnx.TensorProto_FLOAT16) || t == int32(onnx.TensorProto_BFLOAT16)
+	return onnx.IsHalfType(s.elemType(n.Input[0]))
 }
 
 // prec returns the precision of a value consumed by a node. A value no node
@@ -637,7 +636,7 @@ func (s *assigner) assignNode(i int) {
 		np, out = s.p.Lower, s.p.Lower
 		castAll(np)
 		own = ReasonAutocast
-	case std && s.p.kind == kindHalf && (IsLowerPrecisionOp(n.Domain, n.OpType) || halfParamNorms[n.OpType]) && s.anyIn(floatIn, n, FP16):
+	case std && s.p.kind == kindHalf && (IsLowerPrecisionOp(n.Domain, n.OpType) || halfWeights(n)) && s.anyIn(floatIn, n, FP16):
 		// PyTorch refuses a matmul, convolution or nn.LayerNorm of mixed
 		// dtypes, so under model.half() the model itself must hand its
 		// fp16 weights fp16 activations, even where an fp32 trace shows
@@ -690,12 +689,12 @@ func (s *assigner) assignNode(i int) {
 	s.provenance(i, w, casts)
 }
 
-// halfParamNorms are the normalizations whose scale PyTorch will not mix
-// with an input of another dtype (F.layer_norm: "expected scalar type
-// Float but found Half"): under model.half() their fp16 scale makes them
-// compute in fp16. BatchNormalization, which model.half() users keep in
-// fp32, is not among them.
-var halfParamNorms = toSet([]string{"LayerNormalization", "GroupNormalization", "RMSNormalization"})
+// halfWeights reports whether n's op computes in its weights' dtype
+// whatever it is fed (ops.Op.HalfWeights: nn.LayerNorm and its kin).
+func halfWeights(n *onnx.NodeProto) bool {
+	o := ops.Lookup(n.Domain, n.OpType)
+	return o != nil && o.HalfWeights
+}
 
 // anyIn reports whether one of the float input slots of n holds p.
 func (s *assigner) anyIn(slots []int, n *onnx.NodeProto, p Precision) bool {

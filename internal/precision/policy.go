@@ -199,6 +199,10 @@ func PolicyByName(name string) (*Policy, error) {
 	return nil, fmt.Errorf("unknown policy %q: want one of %s", name, strings.Join(names, ", "))
 }
 
+// ModelHalf reports whether the policy is model.half()'s: parameters and
+// inputs converted to fp16, no autocast.
+func (p *Policy) ModelHalf() bool { return p.kind == kindHalf }
+
 // IsLowerPrecisionOp reports whether autocast runs the op in its lower
 // precision (Conv, MatMul, Gemm...): the kind of op a layer's weights live
 // in, whatever the policy.

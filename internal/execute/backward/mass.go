@@ -299,9 +299,10 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	}
 	r := &grad.Run{Exp: exp, Rounded: rounded, Loss: float64(ms.loss[0]), Grads: map[string]*grad.Mass{},
 		Sites: map[string]*grad.Mass{}, Params: map[string][]float32{}}
+	// A rounded run's Mass nodes were switched off (MassInput).
 	for k, h := range ms.masses {
 		if rounded {
-			break // not computed (MassInput)
+			break
 		}
 		m, err := grad.MassFrom(h)
 		if err != nil {

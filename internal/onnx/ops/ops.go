@@ -109,6 +109,12 @@ type Op struct {
 	Random bool
 	// Epsilon: a normalization with an epsilon attribute.
 	Epsilon bool
+	// HalfWeights: PyTorch's op refuses an input of another dtype than
+	// its scale and bias (F.layer_norm: "expected scalar type Float but
+	// found Half"), so under model.half() its fp16 weights make it
+	// compute in fp16 whatever it is fed. (Matmuls and convolutions do
+	// the same; autocast's lower-precision list already names them.)
+	HalfWeights bool
 }
 
 // byName holds the rows of each op type, one per domain.
