@@ -1,9 +1,7 @@
 package audit_test
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -20,18 +18,12 @@ import (
 func TestBlocksOfLlama(t *testing.T) {
 	dir := filepath.Join(torchCases, "llama_bf16_checkpoint")
 	tr := readTruth(t, dir)
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mags struct {
 		Policies map[string]struct {
 			FP32MaxAbs float64 `json:"fp32_max_abs"`
 		} `json:"policies"`
 	}
-	if err := json.Unmarshal(data, &mags); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, filepath.Join(dir, "truth.json"), &mags)
 	// Each down_proj writes 0.66 × 65504 into the massive channel
 	// (realcases.py); after layer 1 the residual holds both.
 	resid := mags.Policies["half"].FP32MaxAbs

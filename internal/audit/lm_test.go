@@ -2,7 +2,6 @@ package audit_test
 
 import (
 	"context"
-	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -222,18 +221,12 @@ func TestHFLanguageModelBackward(t *testing.T) {
 // (truth.json's extra.lm_loss), nil when the case has none.
 func lmLoss(t *testing.T, dir string) *float64 {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var x struct {
 		Extra struct {
 			LMLoss *float64 `json:"lm_loss"`
 		} `json:"extra"`
 	}
-	if err := json.Unmarshal(data, &x); err != nil {
-		t.Fatalf("%s: %v", dir, err)
-	}
+	readJSON(t, filepath.Join(dir, "truth.json"), &x)
 	return x.Extra.LMLoss
 }
 

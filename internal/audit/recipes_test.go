@@ -122,13 +122,10 @@ func TestRecipeLanguageModelLoss(t *testing.T) {
 		t.Skip("-short")
 	}
 	dir := filepath.Join(torchRecipes, "recipe_tokens_llama")
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var x recipeExtra
-	if err := json.Unmarshal(data, &x); err != nil || x.Extra.LMLoss == nil {
-		t.Fatalf("truth.json: no lm_loss (%v)", err)
+	readJSON(t, filepath.Join(dir, "truth.json"), &x)
+	if x.Extra.LMLoss == nil {
+		t.Fatal("truth.json: no lm_loss")
 	}
 	r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
 		Inputs: []string{filepath.Join(dir, "batches")}, Train: audit.TrainConfig{Loss: "cross-entropy", LMShift: true}})

@@ -1,7 +1,6 @@
 package audit_test
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,10 +22,6 @@ import (
 // FLOAT, which the emulation keeps in fp32).
 func TestSyntheticLanguageInputs(t *testing.T) {
 	dir := filepath.Join(fixtureDir, "torch", "synthetic")
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	type outcome map[string]struct {
 		OutputsNonfinite *bool `json:"outputs_nonfinite"`
 	}
@@ -37,9 +32,7 @@ func TestSyntheticLanguageInputs(t *testing.T) {
 			Mask      outcome `json:"uniform_0_10_mask"`
 		} `json:"models"`
 	}
-	if err := json.Unmarshal(data, &tr); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, filepath.Join(dir, "truth.json"), &tr)
 	for name, m := range tr.Models {
 		model := filepath.Join(dir, name+".onnx")
 		for policy, o := range m.Tokenizer {

@@ -72,15 +72,21 @@ type truthAgreement struct {
 
 func readTruth(t *testing.T, dir string) truth {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	var tr truth
+	readJSON(t, filepath.Join(dir, "truth.json"), &tr)
+	return tr
+}
+
+// readJSON decodes the JSON file at path into v.
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tr truth
-	if err := json.Unmarshal(data, &tr); err != nil {
-		t.Fatalf("%s: %v", dir, err)
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
-	return tr
 }
 
 // TestTorchTruth audits every real PyTorch export under each policy its
@@ -460,19 +466,13 @@ func findingByCheck(r *report.Report, id string) *checks.Finding {
 // the BatchNorm's.
 func TestDynamoTrainFoldsBatchNorm(t *testing.T) {
 	dir := filepath.Join("..", "..", "fixtures", "torch", "dynamo_train", "cnn_bn_train")
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var truth struct {
 		Folded    map[string]string `json:"folded"`
 		BNNodes   int               `json:"batchnorm_nodes"`
 		DiffTrain float64           `json:"max_abs_graph_minus_torch_train"`
 		DiffEval  float64           `json:"max_abs_graph_minus_torch_eval"`
 	}
-	if err := json.Unmarshal(data, &truth); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, filepath.Join(dir, "truth.json"), &truth)
 	if truth.BNNodes != 0 || truth.DiffEval > 1e-5 || truth.DiffTrain < 0.1 {
 		t.Fatalf("truth.json: %+v; the fixture no longer shows the export computing the eval-mode forward", truth)
 	}
@@ -513,10 +513,6 @@ func TestDynamoTrainFoldsBatchNorm(t *testing.T) {
 // the calls were ops of unknown precision, run in fp32: healthy.
 func TestLocalFunctions(t *testing.T) {
 	dir := filepath.Join("..", "..", "fixtures", "torch", "functions", "block_overflow")
-	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var truth struct {
 		Functions []string
 		Policies  map[string]struct {
@@ -524,9 +520,7 @@ func TestLocalFunctions(t *testing.T) {
 			OriginModule     string `json:"origin_module"`
 		}
 	}
-	if err := json.Unmarshal(data, &truth); err != nil {
-		t.Fatal(err)
-	}
+	readJSON(t, filepath.Join(dir, "truth.json"), &truth)
 	if len(truth.Policies) != 3 {
 		t.Fatalf("truth.json: %d policies", len(truth.Policies))
 	}
