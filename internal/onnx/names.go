@@ -10,6 +10,7 @@ import (
 const (
 	nameScopesKey     = "pkg.torch.onnx.name_scopes"
 	classHierarchyKey = "pkg.torch.onnx.class_hierarchy"
+	stackTraceKey     = "pkg.torch.onnx.stack_trace"
 )
 
 // ModulePath returns the PyTorch module a node was exported from, as the
@@ -44,6 +45,47 @@ func ModulePath(n *NodeProto) string {
 		return pathFromScopes(parseList(scopes), parseList(classes))
 	}
 	return pathFromName(n.Name)
+}
+
+// ModuleClass returns the class of the PyTorch module ModulePath names,
+// as the dynamo exporter records it in pkg.torch.onnx.class_hierarchy
+// (its qualified name: "transformers.models.llama.modeling_llama.
+// LlamaRMSNorm"), or "" where the node carries no class hierarchy (a
+// TorchScript export) or belongs to the model itself.
+func ModuleClass(n *NodeProto) string {
+	scopes, classes := torchScopes(n)
+	cs := parseList(classes)
+	if scopes == "" || len(cs) == 0 {
+		return ""
+	}
+	ss := parseList(scopes)
+	if len(ss) != len(cs) {
+		return ""
+	}
+	k := len(cs) - 1
+	if isOpTarget(cs[k]) {
+		k--
+	}
+	if k < 1 {
+		return "" // the root module: the model itself
+	}
+	return cs[k]
+}
+
+// SourceLine returns the line of Python the dynamo exporter recorded the
+// node as coming from: the last line of its pkg.torch.onnx.stack_trace
+// (the innermost frame's code, such as "variance =
+// h.to(torch.float32).pow(2).mean(-1, keepdim=True)"), trimmed; "" where
+// the node carries no stack trace.
+func SourceLine(n *NodeProto) string {
+	for _, e := range n.MetadataProps {
+		if e.Key != stackTraceKey {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(e.Value, " \n"), "\n")
+		return strings.TrimSpace(lines[len(lines)-1])
+	}
+	return ""
 }
 
 // torchScopes returns the dynamo exporter's module stack and class

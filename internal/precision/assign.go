@@ -188,6 +188,9 @@ type assigner struct {
 	consumers map[string][]use
 	rank0     map[string]bool // values whose declared shape has no dims
 	keep      map[int]bool    // nodes forced to fp32 (AssignKeepFP32)
+	// upcasts maps the nodes of the normalization modules that compute
+	// in float32 under model.half() to their module (upcastNorms).
+	upcasts map[int]string
 	// storage is the half type the model is stored in (Storage), 0 for
 	// fp32: values of that type follow the policy's Params.
 	storage int32
@@ -213,6 +216,9 @@ func newAssigner(p *Policy, g *onnx.GraphProto, elemType func(string) int32) *as
 		rank0:     make(map[string]bool),
 		fromShape: make(map[string]bool),
 		storage:   Storage(g),
+	}
+	if p.kind == kindHalf {
+		s.upcasts = upcastNorms(g)
 	}
 	for i, n := range g.Node {
 		s.a.CastInputs[i] = make([]bool, len(n.Input))
@@ -473,6 +479,9 @@ func tensorLen(t *onnx.TensorProto) int64 {
 func (s *assigner) node(i int) {
 	s.markShape(i)
 	s.assignNode(i)
+	if _, ok := s.upcasts[i]; ok {
+		s.upcast(i)
+	}
 	if !s.keep[i] {
 		return
 	}
