@@ -100,6 +100,10 @@ type audit struct {
 	train    *trainer
 	// lib is the ONNX Runtime library the passes run in.
 	lib string
+	// dropped are the roots whose epsilon the exporter dropped and the
+	// audit put back (restoreEpsilons), droppedNote the report's note.
+	dropped     []onnx.DroppedAdd
+	droppedNote string
 }
 
 // Run audits one model: it loads the model and its batches, runs the fp32
@@ -153,6 +157,9 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if err := a.applyMode(); err != nil {
 		return nil, err
 	}
+	if err := a.restoreEpsilons(); err != nil {
+		return nil, err
+	}
 	m = a.model
 	a.specs = batch.Specs(m.Proto.Graph, m.Index)
 	batches, notes, err := batch.Load(a.specs, batch.Options{
@@ -175,6 +182,9 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 		device = "cpu"
 	}
 	a.report = newReport(m, policy, device, cfg.Threads, batches)
+	if a.droppedNote != "" {
+		a.report.Notes = append(a.report.Notes, a.droppedNote)
+	}
 	if len(m.Inlined) > 0 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the calls of %d local function(s) were expanded into the graph (%s): each op inside is placed by the policy and reported as <call>/<node>",
 			len(m.Inlined), strings.Join(limitList(m.Inlined, 6), ", ")))
@@ -271,6 +281,7 @@ func (a *audit) plan(device string) error {
 	var kinds map[string]execute.OutputKind
 	a.fwd, a.ranked, kinds = judgedOutputs(up, a.model.Index, upIdx)
 	a.static = lint.NewFacts(a.model, a.policy)
+	a.static.Dropped = a.dropped // the file's, as exported
 	a.halfCast = map[int]bool{}
 	for _, i := range halfCasts {
 		// A cast to the type the model is stored in follows the policy

@@ -14,6 +14,8 @@ import (
 
 	"fp16audit/checks"
 	"fp16audit/internal/audit"
+	"fp16audit/internal/lint"
+	"fp16audit/internal/onnx"
 	"fp16audit/report"
 )
 
@@ -103,28 +105,12 @@ func TestTorchTruth(t *testing.T) {
 const torchDynamoCases = "../../fixtures/torch/cases_dynamo"
 
 // dynamoKnownWrong are the rows of the dynamo exports fp16audit still gets
-// wrong (issue 25), with what it says: kept here so that the test says so
-// when one becomes right.
-var dynamoKnownWrong = map[string]string{
-	// T5LayerNorm's hidden_states.to(torch.float32) leaves no Cast in an
-	// fp32 export; the dynamo export's Pow(x, 2) then reads as fp16 under
-	// half and block 1's norm overflows first (the TorchScript export's
-	// exponent constant promoted it to fp32 by chance)
-	"t5_residual_overflow/half": "origin block.1.layer.1.layer_norm",
-	// the dynamo export itself has no "+ eps": torch 2.9's exporter wrote
-	// sqrt(var) for BERT's hand-written sqrt(var + 1e-12) (its optimizer
-	// folds an Add of 1e-8 or less away; optimize=False keeps it), so its
-	// pad rows are 0/0 in fp32 too; fp16audit reports the exported graph
-	// faithfully (fp32-broken at node_div) and verifies the epsilon fix
-	// (TestDroppedEpsilon), PyTorch's eager model is healthy
-	"bert_layernorm_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
-	"bert_layernorm_eps/half":          "fp32-broken: the export dropped the eps",
-	"bert_layernorm_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
-	// the same for a hand-written RMSNorm, x * rsqrt(mean(x^2) + 1e-12)
-	"rmsnorm_rsqrt_eps/autocast-fp16": "fp32-broken: the export dropped the eps",
-	"rmsnorm_rsqrt_eps/half":          "fp32-broken: the export dropped the eps",
-	"rmsnorm_rsqrt_eps/autocast-bf16": "fp32-broken: the export dropped the eps",
-}
+// wrong, with what it says: kept here so that the test says so when one
+// becomes right. None now: the T5 norm's dropped .to(torch.float32) is
+// read off its source line (precision.upcastNorms), and the epsilon the
+// exporter's optimizer drops from BERT's and an RMSNorm's root is put
+// back (TestDroppedEpsilon).
+var dynamoKnownWrong = map[string]string{}
 
 // TestTorchTruthDynamo: the truth table on the dynamo exports. Their node
 // names (node_Conv_3, node_linear) are the exporter's own: origins are
@@ -399,12 +385,16 @@ func findingLines(r *report.Report) string {
 
 // TestDroppedEpsilon: torch 2.9's dynamo export of a hand-written
 // normalization with eps 1e-12 has no "+ 1e-12" (its optimizer folds the
-// Add away), so the pad rows divide by zero in fp32. Two placements: BERT's
-// LayerNorm, (x - u) / sqrt(var + eps) (a Div), and an RMSNorm, x *
-// rsqrt(mean(x^2) + eps) (a Reciprocal). The audit says so, names
-// optimize=False, and verifies by rerun that the root with an epsilon
-// keeps NaN/Inf from the outputs; the TorchScript exports of the same
-// models keep their epsilon and get no such fix.
+// Add away), so the file divides by zero on pad rows even in fp32. Two
+// placements: BERT's LayerNorm, (x - u) / sqrt(var + eps) (a Div), and an
+// RMSNorm, x * rsqrt(mean(x^2) + eps) (a Reciprocal). The root's FX record
+// still reads the sum: lint and the audit say so (FP4008), the audit puts
+// an epsilon back and judges the model as PyTorch computes it (the truth
+// table checks the verdicts); the TorchScript exports keep their epsilon
+// and get no such finding. Without the FX record (stripped here) the
+// audit cannot know: it says fp32-broken, names optimize=False, and
+// verifies by rerun that the root with an epsilon keeps NaN/Inf from the
+// outputs.
 func TestDroppedEpsilon(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
@@ -412,13 +402,49 @@ func TestDroppedEpsilon(t *testing.T) {
 	for _, c := range []struct{ name, root string }{{"bert_layernorm_eps", "node_sqrt"}, {"rmsnorm_rsqrt_eps", "node_Sqrt_5"}} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(torchDynamoCases, c.name)
-			r, err := audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(dir, "model.onnx"),
-				Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
+			model := filepath.Join(dir, "model.onnx")
+			r := runConfig(t, audit.Config{ModelPath: model, Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
+			f := findingByCheck(r, "FP4008")
+			if f == nil || f.Node != c.root || f.Severity != checks.SevWarning || !strings.Contains(f.Message, "optimize=False") {
+				t.Errorf("FP4008 %+v: want a warning at %s naming optimize=False", f, c.root)
+			}
+			if !slices.ContainsFunc(r.Notes, func(n string) bool { return strings.Contains(n, "put back") && strings.Contains(n, c.root) }) {
+				t.Errorf("notes %q: want one saying the epsilon at %s was put back", r.Notes, c.root)
+			}
+			if r.Verdict != report.VerdictHealthy {
+				t.Errorf("verdict %s (%s), want healthy: PyTorch's model, with its epsilon, is healthy under autocast", r.Verdict, r.VerdictText)
+			}
+			m, err := onnx.Load(model)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Verdict != report.VerdictFP32Broken {
-				t.Fatalf("verdict %s (%s), want fp32-broken: the export divides by a root without its epsilon", r.Verdict, r.VerdictText)
+			lf, err := lint.Run(m, lint.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.ContainsFunc(lf, func(f checks.Finding) bool { return f.Check == "FP4008" && f.Node == c.root }) {
+				t.Errorf("lint: no FP4008 at %s among %v", c.root, lf)
+			}
+
+			// the same export without its FX records
+			tmp := t.TempDir()
+			for _, n := range m.Proto.Graph.Node {
+				n.MetadataProps = slices.DeleteFunc(n.MetadataProps, func(e *onnx.StringStringEntryProto) bool { return e.Key == "pkg.torch.onnx.fx_node" })
+			}
+			stripped := filepath.Join(tmp, "model.onnx")
+			if err := onnx.Save(m.Proto, stripped); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(filepath.Join(dir, "model.onnx.data"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(tmp, "model.onnx.data"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r = runConfig(t, audit.Config{ModelPath: stripped, Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1})
+			if r.Verdict != report.VerdictFP32Broken || findingByCheck(r, "FP4008") != nil {
+				t.Fatalf("without FX records: verdict %s (%s), FP4008 %v; want fp32-broken, no FP4008", r.Verdict, r.VerdictText, findingByCheck(r, "FP4008"))
 			}
 			i := slices.IndexFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon })
 			if i < 0 {
@@ -429,18 +455,15 @@ func TestDroppedEpsilon(t *testing.T) {
 				!strings.Contains(fix.Summary, "optimize=False") {
 				t.Errorf("epsilon fix %+v: want it to work at %s and name optimize=False", fix, c.root)
 			}
-			f := findingByCheck(r, "FP2002")
+			f = findingByCheck(r, "FP2002")
 			if f == nil || !strings.Contains(f.Message, "no epsilon") || !strings.Contains(f.Message, "optimize=False") {
 				t.Errorf("FP2002 finding %+v: want the missing epsilon and optimize=False named", f)
 			}
+
 			ts := filepath.Join(torchCases, c.name)
-			r, err = audit.Run(context.Background(), audit.Config{ModelPath: filepath.Join(ts, "model.onnx"),
-				Inputs: []string{filepath.Join(ts, "batches")}, Threads: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Verdict != report.VerdictHealthy || slices.ContainsFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon }) {
-				t.Errorf("TorchScript export: verdict %s, fixes %+v; want healthy without an epsilon fix", r.Verdict, r.Fixes)
+			r = runConfig(t, audit.Config{ModelPath: filepath.Join(ts, "model.onnx"), Inputs: []string{filepath.Join(ts, "batches")}, Threads: 1})
+			if r.Verdict != report.VerdictHealthy || findingByCheck(r, "FP4008") != nil || slices.ContainsFunc(r.Fixes, func(f report.Fix) bool { return f.Kind == report.FixEpsilon }) {
+				t.Errorf("TorchScript export: verdict %s, fixes %+v; want healthy without FP4008 or an epsilon fix", r.Verdict, r.Fixes)
 			}
 		})
 	}

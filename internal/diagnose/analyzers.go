@@ -53,6 +53,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkHeadroom, Requires: []*Requirement{needClean}, Run: runHeadroom},
 		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
 		static(lint.UnknownOpsAnalyzer),
+		static(lint.DroppedEpsilonAnalyzer),
 	}
 }
 

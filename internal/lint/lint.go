@@ -26,7 +26,7 @@ type Analyzer = checks.Analyzer[*Facts]
 // Analyzers returns every static check, sorted by ID.
 func Analyzers() []*Analyzer {
 	out := []*Analyzer{halfCastAnalyzer, UnknownOpsAnalyzer,
-		constRangeAnalyzer, epsilonAnalyzer, flushAnalyzer, versionAnalyzer}
+		constRangeAnalyzer, epsilonAnalyzer, flushAnalyzer, versionAnalyzer, DroppedEpsilonAnalyzer}
 	slices.SortFunc(out, func(a, b *Analyzer) int { return strings.Compare(a.Check.ID, b.Check.ID) })
 	return out
 }
@@ -78,6 +78,11 @@ type Facts struct {
 
 	epsOnce sync.Once
 	eps     []epsSite
+
+	// Dropped, when not nil, are the roots whose epsilon the exporter
+	// dropped (onnx.DroppedAdds) in the file as exported: the audit sets
+	// it, since it lints the model with them restored.
+	Dropped []onnx.DroppedAdd
 }
 
 // NewFacts indexes m under policy p.

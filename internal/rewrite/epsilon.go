@@ -17,7 +17,6 @@ func AddEpsilon(m *onnx.ModelProto, eps map[string]float32) (*onnx.ModelProto, e
 	g := out.Graph
 	done := map[string]bool{}
 	nodes := make([]*onnx.NodeProto, 0, len(g.Node)+len(eps))
-	inits := append([]*onnx.TensorProto(nil), g.Initializer...)
 	for _, n := range g.Node {
 		if n.OpType != "Sqrt" || !onnx.IsDefaultDomain(n.Domain) || len(n.Input) != 1 {
 			nodes = append(nodes, n)
@@ -31,8 +30,13 @@ func AddEpsilon(m *onnx.ModelProto, eps map[string]float32) (*onnx.ModelProto, e
 		}
 		c, sum := v+"::epsilon", v+"::plus_epsilon"
 		if !done[v] {
-			inits = append(inits, onnx.FloatTensor(c, nil, []float32{e}))
-			nodes = append(nodes, onnx.Node("Add", sum, []string{v, c}, []string{sum}))
+			// A Constant node, as an exporter writes a Python number:
+			// it belongs to the root's module (kept with it in fp32 by
+			// the keep-fp32 fix) and is no parameter the policy holds.
+			k := onnx.Node("Constant", c, nil, []string{c}, onnx.AttrTensor("value", onnx.FloatTensor("", nil, []float32{e})))
+			add := onnx.Node("Add", sum, []string{v, c}, []string{sum})
+			k.MetadataProps, add.MetadataProps = onnx.ScopeMetadata(n), onnx.ScopeMetadata(n) // reported in the root's module
+			nodes = append(nodes, k, add)
 			done[v] = true
 		}
 		s := onnx.CloneNode(n)
@@ -44,6 +48,6 @@ func AddEpsilon(m *onnx.ModelProto, eps map[string]float32) (*onnx.ModelProto, e
 			return nil, fmt.Errorf("add epsilon: no Sqrt reads %q", v)
 		}
 	}
-	g.Node, g.Initializer = nodes, inits
+	g.Node = nodes
 	return out, nil
 }

@@ -8,13 +8,14 @@ import (
 )
 
 // TestAddEpsilon: the Sqrt of the named value reads value + eps through an
-// Add placed before it, the model handed in is unchanged, and a value no
-// Sqrt reads is refused by name.
+// Add of a Constant placed before it, both in the root's module, the model
+// handed in is unchanged, and a value no Sqrt reads is refused by name.
 func TestAddEpsilon(t *testing.T) {
 	g := &onnx.GraphProto{
 		Node: []*onnx.NodeProto{
 			onnx.Node("ReduceMean", "mean", []string{"x"}, []string{"var"}),
-			onnx.Node("Sqrt", "root", []string{"var"}, []string{"std"}),
+			{OpType: "Sqrt", Name: "root", Input: []string{"var"}, Output: []string{"std"},
+				MetadataProps: []*onnx.StringStringEntryProto{{Key: "pkg.torch.onnx.name_scopes", Value: "['', 'ln', 'sqrt']"}}},
 			onnx.Node("Div", "div", []string{"x", "std"}, []string{"y"}),
 		},
 		Input:  []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 4)},
@@ -32,15 +33,22 @@ func TestAddEpsilon(t *testing.T) {
 	for _, n := range out.Graph.Node {
 		ops = append(ops, n.OpType)
 	}
-	if strings.Join(ops, " ") != "ReduceMean Add Sqrt Div" {
-		t.Fatalf("ops %v, want the Add before the Sqrt", ops)
+	if strings.Join(ops, " ") != "ReduceMean Constant Add Sqrt Div" {
+		t.Fatalf("ops %v, want a Constant and the Add before the Sqrt", ops)
 	}
-	add, root := out.Graph.Node[1], out.Graph.Node[2]
-	if add.Input[0] != "var" || root.Input[0] != add.Output[0] {
-		t.Fatalf("Add %v → Sqrt %v: the root does not read var + eps", add.Input, root.Input)
+	k, add, root := out.Graph.Node[1], out.Graph.Node[2], out.Graph.Node[3]
+	if add.Input[0] != "var" || add.Input[1] != k.Output[0] || root.Input[0] != add.Output[0] {
+		t.Fatalf("Constant %v, Add %v → Sqrt %v: the root does not read var + eps", k.Output, add.Input, root.Input)
 	}
-	if len(out.Graph.Initializer) != 1 || out.Graph.Initializer[0].Name != add.Input[1] {
-		t.Fatalf("initializers %v: want the epsilon", out.Graph.Initializer)
+	v, err := onnx.DecodeTensor(onnx.FindAttr(k, "value").GetT(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := v.Float32s(); err != nil || len(f) != 1 || f[0] != 1e-12 || len(v.Shape) != 0 {
+		t.Fatalf("the epsilon constant %v %v: want the scalar 1e-12", f, v.Shape)
+	}
+	if onnx.ModulePath(k) != "ln" || onnx.ModulePath(add) != "ln" {
+		t.Errorf("modules %q %q, want the root's, ln", onnx.ModulePath(k), onnx.ModulePath(add))
 	}
 	if _, err := AddEpsilon(m, map[string]float32{"x": 1e-12}); err == nil || !strings.Contains(err.Error(), `"x"`) {
 		t.Fatalf("a value no Sqrt reads: err %v", err)
