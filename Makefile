@@ -132,7 +132,9 @@ llama-bench:
 
 # fixtures-torch2 regenerates the real-PyTorch fixtures exported the way
 # torch 2.x users export (torch.onnx.export(..., dynamo=True), the default
-# since torch 2.9) into fixtures/torch/cases_dynamo, and the Hugging Face
+# since torch 2.9) into fixtures/torch/cases_dynamo, the same cases through
+# torch 2.9's TorchScript exporter (dynamo=False) into
+# fixtures/torch/cases_torchscript2, and the Hugging Face
 # architectures of fixtures/torch/cases_hf.py (transformers, small configs,
 # random init) into fixtures/torch/cases_hf, and the README's export
 # recipes, run verbatim on real fastai learners and transformers models
@@ -152,6 +154,7 @@ fixtures-torch2:
 	@test -x $(TORCH2_VENV)/bin/python || $(TORCH2_PY) -m venv $(TORCH2_VENV)
 	$(TORCH2_VENV)/bin/pip install -q $(TORCH2_PINS)
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --out fixtures/torch/cases_dynamo
+	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter torchscript --out fixtures/torch/cases_torchscript2
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family hf --out fixtures/torch/cases_hf
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family recipes --out fixtures/torch/recipes
 	$(TORCH2_VENV)/bin/python fixtures/torch/dynamo_train.py

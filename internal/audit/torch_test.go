@@ -100,6 +100,16 @@ func TestTorchTruth(t *testing.T) {
 	torchTruth(t, torchCases, nil)
 }
 
+// torchScript2Cases are the same cases exported by torch 2.9's TorchScript
+// exporter (dynamo=False, make fixtures-torch2), with torch 2.9's truth.
+const torchScript2Cases = "../../fixtures/torch/cases_torchscript2"
+
+// TestTorchTruthTorchScript2: the truth table on torch 2.9's TorchScript
+// exports, held as the torch 1.13 exports are (origin nodes by name).
+func TestTorchTruthTorchScript2(t *testing.T) {
+	torchTruth(t, torchScript2Cases, nil)
+}
+
 // torchDynamoCases are the same cases exported by torch 2.9's dynamo
 // exporter (make fixtures-torch2), with torch 2.9's truth.
 const torchDynamoCases = "../../fixtures/torch/cases_dynamo"
