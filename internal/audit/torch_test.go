@@ -600,7 +600,7 @@ func TestTorchKeepFP32Fix(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	for _, root := range []string{torchCases, torchDynamoCases} {
+	for _, root := range []string{torchCases, torchScript2Cases, torchDynamoCases} {
 		t.Run(filepath.Base(root), func(t *testing.T) { torchKeepFP32Fix(t, root) })
 	}
 }
