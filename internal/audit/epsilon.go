@@ -38,14 +38,9 @@ func (a *audit) restoreEpsilons() error {
 	if err != nil {
 		return &ModelError{Path: a.cfg.ModelPath, Err: err}
 	}
-	ix, err := onnx.NewIndex(proto.Graph)
-	if err != nil {
-		return &ModelError{Path: a.cfg.ModelPath, Err: err}
+	if err := a.replaceModel(proto); err != nil {
+		return err
 	}
-	ix.BaseDir = a.model.Dir
-	m := *a.model
-	m.Proto, m.Index = proto, ix
-	a.model = &m
 	a.dropped = d
 	a.droppedNote = fmt.Sprintf("the export lost the epsilon inside %d square root(s) (%s): torch.onnx.export's optimizer folded the addition away (FP4008), so the file as exported divides by zero on a row whose values are all equal; audited with %g put back there, as the PyTorch model computes (export with optimize=False to keep your own)",
 		len(d), strings.Join(limitList(where, 4), ", "), restoredEpsilon)

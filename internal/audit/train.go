@@ -121,6 +121,16 @@ func (a *audit) applyMode() error {
 	if err != nil {
 		return &ModelError{Path: a.cfg.ModelPath, Err: err}
 	}
+	if err := a.replaceModel(proto); err != nil {
+		return err
+	}
+	a.train = &trainer{changes: ch}
+	return nil
+}
+
+// replaceModel makes proto, a rewrite of the audit's model, the model the
+// audit goes on with (the file and its folder stay the same).
+func (a *audit) replaceModel(proto *onnx.ModelProto) error {
 	ix, err := onnx.NewIndex(proto.Graph)
 	if err != nil {
 		return &ModelError{Path: a.cfg.ModelPath, Err: err}
@@ -129,7 +139,6 @@ func (a *audit) applyMode() error {
 	m := *a.model
 	m.Proto, m.Index = proto, ix
 	a.model = &m
-	a.train = &trainer{changes: ch}
 	return nil
 }
 
