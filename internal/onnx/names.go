@@ -72,6 +72,13 @@ func ModuleClass(n *NodeProto) string {
 	return cs[k]
 }
 
+// ClassMentions reports whether n's recorded class hierarchy mentions
+// part anywhere, without reading it: a cheap test before ModuleClass.
+func ClassMentions(n *NodeProto, part string) bool {
+	_, classes := torchScopes(n)
+	return strings.Contains(classes, part)
+}
+
 // SourceLine returns the line of Python the dynamo exporter recorded the
 // node as coming from: the last line of its pkg.torch.onnx.stack_trace
 // (the innermost frame's code, such as "variance =

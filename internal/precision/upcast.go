@@ -41,6 +41,9 @@ func upcastNorms(g *onnx.GraphProto) map[int]string {
 	}
 	mods := map[string]*module{}
 	for i, n := range g.GetNode() {
+		if !onnx.ClassMentions(n, "Norm") {
+			continue // most nodes: their metadata is not read further
+		}
 		class := onnx.ModuleClass(n)
 		if !strings.HasSuffix(class, "Norm") {
 			continue
