@@ -70,11 +70,9 @@ func splitArgs(s string) []string {
 // 1e-12) is exported as sqrt(var)), which changes the value only where x
 // is 0, the row of a zero pad embedding.
 type DroppedAdd struct {
-	// Node is the Sqrt's index, Name its name in reports (NodeName), Module
-	// its module path; Radicand the value it reads in the export.
-	Node         int
-	Name, Module string
-	Radicand     string
+	// Name is the Sqrt's name in reports (NodeName), Module its module
+	// path; Radicand the value it reads in the export.
+	Name, Module, Radicand string
 	// FXArg is the sum its FX node read ("add_24"); Source the line of
 	// Python it came from ("" where not recorded).
 	FXArg, Source string
@@ -109,7 +107,7 @@ func DroppedAdds(g *GraphProto, ix *Index) []DroppedAdd {
 		if pfx, ok := FXRecord(pn); !ok || pfx.Name == arg {
 			continue
 		}
-		out = append(out, DroppedAdd{Node: i, Name: nodeName(n, i), Module: ModulePath(n), Radicand: n.GetInput()[0], FXArg: arg, Source: SourceLine(n)})
+		out = append(out, DroppedAdd{Name: nodeName(n, i), Module: ModulePath(n), Radicand: n.GetInput()[0], FXArg: arg, Source: SourceLine(n)})
 	}
 	return out
 }

@@ -53,7 +53,7 @@ func TestDroppedAdds(t *testing.T) {
 			if got := len(d) == 1; got != c.want {
 				t.Fatalf("dropped %+v, want %v", d, c.want)
 			}
-			if c.want && (d[0].Radicand != "m" || d[0].Node != len(c.nodes)-1) {
+			if c.want && (d[0].Radicand != "m" || d[0].Name != c.nodes[len(c.nodes)-1].Name) {
 				t.Errorf("dropped %+v: want the Sqrt reading m", d[0])
 			}
 		})

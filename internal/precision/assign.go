@@ -511,6 +511,13 @@ func (s *assigner) node(i int) {
 		}
 		return
 	}
+	s.computeFP32(i)
+}
+
+// computeFP32 makes node i compute in fp32 and produce fp32 where it was
+// held in 16 bits, reading its inputs as they are (an fp16 value is exact
+// in fp32).
+func (s *assigner) computeFP32(i int) {
 	if pr := s.a.Node[i]; pr == FP16 || pr == BF16 {
 		s.a.Node[i] = FP32
 	}

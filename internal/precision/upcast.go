@@ -93,22 +93,12 @@ func (s *assigner) upcast(i int) {
 	if s.a.Node[i] == NotFloat || n.OpType == "Cast" || n.OpType == "CastLike" {
 		return // an explicit cast is the model's own, as everywhere
 	}
-	s.a.Node[i] = FP32
-	for j := range s.a.CastInputs[i] {
-		s.a.CastInputs[i][j] = false
-	}
+	s.computeFP32(i)
 	for _, name := range n.Output {
-		if name == "" || s.a.Value[name] == NotFloat {
-			continue
+		if name != "" && s.a.Value[name] != NotFloat && s.leaves(name, module) {
+			s.a.Value[name] = s.p.Params
+			s.a.Why[name] = ReasonHalfPolicy
 		}
-		delete(s.a.Casts, name)
-		if !s.leaves(name, module) {
-			s.a.Value[name] = FP32
-			delete(s.a.Why, name)
-			continue
-		}
-		s.a.Value[name] = s.p.Params
-		s.a.Why[name] = ReasonHalfPolicy
 	}
 }
 
