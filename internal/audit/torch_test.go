@@ -600,7 +600,7 @@ func TestTorchKeepFP32Fix(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
-	for _, root := range []string{torchCases, torchScript2Cases, torchDynamoCases} {
+	for _, root := range []string{torchCases, torchScript2Cases, torchDynamoCases, torchHFCases} {
 		t.Run(filepath.Base(root), func(t *testing.T) { torchKeepFP32Fix(t, root) })
 	}
 }
