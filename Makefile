@@ -182,15 +182,16 @@ FUZZ_TARGETS := ./internal/batch:FuzzDecodeNPY ./internal/batch:FuzzReadNPZ ./in
 	./internal/onnx:FuzzLoadBytes ./internal/onnx:FuzzNewIndex ./internal/precision:FuzzAssign ./internal/rewrite:FuzzEmulate
 
 fuzz: ort
-	@GOTOOLCHAIN=$(FUZZ_TOOLCHAIN) $(GO) version >/dev/null || { \
+	@v=$$(GOTOOLCHAIN=$(FUZZ_TOOLCHAIN) $(GO) env GOVERSION) || { \
 	  echo "make fuzz: the go command could not fetch $(FUZZ_TOOLCHAIN) from the Go module proxy;"; \
 	  echo "  fuzz with the machine's Go (which can fail a target at the -fuzztime deadline) by"; \
-	  echo "  make fuzz FUZZ_TOOLCHAIN=local"; exit 1; }
-	@echo "fuzzing with $$(GOTOOLCHAIN=$(FUZZ_TOOLCHAIN) $(GO) env GOVERSION)"
-	@for t in $(FUZZ_TARGETS); do \
+	  echo "  make fuzz FUZZ_TOOLCHAIN=local"; exit 1; }; \
+	echo "fuzzing with $$v"; \
+	export GOTOOLCHAIN=$(FUZZ_TOOLCHAIN); \
+	for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
-	  GOTOOLCHAIN=$(FUZZ_TOOLCHAIN) $(GO) test $$pkg -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) || exit 1; \
+	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) || exit 1; \
 	done
 
 # conformance re-runs the sweep over the ONNX backend test models
