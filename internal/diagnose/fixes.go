@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strings"
 
 	"fp16audit/internal/batch"
@@ -190,7 +191,7 @@ func (f *Facts) fixRemoveCast(ctx context.Context, run Runner, batches []batch.B
 	}
 	for _, c := range sortedKeys(casts) {
 		fix.Nodes = append(fix.Nodes, f.nodeName(c))
-		if m := onnx.ModulePath(f.graph().Node[c]); m != "" {
+		if m := onnx.ModulePath(f.graph().Node[c]); m != "" && !slices.Contains(fix.Modules, m) {
 			fix.Modules = append(fix.Modules, m)
 		}
 	}

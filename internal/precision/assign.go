@@ -652,6 +652,7 @@ func (s *assigner) assignNode(i int) {
 		np, out = s.p.Lower, s.p.Lower
 		castAll(np)
 		own = ReasonAutocast
+		own, ownCasts = s.halfAsWritten(n, floatIn, np, own)
 	case std && s.p.kind == kindHalf && (IsLowerPrecisionOp(n.Domain, n.OpType) || halfWeights(n)) && s.anyIn(floatIn, n, FP16):
 		// PyTorch refuses a matmul, convolution or nn.LayerNorm of mixed
 		// dtypes, so under model.half() the model itself must hand its
@@ -662,7 +663,7 @@ func (s *assigner) assignNode(i int) {
 		// before the next such layer).
 		np, out = FP16, FP16
 		castAll(np)
-		own = ReasonHalfPolicy
+		own, ownCasts = s.halfAsWritten(n, floatIn, np, ReasonHalfPolicy)
 	case cat == AlwaysFP32:
 		np, out = FP32, FP32
 		castAll(np)
@@ -703,6 +704,36 @@ func (s *assigner) assignNode(i int) {
 		casts = mergeSorted(casts, ic)
 	}
 	s.provenance(i, w, casts)
+}
+
+// halfAsWritten adds the model's own casts to the reasons own of an op
+// that computes in np whatever its inputs (autocast's lower-precision ops,
+// a weighted op under half) when every float tensor input is in np for a
+// reason that holds without mixed precision too (the model's cast, half
+// weights it stores): then the op computes in np without mixed precision
+// as well (q.half() @ k.half().transpose(1, 2), F.linear(h.half(),
+// w.half())), and it is for the as-written pass to say whether the casts
+// are to blame. An op with an fp32 operand there would not run as written
+// (PyTorch refuses mixed dtypes), so it gains nothing.
+func (s *assigner) halfAsWritten(n *onnx.NodeProto, floatIn []int, np Precision, own Reason) (Reason, []int) {
+	var casts []int
+	w := Reason(0)
+	for _, j := range floatIn {
+		in := n.Input[j]
+		if s.zeroDim(in) {
+			continue
+		}
+		iw, ic := s.why(in)
+		if s.prec(in) != np || iw&(ReasonCast|ReasonHalfModel) == 0 {
+			return own, nil
+		}
+		w |= iw & ReasonCast
+		casts = mergeSorted(casts, ic)
+	}
+	if w == 0 {
+		return own, nil
+	}
+	return own | w, casts
 }
 
 // halfWeights reports whether n's op computes in its weights' dtype

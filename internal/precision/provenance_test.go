@@ -25,6 +25,13 @@ func TestProvenance(t *testing.T) {
 		castTo("/Cast_1", "k", "k16", onnx.TensorProto_FLOAT16),
 		n("Add", "mix", "k16 f", "z"),
 		n("Relu", "relu", "k", "r"),
+		// q.half() @ k.half().T: a MatMul of two cast values computes in
+		// fp16 without mixed precision too; of a cast value and an fp32
+		// weight it would not run as written.
+		castTo("/Cast_2", "x", "q16", onnx.TensorProto_FLOAT16),
+		castTo("/Cast_3", "x", "k16b", onnx.TensorProto_FLOAT16),
+		n("MatMul", "scores", "q16 k16b", "s"),
+		n("MatMul", "mixed", "q16 W", "m"),
 	)
 	type want struct {
 		why      Reason
@@ -47,6 +54,8 @@ func TestProvenance(t *testing.T) {
 			"k16": {ReasonAutocast | ReasonCast, []int{6}, true},
 			"z":   {ReasonAutocast | ReasonCast, []int{1, 6}, true},
 			"r":   {ReasonAutocast, nil, false},
+			"s":   {ReasonAutocast | ReasonCast, []int{9, 10}, true},
+			"m":   {ReasonAutocast, nil, false},
 		}},
 		{"half", map[string]want{
 			"x": {ReasonHalfPolicy, nil, false},
@@ -58,11 +67,15 @@ func TestProvenance(t *testing.T) {
 			"g": {ReasonHalfPolicy | ReasonCast, []int{1}, true},
 			"h": {ReasonHalfPolicy, nil, false},
 			"z": {ReasonHalfPolicy | ReasonCast, []int{1, 6}, true},
+			"s": {ReasonHalfPolicy | ReasonCast, []int{9, 10}, true},
+			// W is fp16 because of the policy: as written it is fp32.
+			"m": {ReasonHalfPolicy, nil, false},
 		}},
 		{"fp32", map[string]want{
 			"f": {ReasonCast, []int{1}, true},
 			"g": {ReasonCast, []int{1}, true},
 			"k": {0, nil, false},
+			"s": {ReasonCast, []int{9, 10}, true},
 		}},
 	} {
 		p, err := PolicyByName(tc.policy)
@@ -89,7 +102,7 @@ func TestProvenance(t *testing.T) {
 	}
 	// Removing the casts (AssignKeepFP32 on them) leaves no explicit value.
 	p, _ := PolicyByName("autocast-fp16")
-	a := AssignKeepFP32(p, g, nil, nil, map[int]bool{1: true, 6: true})
+	a := AssignKeepFP32(p, g, nil, nil, map[int]bool{1: true, 6: true, 9: true, 10: true})
 	for v := range a.Why {
 		if a.Explicit(v) {
 			t.Errorf("without the casts %s is still explicit", v)
