@@ -64,6 +64,9 @@ type Config struct {
 	ORTLib  string
 	Threads int
 	Device  string
+	// AutocastDevice is the device_type the user's torch.autocast runs
+	// on, which the fix texts name; "" is "cuda".
+	AutocastDevice string
 	// MaxMemory bounds the memory of the process while the passes run, in
 	// bytes (--max-memory): a batch over it runs in parts of fewer
 	// samples. 0 plans for execute.DefaultMemoryFraction of the available
@@ -214,7 +217,7 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	}
 	facts := &diagnose.Facts{Static: a.static, HalfCasts: a.halfCast,
 		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, m.Index, cfg.Thresholds), Passes: a.passes, Main: a.main,
-		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked}
+		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked, AutocastDevice: cfg.AutocastDevice}
 	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
 	if err != nil {
 		return nil, a.runError(err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/debug"
 	"strings"
 
@@ -147,7 +148,9 @@ type runOptions struct {
 	ortLib  string
 	threads int
 	device  string
-	maxMem  string
+	// autocastDevice is the device_type the fix texts name.
+	autocastDevice string
+	maxMem         string
 
 	policy      string
 	checks      string
@@ -191,6 +194,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.ortLib, "ort-lib", "", "path to libonnxruntime.so (default: $ONNXRUNTIME_LIB, then .ort/ from 'make ort', then system folders)")
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
 	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
+	fs.StringVar(&o.autocastDevice, "autocast-device", "cuda", "the device_type the model trains with under torch.autocast (cuda, cpu, mps, xpu, ...), as the fixes name it")
 	fs.StringVar(&o.maxMem, "max-memory", "", fmt.Sprintf("memory the audit may take, the process as a whole, e.g. 512M or 4G; above it each batch runs in parts of fewer samples, and a model whose weights do not fit runs in blocks of consecutive layers (default %.0f%% of available memory)", 100*execute.DefaultMemoryFraction))
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
@@ -209,6 +213,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	if !render.IsFormat(o.format, report.KindAudit) {
 		fmt.Fprintf(stderr, "fp16audit run: --format %q: want one of %s\n", o.format, strings.Join(render.Formats(report.KindAudit), ", "))
+		return exitUsage
+	}
+	if !deviceType.MatchString(o.autocastDevice) {
+		fmt.Fprintf(stderr, "fp16audit run: --autocast-device %q: want a torch device type such as cuda, cpu, mps or xpu\n", o.autocastDevice)
 		return exitUsage
 	}
 	shapes := map[string][]int64{}
@@ -236,7 +244,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := audit.Config{Checks: sel, Train: train,
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
-		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, MaxMemory: maxMem,
+		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, AutocastDevice: o.autocastDevice, MaxMemory: maxMem,
 		Policy: o.policy, NoFixes: o.noFixes, Passes: o.passes, Thresholds: o.thresholds,
 	}
 	if err := audit.CheckPasses(o.passes); err != nil {
@@ -280,6 +288,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 
 // failOnLevels maps --fail-on to the lowest severity that fails; -1 never.
 var failOnLevels = map[string]checks.Severity{"error": checks.SevError, "warning": checks.SevWarning, "never": -1}
+
+// deviceType is the shape of a torch device type (--autocast-device).
+var deviceType = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 func policyNames() string {
 	var names []string

@@ -59,6 +59,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad format", []string{"run", models + "mlp.onnx", "--format", "xml"}, 2, "--format"},
 		{"bad policy", []string{"run", models + "mlp.onnx", "--policy", "fp8"}, 2, "autocast-fp16"},
 		{"bad fail-on", []string{"run", models + "mlp.onnx", "--fail-on", "sometimes"}, 2, "--fail-on"},
+		{"bad autocast device", []string{"run", models + "mlp.onnx", "--autocast-device", "CUDA:0"}, 2, "--autocast-device"},
 		{"missing batch", []string{"run", models + "mlp.onnx", "-i", batches + "nope.npy"}, 2, "nope.npy"},
 		{"wrong shape", []string{"run", models + "mlp.onnx", "-i", batches + "cnn.npy"}, 2, "want shape"},
 		{"missing model", []string{"run", filepath.Join(tmp, "none.onnx")}, 3, "none.onnx"},
@@ -190,6 +191,21 @@ func TestTextLeadsWithVerdict(t *testing.T) {
 	_, flagged, _ := run(t, "run", models+"overflowing_op.onnx", "-i", batches+"overflowing_op.npy", "--only-flagged")
 	if strings.Contains(flagged, "/fc1/Gemm ") || !strings.Contains(flagged, "/fc2/Gemm") {
 		t.Errorf("--only-flagged lists unflagged nodes or misses fc2:\n%s", flagged)
+	}
+}
+
+// TestAutocastDevice: the keep-fp32 fix names the device_type the model
+// trains on (cuda unless told).
+func TestAutocastDevice(t *testing.T) {
+	for _, c := range []struct{ args []string }{{nil}, {[]string{"--autocast-device", "cpu"}}, {[]string{"--autocast-device", "mps"}}} {
+		want := `torch.autocast(device_type="cuda", enabled=False)`
+		if c.args != nil {
+			want = `torch.autocast(device_type="` + c.args[1] + `", enabled=False)`
+		}
+		_, out, _ := run(t, append([]string{"run", models + "overflowing_op.onnx", "-i", batches + "overflowing_op.npy"}, c.args...)...)
+		if !strings.Contains(out, want) {
+			t.Errorf("%v: the fix does not say %s:\n%s", c.args, want, out)
+		}
 	}
 }
 

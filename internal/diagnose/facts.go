@@ -86,6 +86,9 @@ type Facts struct {
 	// order.
 	Values     []string
 	Thresholds Thresholds
+	// AutocastDevice is the device_type of the user's torch.autocast,
+	// which the fix texts name ("cpu", "mps", ...); "" is "cuda".
+	AutocastDevice string
 
 	derived
 }

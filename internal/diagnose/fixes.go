@@ -348,7 +348,11 @@ func (f *Facts) keepHow(it, its, returns string) string {
 	if f.Static.Policy.ModelHalf() {
 		return fmt.Sprintf("call .float() on %s and cast %s input with .float(); cast what %s %s back with .half() where a half Linear, Conv or LayerNorm reads it", it, its, it, returns)
 	}
-	return fmt.Sprintf("wrap %s in torch.autocast(device_type=\"cuda\", enabled=False) and cast %s input with .float()", it, its)
+	device := f.AutocastDevice
+	if device == "" {
+		device = "cuda"
+	}
+	return fmt.Sprintf("wrap %s in torch.autocast(device_type=%q, enabled=False) and cast %s input with .float()", it, device, its)
 }
 
 // growKept adds to keep, for origins that are kept already, the other
