@@ -1,7 +1,8 @@
 """fp16audit from Python: audit a model from the notebook, and record the training log `fp16audit scales` diagnoses.
 
 - audit(model, batch): export the model, run the fp16audit binary, return its Report.
-- fastai: `import fp16audit.fastai` adds learn.fp16audit() and the FP16Preflight callback.
+- fastai: learn.fp16audit() and the FP16Preflight callback (fp16audit.fastai), added to
+  fastai's Learner by `import fp16audit` alone, whether fastai is imported before or after.
 - AmpRecorder: a plain PyTorch AMP loop (torch.cuda.amp.GradScaler).
 - fastai_callback.Fp16AuditCallback: fastai's learn.to_fp16().
 - GradTelemetry: per-module gradient telemetry from backward hooks.
@@ -10,15 +11,19 @@
 
 Only recording needs torch: the names that do are imported on first use,
 so reading and converting logs (fp16audit.logfile, fp16audit.convert)
-works where torch is not installed.
+works where torch is not installed. `import fp16audit` imports neither
+torch nor fastai: where fastai is installed but not yet imported, a hook
+adds Learner.fp16audit when fastai.learner is first imported.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any, List
 
-from .audit import AuditError, AuditFailure, BatchError, ExportError, Report, audit
+from .audit import AuditError, AuditFailure, BatchError, ExportError, ModelError, Report, audit
 from .logfile import FORMAT_NAME, FORMAT_VERSION, FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, LogWriter, read_log
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
@@ -35,11 +40,73 @@ _LAZY = {
 }
 
 __all__ = [
-    "audit", "Report", "AuditError", "AuditFailure", "BatchError", "ExportError",
+    "audit", "Report", "AuditError", "AuditFailure", "BatchError", "ExportError", "ModelError",
     "AmpRecorder", "EmulatedGradScaler", "GradTelemetry", "LogWriter", "read_log", "scaler_config",
     "default_modules", "grad_stats", "FORMAT_NAME", "FORMAT_VERSION", "FP16_MAX", "FP16_MIN_NORMAL",
     "FP16_MIN_SUBNORMAL",
 ]
+
+
+class _FastaiHook:
+    """A meta path finder that adds Learner.fp16audit (fp16audit.fastai)
+    once fastai.learner has been imported, so that `import fp16audit` is
+    enough in a notebook that imports fastai afterwards; it finds nothing
+    itself and never imports fastai. (A plain class: importlib.abc costs
+    more to import than the rest of the package.)"""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "fastai.learner":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _ThenPatch(spec.loader)
+                return spec
+        return None
+
+
+class _ThenPatch:
+    """fastai.learner's own loader, then fp16audit.fastai."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _unhook()
+        _patch_learner()
+
+
+def _unhook() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _FastaiHook)]
+
+
+def _patch_learner() -> None:
+    # A fastai this package cannot patch must not break the user's import
+    # of fastai: say so and go on (fp16audit.audit still works).
+    try:
+        importlib.import_module(".fastai", __name__)
+    except Exception as e:  # noqa: BLE001 - any failure of a third-party import
+        import warnings
+
+        warnings.warn("fp16audit: could not add Learner.fp16audit to this fastai (%s: %s); fp16audit.audit(learn.model, ...) "
+                      "still works" % (type(e).__name__, e), stacklevel=2)
+
+
+def _hook_fastai() -> None:
+    if "fastai.learner" in sys.modules:
+        _patch_learner()
+    elif "fastai" in sys.modules or importlib.util.find_spec("fastai") is not None:
+        _unhook()
+        sys.meta_path.insert(0, _FastaiHook())
+
+
+_hook_fastai()
 
 
 def __getattr__(name: str) -> Any:

@@ -27,13 +27,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _binary
 
-__all__ = ["audit", "Report", "AuditError", "AuditFailure", "ExportError", "BatchError", "LOSSES", "POLICIES"]
+__all__ = ["audit", "Report", "AuditError", "AuditFailure", "ExportError", "BatchError", "ModelError", "LOSSES", "POLICIES"]
 
 # What the binary's --policy and --loss accept.
 POLICIES = ("autocast-fp16", "autocast-bf16", "half", "fp32")
@@ -56,6 +57,10 @@ class ExportError(AuditError):
 
 class BatchError(AuditError, TypeError):
     """A batch is of a type or shape the audit cannot use."""
+
+
+class ModelError(AuditError, ValueError):
+    """The model cannot be audited as it stands (its weights are on the meta device)."""
 
 
 class AuditFailure(AssertionError):
@@ -122,10 +127,13 @@ class Report:
         """The report as the binary renders it: text, markdown, html or json."""
         if fmt == "json":
             return json.dumps(self.json, indent=1)
+        # the notes of the Python side (how the model was exported, that
+        # fp16 was emulated on a CPU) are shown with the binary's own
+        doc = dict(self.json, notes=list(self.json.get("notes") or []) + self.notes)
         with tempfile.TemporaryDirectory(prefix="fp16audit-") as tmp:
             path = os.path.join(tmp, "report.json")
             with open(path, "w", encoding="utf-8") as f:
-                json.dump(self.json, f)
+                json.dump(doc, f)
             p = subprocess.run([_binary.find_binary(), "render", path, "--format", fmt, "--no-color"],
                                capture_output=True, text=True)
         if p.returncode != 0:
@@ -219,15 +227,75 @@ def _draw(batch, n_batches: int, n_inp: Optional[int]):
 def _input_names(model, n: int, given: Optional[List[str]]) -> List[str]:
     if given:
         return given
-    try:
-        params = [p for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        names = [p.name for p in params][:n]
-    except (TypeError, ValueError):
-        names = []
+    names = _forward_params(model)[:n]
     if len(names) < n or len(set(names)) < n:
         names = ["input_%d" % i for i in range(n)] if n > 1 else ["input"]
     return names
+
+
+# Keys of a dict batch that hold the target, not an input: a Hugging Face
+# batch's labels go to the loss, not to forward (which would compute its
+# own loss in the export).
+_TARGET_KEYS = ("labels", "label", "target", "targets", "y")
+
+
+def _forward_params(model) -> List[str]:
+    """forward's positional parameters (without self); [] when its
+    signature cannot be read."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _arrange_dict(model, xs: List[Any], keys: List[str], index: int) -> Tuple[List[Any], Optional[Any], List[str]]:
+    """A dict batch as forward takes it: the keys that name forward's
+    parameters are the inputs, in forward's order (passed positionally, so
+    they must be its leading parameters); a target key (labels, ...) is the
+    target. Anything else is refused with what to do."""
+    params = _forward_params(model)
+    items = dict(zip(keys, xs))
+    target_key = next((k for k in keys if k in _TARGET_KEYS), None)
+    target = items.pop(target_key) if target_key is not None else None
+    sig = "%s.forward(%s)" % (type(model).__name__, ", ".join(params))
+    unknown = [k for k in items if k not in params]
+    if unknown and params:
+        one = len(unknown) == 1
+        raise BatchError("fp16audit.audit: batch %d is a dict whose key%s %s %s not a parameter of %s; the audit passes a "
+                         "dict's tensors to forward by name: drop %s from the batch, or rename %s after forward's parameters" % (
+                             index, "" if one else "s", ", ".join(repr(k) for k in unknown), "is" if one else "are", sig,
+                             "it" if one else "them", "it" if one else "them"))
+    if not items:
+        raise BatchError("fp16audit.audit: batch %d is a dict that holds only the target (%s): add the model's inputs" % (index, target_key))
+    if not params:
+        return list(items.values()), target, list(items)
+    order = sorted(items, key=params.index)
+    missing = [p for p in params[:params.index(order[-1])] if p not in items]
+    if missing:
+        raise BatchError("fp16audit.audit: batch %d is a dict with %s but without %s, which %s takes before %r: the audit "
+                         "passes a dict's tensors as forward's leading arguments; add %s to the batch or leave out the keys after it" % (
+                             index, ", ".join(repr(k) for k in order), ", ".join(repr(k) for k in missing), sig, order[-1], missing[0]))
+    return [items[k] for k in order], target, order
+
+
+def _dynamic_axes(names: List[str], drawn) -> Dict[str, Dict[int, str]]:
+    """The export's dynamic axes: the batch axis of every input, and every
+    other axis whose size differs between the batches drawn (a DataLoader
+    that pads each batch to its longest sequence). Batches whose inputs
+    differ in rank or dtype are refused."""
+    first = drawn[0][0]
+    axes = {n: {0: "batch"} for n in names}
+    for b, (xs, _, _) in enumerate(drawn[1:], 1):
+        for n, x0, x in zip(names, first, xs):
+            if x.dim() != x0.dim() or x.dtype != x0.dtype:
+                raise BatchError("fp16audit.audit: batch %d's input %r is %s %s, batch 0's is %s %s: every batch must give each input "
+                                 "the same rank and dtype (draw the batches from one DataLoader, or audit them one at a time)" % (
+                                     b, n, tuple(x.shape), str(x.dtype).replace("torch.", ""), tuple(x0.shape), str(x0.dtype).replace("torch.", "")))
+            for k in range(1, x.dim()):
+                if x.shape[k] != x0.shape[k]:
+                    axes[n][k] = "%s_dim%d" % (n, k)
+    return axes
 
 
 def _write_npz(path: str, names: List[str], tensors: List[Any]) -> None:
@@ -269,53 +337,123 @@ def _has_dynamo(torch) -> bool:
         return False
 
 
-def _export(model, args, names, out_names, path, exporter, train_mode):
+def _batchnorms(model) -> List[str]:
+    """The model's BatchNorm layers, by module path."""
+    bn = _torch().nn.modules.batchnorm._BatchNorm
+    return [name for name, m in model.named_modules() if isinstance(m, bn)]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Keep an exporter's narration away from the user: its stdout and
+    stderr (the dynamo exporter prints its steps and, when it fails, the
+    graph it traced), torch's loggers and its warnings. Yields the list of
+    warnings it caught: a TracerWarning says where the tracer turned a
+    tensor into a Python value."""
+    names = {n for n in logging.root.manager.loggerDict if n.startswith("torch.")} | {"torch"}
+    loggers = [logging.getLogger(n) for n in sorted(names)]
+    levels = [(lg, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(record=True) as caught, \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        for lg, level in levels:
+            lg.setLevel(level)
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether an exporter's error is the model branching on a tensor's
+    value (torch.export's GuardOnDataDependentSymNode and its kin)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = type(e).__name__ + " " + str(e)[:2000]
+        if "DataDependent" in type(e).__name__ or "data-dependent" in text or "Dynamic control flow" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _branch_sites(caught) -> List[str]:
+    """Where the TorchScript tracer turned a tensor into a Python bool (an
+    `if` on a tensor): file:line and the line itself."""
+    import linecache
+
+    out = []
+    for w in caught:
+        if "Python boolean" in str(w.message) and w.category.__name__ == "TracerWarning":
+            site = "%s:%d" % (w.filename, w.lineno)
+            code = linecache.getline(w.filename, w.lineno).strip()
+            site += " (%s)" % code if code else ""
+            if site not in out:
+                out.append(site)
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+    return msg[0] if msg else ""
+
+
+def _export(model, args, names, out_names, path, exporter, train_mode, axes=None):
     """Export model to path; returns (exporter used, a note saying why when
-    it is not the first choice)."""
+    it is not the first choice). axes are the inputs' dynamic axes (the
+    batch axis of each by default)."""
     torch = _torch()
-    axes = {n: {0: "batch"} for n in list(names) + list(out_names)}
+    axes = dict(axes or {n: {0: "batch"} for n in names})
+    axes.update({n: {0: "batch"} for n in out_names})
     errors = []
     order = {"auto": ["dynamo", "torchscript"], "dynamo": ["dynamo"], "torchscript": ["torchscript"]}.get(exporter)
     if order is None:
         raise ValueError("fp16audit.audit: exporter=%r; want 'auto', 'dynamo' or 'torchscript'" % exporter)
-    if train_mode and exporter == "auto" and _has_dynamo(torch):
-        # torch 2.9.1's dynamo exporter ignores training=TRAINING and folds
-        # every BatchNorm into the layer before it even for a model in
-        # train() mode (fixtures/torch/dynamo_train): a train-mode audit
-        # wants the TorchScript exporter
+    bns = _batchnorms(model) if train_mode else []
+    if bns and exporter == "auto" and _has_dynamo(torch):
+        # torch's dynamo exporter (2.9 to 2.15 at least) writes BatchNorm in
+        # eval form, with its running statistics, even for a model in
+        # train() mode (fixtures/torch/dynamo_train): a train-mode audit of
+        # a model with BatchNorm wants the TorchScript exporter
         order = ["torchscript", "dynamo"]
-        errors.append("dynamo: not tried first for a train-mode export (torch 2.9's dynamo exporter exports BatchNorm in eval form)")
+        errors.append("dynamo: not tried first: the model has BatchNorm layers (%s%s), which torch %s's dynamo exporter writes "
+                      "in eval form (running statistics, not the batch's) even from model.train()" % (
+                          ", ".join(bns[:2]), ", ..." if len(bns) > 2 else "", torch.__version__))
+    dynamo_data_dependent = None
     for which in order:
         if which == "dynamo" and not _has_dynamo(torch):
             errors.append("dynamo: torch %s has no dynamo exporter (torch.onnx.export(..., dynamo=True) needs torch >= 2.5)" % torch.__version__)
             continue
-        kwargs = dict(input_names=list(names), output_names=list(out_names), opset_version=17 if which == "torchscript" else None)
+        kwargs = dict(input_names=list(names), output_names=list(out_names), dynamic_axes=axes)
         if which == "dynamo":
             kwargs["dynamo"] = True
-            kwargs.pop("opset_version")
-            kwargs["dynamic_axes"] = axes
         else:
-            kwargs["dynamic_axes"] = axes
+            kwargs["opset_version"] = 17
             if _has_dynamo(torch):
                 kwargs["dynamo"] = False
             if train_mode:
                 kwargs["training"] = torch.onnx.TrainingMode.TRAINING
                 kwargs["do_constant_folding"] = False
-        chatter = io.StringIO()  # the dynamo exporter narrates its steps on stdout
-        # and logs its translation warnings through torch.onnx's loggers
-        onnx_log = logging.getLogger("torch.onnx")
-        level = onnx_log.level
-        onnx_log.setLevel(logging.ERROR)
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(chatter):
-                warnings.simplefilter("ignore")
+            with _quiet() as caught:
                 torch.onnx.export(model, tuple(args), path, **kwargs)
-            return which, "; ".join(errors)
         except Exception as e:  # the exporters raise many kinds
-            msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
-            errors.append("%s: %s: %s" % (which, type(e).__name__, msg[0] if msg else ""))
-        finally:
-            onnx_log.setLevel(level)
+            if which == "dynamo" and _data_dependent(e):
+                dynamo_data_dependent = _first_line(e)
+            errors.append("%s: %s: %s" % (which, type(e).__name__, _first_line(e)))
+            continue
+        sites = _branch_sites(caught) if which == "torchscript" else []
+        if sites and dynamo_data_dependent is not None and exporter == "auto":
+            raise ExportError(
+                "fp16audit.audit: the model branches on a tensor's value at %s: the dynamo exporter cannot export that "
+                "(%s), and the TorchScript tracer keeps only the branch this batch takes, so its export would say nothing of the "
+                "other. Write the branch with torch.where (both sides computed) or torch.cond, or pass exporter='torchscript' "
+                "to audit the branch this batch takes." % ("; ".join(sites), dynamo_data_dependent))
+        if sites:
+            errors.append("torchscript: the tracer turned a tensor into a Python bool at %s: where the model branches on a "
+                          "value there, the export holds only the branch this batch takes" % "; ".join(sites))
+        return which, "; ".join(errors)
     raise ExportError("fp16audit.audit: the model could not be exported to ONNX. " + " | ".join(errors) +
                       ". Try exporter='torchscript' (dynamo=False), a smaller example batch, or, for the dynamo exporter, "
                       "torch.export's non-strict mode; export by hand and run `fp16audit run model.onnx` on it.")
@@ -450,39 +588,82 @@ def _loss_name(loss) -> Tuple[Optional[str], Optional[str], str]:
     return None, None, "the loss %s has no fp16audit counterpart (%s): the forward pass is audited, the backward is not" % (name, ", ".join(LOSSES))
 
 
+# Said once per process: a machine without CUDA emulates fp16, and the
+# verdict holds for the GPU the model trains on.
+_CPU_NOTE = ("this machine has no CUDA: fp16 was emulated on the CPU (ONNX Runtime, with fp16's range and rounding wherever "
+             "the policy holds a value in fp16), and the verdict holds for the same model and batches on a GPU")
+_cpu_note_said = False
+
+
+def _device_type(model) -> str:
+    """The device type the model's parameters are on (cpu without any)."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device.type
+    return "cpu"
+
+
+def _meta_check(model) -> None:
+    """Refuse a model whose weights are on the meta device: shapes with no
+    values (a model built under torch.device("meta") or loaded with
+    device_map="meta"/low_cpu_mem_usage, not yet filled in)."""
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ModelError("fp16audit.audit: the model's weights are on the meta device (%s%s): they have shapes but no values, so "
+                         "nothing can be run or exported. Load the weights first: model.to_empty(device='cpu') then "
+                         "model.load_state_dict(...), or from_pretrained(...) without device_map='meta'" % (
+                             ", ".join(meta[:3]), ", ... (%d in all)" % len(meta) if len(meta) > 3 else ""))
+
+
 def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, policy: str = "autocast-fp16",
           loss: Any = None, target: Any = None, class_axis: Optional[str] = None, init_scale: Optional[float] = None,
           max_memory: Optional[str] = None, exporter: str = "auto", progress: bool = True, fixes: bool = True,
-          extra_args: Sequence[str] = (), _notes: Sequence[str] = ()) -> Report:
+          device_type: Optional[str] = None, extra_args: Sequence[str] = (), _notes: Sequence[str] = ()) -> Report:
     """Audit `model` on `batch` for fp16 mixed-precision failures.
 
     batch: a tensor (the only input), a tuple or list of tensors (the
     inputs; with n_inp, the element after them is the target), a dict of
-    input name to tensor, or a DataLoader, from which up to n_batches are
-    drawn (a DataLoader of (x, y) pairs: x is the input, y the target).
-    policy: autocast-fp16 (learn.to_fp16(), torch.autocast), autocast-bf16,
-    half (model.half()) or fp32. loss: None (forward only), one of LOSSES,
-    or a torch.nn loss module; with a loss the model is exported in
-    training mode and the backward is audited against the target (the
-    first batch's, or `target`). init_scale: the GradScaler's initial
-    scale. max_memory: the binary's --max-memory ("4G"). exporter: 'auto'
-    (dynamo where torch has it, TorchScript where that fails), 'dynamo' or
-    'torchscript'.
+    input name to tensor (forward's parameters by name; a labels, label,
+    target, targets or y key is the target), or a DataLoader, from which
+    up to n_batches are drawn (a DataLoader of (x, y) pairs: x is the
+    input, y the target). policy: autocast-fp16 (learn.to_fp16(),
+    torch.autocast), autocast-bf16, half (model.half()) or fp32. loss:
+    None (forward only), one of LOSSES, or a torch.nn loss module; with a
+    loss the model is exported in training mode and the backward is
+    audited against the target (the first batch's, or `target`).
+    init_scale: the GradScaler's initial scale. max_memory: the binary's
+    --max-memory ("4G"). exporter: 'auto' (dynamo where torch has it,
+    TorchScript where that fails), 'dynamo' or 'torchscript'.
+    device_type: the torch.autocast device_type the fixes name (default:
+    the device the model's parameters are on).
     """
     torch = _torch()
     if not isinstance(model, torch.nn.Module):
         raise TypeError("fp16audit.audit: model is a %s; want a torch.nn.Module" % type(model).__name__)
     if policy not in POLICIES:
         raise ValueError("fp16audit.audit: policy=%r; want one of %s" % (policy, ", ".join(POLICIES)))
+    _meta_check(model)
+    return _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_axis, init_scale, max_memory,
+                  exporter, progress, fixes, device_type or _device_type(model), extra_args, _notes)
+
+
+def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_axis, init_scale, max_memory, exporter,
+           progress, fixes, device_type, extra_args, _notes) -> Report:
+    global _cpu_note_said
     drawn = _draw(batch, n_batches, n_inp)
+    for i, (xs, t, keys) in enumerate(drawn):
+        if keys is not None:
+            xs, t, keys = _arrange_dict(model, xs, keys, i)
+            drawn[i] = (xs, t, keys)
     inputs0, target0, names0 = drawn[0]
-    for i, (xs, _, _) in enumerate(drawn):
-        if len(xs) != len(inputs0):
-            raise BatchError("fp16audit.audit: batch %d has %d inputs, batch 0 has %d" % (i, len(xs), len(inputs0)))
+    for i, (xs, _, keys) in enumerate(drawn):
+        if len(xs) != len(inputs0) or keys != names0:
+            raise BatchError("fp16audit.audit: batch %d has %d inputs%s, batch 0 has %d%s" % (
+                i, len(xs), " (%s)" % ", ".join(keys) if keys else "", len(inputs0), " (%s)" % ", ".join(names0) if names0 else ""))
         for x in xs:
             if x.dim() > 0 and x.shape[0] == 0:
                 raise BatchError("fp16audit.audit: batch %d is empty (its first dimension is 0): it would pass any check" % i)
     names = _input_names(model, len(inputs0), names0)
+    axes = _dynamic_axes(names, drawn)
     loss_name, axis, loss_note = _loss_name(loss)
     notes = list(_notes)
     if loss_note:
@@ -508,13 +689,14 @@ def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, poli
                     type(e).__name__, e)) from e
             if train_mode:
                 model.train()
-            used, why = _export(model, args, names, out_names, path, exporter, train_mode)
+            used, why = _export(model, args, names, out_names, path, exporter, train_mode, axes)
         bdir = os.path.join(tmp, "batches")
         os.mkdir(bdir)
         for i, (xs, _, _) in enumerate(drawn):
             _write_npz(os.path.join(bdir, "batch%d.npz" % i), names, xs)
         report_path = os.path.join(tmp, "report.json")
-        cmd = ["run", path, "-i", bdir, "--policy", policy, "--format", "json", "-o", report_path, "--progress", "json"]
+        cmd = ["run", path, "-i", bdir, "--policy", policy, "--format", "json", "-o", report_path, "--progress", "json",
+               "--autocast-device", device_type]
         lib = _binary.onnxruntime_library()
         if lib:
             cmd += ["--ort-lib", lib]
@@ -542,6 +724,11 @@ def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, poli
             doc = json.load(f)
         if stderr.strip():
             notes.append(stderr.strip())
+        if not torch.cuda.is_available():
+            notes.append(_CPU_NOTE)
+            if not _cpu_note_said:
+                _cpu_note_said = True
+                print("fp16audit: " + _CPU_NOTE, file=sys.stderr)
         return Report(doc, code, used, why, notes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -76,7 +76,8 @@ def fp16audit(self: Learner, n_batches: int = 2, loss: bool = True, policy: Opti
     loss=True also audits the backward with the learner's loss (when
     fp16audit has it); policy overrides the one the learner's callbacks
     give. Other keyword arguments go to fp16audit.audit (max_memory,
-    exporter, progress, fixes).
+    exporter, progress, fixes, device_type: "cuda" by default, where
+    fastai's MixedPrecision autocasts).
     """
     pol, init_scale, note = learner_policy(self)
     notes = [note] if note else []
@@ -94,6 +95,9 @@ def fp16audit(self: Learner, n_batches: int = 2, loss: bool = True, policy: Opti
     if not batches:
         raise ValueError("learn.fp16audit: learn.dls.train yielded no batch")
     kwargs.setdefault("init_scale", init_scale)
+    # fastai's MixedPrecision autocasts on CUDA whatever the learner's
+    # device: the fixes name that autocast
+    kwargs.setdefault("device_type", "cuda")
     return audit(self.model, _Batches(batches), n_batches=n_batches, n_inp=n_inp, policy=policy or pol,
                  loss=loss_name, class_axis=class_axis, _notes=notes, **kwargs)
 
@@ -114,7 +118,12 @@ class FP16Preflight(Callback):
     wrong outputs; warn=True warns instead. The report is kept as
     `self.report` and `learn.fp16audit_report`."""
 
-    order = 11  # after MixedPrecision (10), whose settings it reads
+    # Before MixedPrecision (10): its settings are its constructor's
+    # arguments, and a fit the preflight cancels never sets up autocast
+    # and the GradScaler, which on a machine without CUDA warn that they
+    # disable themselves (nothing trains, so that is not the user's
+    # business then).
+    order = 9
 
     def __init__(self, n_batches: int = 2, loss: bool = True, warn: bool = False, **kwargs: Any):
         super().__init__()

@@ -27,6 +27,39 @@ def require_fastai():
         raise unittest.SkipTest(msg)
 
 
+def leg_site_packages():
+    """The site-packages of this interpreter's virtualenv when torch comes
+    from there (the torch 2.x leg: a virtualenv of a Python without
+    torch), else [] (the torch 1.13 leg: a virtualenv that sees Debian's
+    torch through --system-site-packages)."""
+    import site
+
+    if sys.prefix == sys.base_prefix:
+        return []
+    here = [os.path.realpath(p) for p in site.getsitepackages() if os.path.realpath(p).startswith(os.path.realpath(sys.prefix))]
+    torch_dir = os.path.realpath(os.path.dirname(os.path.dirname(torch.__file__)))
+    return here if torch_dir in here else []
+
+
+def fresh_venv(path, python=sys.executable):
+    """Make a virtualenv at path that sees the torch this test runs on, as
+    a user's environment with torch does: --system-site-packages, and
+    where torch lives in this interpreter's own virtualenv, a .pth that
+    adds that virtualenv's site-packages after the new one's, and no pip
+    or setuptools of its own (the leg's serve: `python -m pip`). Returns
+    the leg's site-packages ([] without the .pth)."""
+    import subprocess
+
+    leg = leg_site_packages()
+    subprocess.run([python, "-m", "venv", "--system-site-packages"] + (["--without-pip"] if leg else []) + [path], check=True)
+    if leg:
+        out = subprocess.run([os.path.join(path, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(out, "_fp16audit_test_leg.pth"), "w", encoding="utf-8") as f:
+            f.write("\n".join(leg) + "\n")
+    return leg
+
+
 def planted_overflow_model(seed=0):
     """first -> ReLU -> planted -> ReLU -> head, where head's weights are 1000x too large.
 

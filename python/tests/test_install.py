@@ -2,7 +2,7 @@
 
 The install is the one python/README.md gives: a virtualenv made with
 --system-site-packages (so that the system's setuptools, wheel and torch
-serve) and `pip install --no-build-isolation`, with the package index
+serve; in the torch 2.x leg the leg's, through a .pth: support.fresh_venv) and `pip install --no-build-isolation`, with the package index
 switched off and a proxy that refuses every connection, so that anything
 fetched from the network fails the test. It installs a copy of python/,
 so the build leaves nothing in the tree.
@@ -21,6 +21,8 @@ import sys
 import tempfile
 import textwrap
 import unittest
+
+import support
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
@@ -66,7 +68,7 @@ class OfflineInstallTest(unittest.TestCase):
         cls.env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_CACHE_DIR="1", PIP_NO_INPUT="1",
                        http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9",
                        HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
-        cls.run_ok([sys.executable, "-m", "venv", "--system-site-packages", venv])
+        support.fresh_venv(venv)
         cls.install = cls.run_ok([cls.python, "-m", "pip", "install", "--no-build-isolation", src])
 
     @classmethod

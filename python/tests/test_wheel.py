@@ -1,7 +1,10 @@
 """The platform wheel installs as a user installs it, and everything runs from it.
 
 A fresh virtualenv (--system-site-packages, for Debian's torch), then
-`pip install fp16audit-….whl onnxruntime==1.30.0` from the package index;
+`pip install fp16audit-….whl onnxruntime==1.30.0` from the package index
+(in the torch 2.x leg the virtualenv sees the leg's torch and fastai 2.8
+through a .pth, support.fresh_venv, and gets the wheel and onnxruntime
+itself);
 outside the source tree, with no ONNXRUNTIME_LIB and no activated
 environment: `fp16audit version` names the virtualenv's ONNX Runtime,
 `fp16audit run` audits the demo model, `python -m fp16audit` is the same
@@ -18,6 +21,8 @@ import tempfile
 import textwrap
 import unittest
 import zipfile
+
+import support
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
@@ -38,17 +43,25 @@ class WheelTest(unittest.TestCase):
         cls.tmp = cls._tmp.name
         cls.wheel = build_wheel.build(BINARY, os.path.join(cls.tmp, "dist"))
         venv = os.path.join(cls.tmp, "venv")
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+        leg = support.fresh_venv(venv)
         cls.bin = os.path.join(venv, "bin")
         cls.env = {k: v for k, v in os.environ.items()
                    if k not in ("ONNXRUNTIME_LIB", "VIRTUAL_ENV", "PYTHONPATH", "FP16AUDIT_BINARY")}
-        # the wheel with its dependencies from the index (onnxruntime), then
-        # the pinned fastai set for the learner test
-        p = subprocess.run([os.path.join(cls.bin, "pip"), "install", "-q", cls.wheel, ORT_PIN],
-                           capture_output=True, text=True, env=cls.env, timeout=900)
-        if p.returncode == 0:
-            p = subprocess.run([os.path.join(cls.bin, "pip"), "install", "-q", "--no-deps", "-r",
-                                os.path.join(PYTHON_DIR, "requirements-test.txt")],
+        if not leg:
+            # the wheel with its dependencies from the index (onnxruntime),
+            # then the pinned fastai set for the learner test
+            p = subprocess.run([os.path.join(cls.bin, "python"), "-m", "pip", "install", "-q", cls.wheel, ORT_PIN],
+                               capture_output=True, text=True, env=cls.env, timeout=900)
+            if p.returncode == 0:
+                p = subprocess.run([os.path.join(cls.bin, "python"), "-m", "pip", "install", "-q", "--no-deps", "-r",
+                                    os.path.join(PYTHON_DIR, "requirements-test.txt")],
+                                   capture_output=True, text=True, env=cls.env, timeout=900)
+        else:
+            # the torch 2.x leg: torch, fastai 2.8 and onnxruntime's own
+            # dependencies come from the leg's virtualenv (the .pth), the
+            # wheel and onnxruntime go into this one, so that the binary
+            # finds this environment's onnxruntime
+            p = subprocess.run([os.path.join(cls.bin, "python"), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", cls.wheel, ORT_PIN],
                                capture_output=True, text=True, env=cls.env, timeout=900)
         if p.returncode != 0:
             msg = "pip install of the wheel and %s failed: %s" % (ORT_PIN, p.stderr[-2000:])
