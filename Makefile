@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test demo bench llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv
+.PHONY: all ort build test test-torch2 demo bench llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -79,6 +79,41 @@ $(PYVENV_OK): python/requirements-test.txt
 	$(PYTHON_TORCH) -m venv --system-site-packages $(PYVENV)
 	$(PYVENV)/bin/pip install -q --no-deps -r python/requirements-test.txt
 	touch $@
+
+# test-torch2: the second Python leg, on the stack users run: torch 2.x,
+# fastai 2.8 and the dynamo exporter from the package index, every package
+# pinned in python/requirements-torch2.txt. The whole Python suite runs
+# there (a test that skips on torch 1.x fails here: FP16AUDIT_TEST_LEG),
+# then the truth drift (fixtures/torch/drift.py: a sample of the dynamo
+# fixtures rebuilt, exported and judged by this torch, against the
+# committed truth), and the Go truth harness on those fresh exports
+# (TestTorchTruthDir). The virtualenv (about 5 GB) is made once per machine
+# in $(TORCH2_TEST_VENV), named after the pins and the interpreter, so CI
+# on the same machine reuses it; a cold one takes a few minutes to make.
+TORCH2_TEST_PY   ?= python3
+TORCH2_TEST_REQ  := python/requirements-torch2.txt
+TORCH2_TEST_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fp16audit
+TORCH2_TEST_VENV ?= $(TORCH2_TEST_HOME)/venv-torch2-$(shell { cat $(TORCH2_TEST_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+
+torch2-venv: $(TORCH2_TEST_VENV)/.installed
+
+$(TORCH2_TEST_VENV)/.installed: $(TORCH2_TEST_REQ)
+	@mkdir -p $(TORCH2_TEST_HOME)
+	@# an older set of pins leaves an older virtualenv: one is kept
+	@find $(TORCH2_TEST_HOME) -maxdepth 1 -name 'venv-torch2-*' ! -path '$(TORCH2_TEST_VENV)' -exec rm -rf {} +
+	rm -rf $(TORCH2_TEST_VENV)
+	$(TORCH2_TEST_PY) -m venv $(TORCH2_TEST_VENV)
+	$(TORCH2_TEST_VENV)/bin/pip install -q --no-deps -r $(TORCH2_TEST_REQ)
+	touch $@
+
+test-torch2: ort build torch2-venv
+	@echo "$(TORCH2_TEST_VENV)/bin/python -m unittest discover -s python/tests"
+	@FP16AUDIT_TEST_LEG=torch2 $(TORCH2_TEST_VENV)/bin/python -m unittest discover -s python/tests
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  echo "$(TORCH2_TEST_VENV)/bin/python fixtures/torch/drift.py --out $$tmp" && \
+	  $(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/drift.py --out "$$tmp" && \
+	  echo "FP16AUDIT_TRUTH_DIR=$$tmp $(GO) test -count=1 -run TestTorchTruthDir ./internal/audit/" && \
+	  FP16AUDIT_TRUTH_DIR="$$tmp" $(GO) test -count=1 -run TestTorchTruthDir ./internal/audit/
 
 # wheel: the platform wheel, the Python package with the binary in its
 # scripts (python/build_wheel.py), into dist/: pip install it with

@@ -131,6 +131,19 @@ func TestTorchTruthDynamo(t *testing.T) {
 	torchTruth(t, torchDynamoCases, dynamoKnownWrong)
 }
 
+// TestTorchTruthDir: the truth harness of TestTorchTruthDynamo on a
+// fixture family written elsewhere, named by $FP16AUDIT_TRUTH_DIR: make
+// test-torch2 writes one with the pinned torch 2.x's dynamo exporter and
+// that torch's truth (fixtures/torch/drift.py), so fp16audit is judged on
+// what the torch users install exports today. Skipped when unset.
+func TestTorchTruthDir(t *testing.T) {
+	dir := os.Getenv("FP16AUDIT_TRUTH_DIR")
+	if dir == "" {
+		t.Skip("FP16AUDIT_TRUTH_DIR is not set (make test-torch2 sets it)")
+	}
+	torchTruth(t, dir, dynamoKnownWrong)
+}
+
 // torchHFCases are the Hugging Face architectures of
 // fixtures/torch/cases_hf.py, exported with torch 2.x's dynamo exporter.
 const torchHFCases = "../../fixtures/torch/cases_hf"
