@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test test-torch2 demo bench llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
+.PHONY: all ort build test test-torch2 demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -148,6 +148,29 @@ bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
 	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
+
+# bench-peers runs fp16audit beside the tools a user would pick instead
+# (Polygraphy, onnxconverter-common, ModelOpt AutoCast, a PyTorch hooks
+# script on real fp16 CPU kernels) on the same models and batches, each
+# whole process, 3 runs, graded against PyTorch's truth, and writes
+# docs/peers.md (bench/peers/run.py). Its virtualenv (bench/peers/
+# requirements.txt, about 6 GB with torch's CUDA wheel) is made once in
+# ~/.cache/fp16audit/; the models' inputs for every peer and the peers'
+# outputs go to fixtures/bench/peers/ (git-ignored). Never in CI: about
+# half an hour on 2 cores.
+PEERS_REQ  := bench/peers/requirements.txt
+PEERS_VENV ?= $(TORCH2_TEST_HOME)/venv-peers-$(shell { cat $(PEERS_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+
+$(PEERS_VENV)/.installed: $(PEERS_REQ)
+	@mkdir -p $(TORCH2_TEST_HOME)
+	@find $(TORCH2_TEST_HOME) -maxdepth 1 -name 'venv-peers-*' ! -path '$(PEERS_VENV)' -exec rm -rf {} +
+	rm -rf $(PEERS_VENV)
+	$(TORCH2_TEST_PY) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q --no-deps -r $(PEERS_REQ)
+	touch $@
+
+bench-peers: ort build $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python -W ignore bench/peers/run.py --work fixtures/bench/peers --out docs/peers.md
 
 # llama-bench generates the large-model benchmark (BenchmarkLLM): a ~600 M
 # parameter Llama-style decoder with 2.4 GB of external data and a planted
