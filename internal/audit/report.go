@@ -9,6 +9,7 @@ import (
 	"fp16audit/internal/batch"
 	"fp16audit/internal/diagnose"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/tensor"
@@ -154,8 +155,7 @@ func constantNodes(g *onnx.GraphProto, ix *onnx.Index, order []int) map[int]bool
 	}
 	for _, ni := range order {
 		n := g.Node[ni]
-		if n.Domain != "" && n.Domain != "ai.onnx" || strings.HasPrefix(n.OpType, "Random") ||
-			n.OpType == "Multinomial" || n.OpType == "Bernoulli" {
+		if n.Domain != "" && n.Domain != "ai.onnx" || ops.Random(n.Domain, n.OpType) {
 			continue
 		}
 		inputs := append(slices.Clone(n.Input), ix.ImplicitInputs(ni)...)

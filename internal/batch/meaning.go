@@ -5,6 +5,7 @@ import (
 	"regexp"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/tensor"
 )
 
@@ -86,13 +87,9 @@ func meaningOf(name string, integer bool, ix *onnx.Index) (m Meaning, rows int64
 	return MeaningData, rows
 }
 
-// passThrough are the ops an index value goes through unchanged on its
-// way to the Gather that uses it: casts and reshapes.
-var passThrough = map[string]bool{"Cast": true, "Identity": true, "Reshape": true, "Unsqueeze": true,
-	"Squeeze": true, "Flatten": true, "Expand": true, "Transpose": true}
-
 // gathers returns the Gather nodes that read name as their indices,
-// directly or through pass-through ops, with the table each reads.
+// directly or through ops that pass an index value on unchanged
+// (ops.PassThrough: casts and reshapes), with the table each reads.
 func gathers(name string, ix *onnx.Index) map[int]*onnx.TensorProto {
 	out := map[int]*onnx.TensorProto{}
 	seen := map[string]bool{}
@@ -110,7 +107,7 @@ func gathers(name string, ix *onnx.Index) map[int]*onnx.TensorProto {
 			switch {
 			case n.GetOpType() == "Gather" && len(n.GetInput()) > 1 && n.GetInput()[1] == v:
 				out[ni] = table(n.GetInput()[0], ix)
-			case passThrough[n.GetOpType()] && len(n.GetInput()) > 0 && n.GetInput()[0] == v:
+			case ops.Lookup(ops.Default, n.GetOpType()).Is(ops.PassThrough) && len(n.GetInput()) > 0 && n.GetInput()[0] == v:
 				for _, o := range n.GetOutput() {
 					walk(o)
 				}

@@ -14,6 +14,7 @@ import (
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
@@ -379,19 +380,11 @@ func (f *Facts) isFinalBias(ni int) bool {
 	return false
 }
 
-// tailOps may follow the final layer without making it an inner layer:
-// shape ops, activations, softmax, casts and the Linear bias.
-var tailOps = map[string]bool{
-	"Reshape": true, "Flatten": true, "Squeeze": true, "Unsqueeze": true, "Transpose": true,
-	"Identity": true, "Dropout": true, "Cast": true, "Relu": true, "LeakyRelu": true,
-	"Sigmoid": true, "Tanh": true, "Softmax": true, "LogSoftmax": true, "Gelu": true,
-	"Clip": true, "Add": true,
-}
-
 // isFinalLayer reports whether node ni is the last layer op (one autocast
 // runs in its lower precision: Gemm, MatMul, Conv...) before a graph
-// output: every path from its outputs reaches a graph output through tail
-// ops only. It does not depend on the policy: the same head is the final
+// output: every path from its outputs reaches a graph output through ops
+// that may follow a final layer (ops.Tail: shape ops, activations,
+// softmax, casts, the Linear bias) only. It does not depend on the policy: the same head is the final
 // layer under autocast and under half.
 func (f *Facts) isFinalLayer(ni int) bool {
 	g := f.graph()
@@ -416,7 +409,7 @@ func (f *Facts) isFinalLayer(ni int) bool {
 					continue
 				}
 				seen[c] = true
-				if !tailOps[g.Node[c].OpType] {
+				if !ops.Lookup(ops.Default, g.Node[c].OpType).Is(ops.Tail) {
 					return false
 				}
 				if !walk(g.Node[c].Output) {

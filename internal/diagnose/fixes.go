@@ -278,7 +278,7 @@ func (f *Facts) constantSource(name string) string {
 			return name
 		}
 		n := f.graph().Node[p]
-		if n.OpType == "Constant" || len(n.Input) == 0 || !passThrough[n.OpType] {
+		if n.OpType == "Constant" || len(n.Input) == 0 || !passesThrough(n) {
 			return name
 		}
 		name = n.Input[0]

@@ -241,14 +241,13 @@ type fill struct {
 	value    float64
 }
 
-// maskCarriers are the ops that hand a mask's infinities on without
-// making new ones: they move, select, broadcast or add values. An op
-// outside the list that reads such infinities (Softmax, Exp, MatMul) is
-// where a NaN they cause starts.
-var maskCarriers = map[string]bool{"ConstantOfShape": true, "Add": true, "Sub": true, "Mul": true, "Where": true,
-	"Expand": true, "Trilu": true, "Reshape": true, "Unsqueeze": true, "Squeeze": true, "Transpose": true, "Slice": true,
-	"Concat": true, "Cast": true, "CastLike": true, "Identity": true, "Gather": true, "GatherElements": true, "Tile": true,
-	"Max": true, "Min": true, "Flatten": true, "Pad": true, "Split": true}
+// carriesInf reports whether a default-domain op hands a mask's
+// infinities on without making new ones (ops.CarriesInf: it moves,
+// selects, broadcasts or adds values). An op without the role that reads
+// such infinities (Softmax, Exp, MatMul) is where a NaN they cause starts.
+func carriesInf(n *onnx.NodeProto) bool {
+	return onnx.IsDefaultDomain(n.Domain) && ops.Lookup(ops.Default, n.OpType).Is(ops.CarriesInf)
+}
 
 // infSigns is a set of signs of infinity: 1 for +Inf, 2 for -Inf.
 type infSigns uint8
@@ -291,7 +290,7 @@ func (f *Facts) deliberateValues(pass string, res *observe.PassResult, asg *prec
 	var fills []fill
 	for _, ni := range f.Static.Order {
 		n := g.Node[ni]
-		if !onnx.IsDefaultDomain(n.Domain) || !maskCarriers[n.OpType] {
+		if !carriesInf(n) {
 			continue
 		}
 		var signs infSigns
@@ -383,7 +382,7 @@ func (f *Facts) finfoCarriers(fills []rewrite.FinfoFill) map[int]bool {
 		for _, v := range g.Node[r.node].Output {
 			for _, c := range idx.Consumers(v) {
 				n := g.Node[c]
-				if out[c] || !onnx.IsDefaultDomain(n.Domain) || !maskCarriers[n.OpType] || !beyond(c, r.limit) {
+				if out[c] || !carriesInf(n) || !beyond(c, r.limit) {
 					continue
 				}
 				out[c] = true
@@ -544,7 +543,7 @@ func (f *Facts) constantExtreme(name string) (float64, bool) {
 	// (Identity, Cast, Reshape...) to the constant for its sign.
 	if p := f.Static.Model.Index.Producer(name); p >= 0 {
 		n := f.graph().Node[p]
-		if len(n.Input) > 0 && passThrough[n.OpType] {
+		if len(n.Input) > 0 && passesThrough(n) {
 			return f.constantExtreme(n.Input[0])
 		}
 	}
@@ -561,6 +560,8 @@ func (f *Facts) constantExtreme(name string) (float64, bool) {
 	return 0, false
 }
 
-// passThrough ops hand their first input's values on unchanged.
-var passThrough = map[string]bool{"Identity": true, "Cast": true, "CastLike": true, "Reshape": true,
-	"Unsqueeze": true, "Squeeze": true, "Expand": true, "Flatten": true, "Transpose": true}
+// passesThrough reports whether n hands its first input's values on
+// unchanged (ops.PassThrough: Identity, Cast, the reshapes).
+func passesThrough(n *onnx.NodeProto) bool {
+	return ops.Lookup(ops.Default, n.OpType).Is(ops.PassThrough)
+}

@@ -583,7 +583,7 @@ func (d *driver) roundSite(i, j int, v, dx string) string {
 }
 
 // nondiff reports whether an op's float outputs carry no gradient back to
-// its inputs (its row's Grad is ops.NoGrad): comparisons and index
+// its inputs (its entry's Grad is ops.NoGrad): comparisons and index
 // computations, shape queries, random generators and rounding steps.
 func nondiff(opType string) bool {
 	o := ops.Lookup(ops.Default, opType)

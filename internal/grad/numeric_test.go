@@ -575,9 +575,9 @@ func TestShapeOps(t *testing.T) {
 	}
 }
 
-// TestTableGradients: every op whose row in internal/onnx/ops names a
+// TestTableGradients: every op whose entry in internal/onnx/ops names a
 // gradient rule has a central-difference case in this file (a node of
-// that op type, built with nd or onnx.Node), so a row cannot claim a
+// that op type, built with nd or onnx.Node), so an entry cannot claim a
 // gradient that nothing checks against finite differences.
 func TestTableGradients(t *testing.T) {
 	fs := token.NewFileSet()
@@ -590,7 +590,7 @@ func TestTableGradients(t *testing.T) {
 		switch n := n.(type) {
 		case *ast.AssignStmt:
 			// TestElementwise's unary table: {"Neg", in("x", 2, 3), …},
-			// each row's op built with nd(u.op, …)
+			// each entry's op built with nd(u.op, …)
 			if id, ok := n.Lhs[0].(*ast.Ident); ok && id.Name == "unary" && len(n.Rhs) == 1 {
 				if cl, ok := n.Rhs[0].(*ast.CompositeLit); ok {
 					for _, e := range cl.Elts {
@@ -609,7 +609,7 @@ func TestTableGradients(t *testing.T) {
 	})
 	for _, op := range vjp.Ops() {
 		if !built[op] {
-			t.Errorf("%s has a gradient rule (its row in internal/onnx/ops) but no central-difference case here", op)
+			t.Errorf("%s has a gradient rule (its entry in internal/onnx/ops) but no central-difference case here", op)
 		}
 	}
 }

@@ -2,8 +2,10 @@ package lint
 
 import (
 	"fmt"
+	"slices"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 )
 
@@ -20,23 +22,20 @@ type Fill struct {
 	Raises bool
 }
 
-// FillAt returns how node n uses the constant it reads in input slot:
-// masked_fill exports as Where(mask, value, self), index_put_ and scatter
-// as ScatterND / ScatterElements with the value as updates, torch.full as
-// ConstantOfShape (its fill value is an attribute: slot -1).
+// FillAt returns how node n uses the constant it reads in input slot, by
+// its entry's Fill in internal/onnx/ops: masked_fill exports as
+// Where(mask, value, self), index_put_ and scatter as ScatterND /
+// ScatterElements with the value as updates, torch.full as
+// ConstantOfShape (its fill value is an attribute: any slot).
 func FillAt(n *onnx.NodeProto, slot int) Fill {
 	if !onnx.IsDefaultDomain(n.GetDomain()) {
 		return Fill{}
 	}
-	switch op := n.GetOpType(); {
-	case op == "Where" && (slot == 1 || slot == 2):
-		return Fill{Op: "masked_fill", Raises: true}
-	case (op == "ScatterND" || op == "ScatterElements") && slot == 2:
-		return Fill{Op: "index_put_", Raises: true}
-	case op == "ConstantOfShape":
-		return Fill{Op: "torch.full", Raises: true}
+	o := ops.Lookup(ops.Default, n.GetOpType())
+	if o == nil || o.Fill == "" || (o.FillInputs != nil && !slices.Contains(o.FillInputs, slot)) {
+		return Fill{}
 	}
-	return Fill{}
+	return Fill{Op: o.Fill, Raises: true}
 }
 
 // Consequence says, for a message, what PyTorch does with a constant out of

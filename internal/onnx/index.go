@@ -520,9 +520,14 @@ func nonNil(dims []int64) []int64 {
 }
 
 // inferType returns the element type of output k of n from its inputs'
-// types and attributes, or 0.
+// types and attributes, by the type rule of its entry in
+// internal/onnx/ops, or 0.
 func (ix *Index) inferType(n *NodeProto, k int) int32 {
 	if d := n.GetDomain(); !IsDefaultDomain(d) {
+		return 0
+	}
+	o := ops.Lookup(ops.Default, n.GetOpType())
+	if o == nil {
 		return 0
 	}
 	in := func(i int) int32 {
@@ -531,44 +536,32 @@ func (ix *Index) inferType(n *NodeProto, k int) int32 {
 		}
 		return 0
 	}
-	switch op := n.GetOpType(); op {
-	case "Cast":
+	t := o.Type
+	if t == ops.TypeInput && slices.Contains(o.IndexOutputs, k) {
+		t = o.IndexType
+	}
+	switch t {
+	case ops.TypeInput:
+		if k == 0 {
+			return in(0)
+		}
+	case ops.TypeInputAll:
+		return in(0)
+	case ops.TypeSecond:
+		return in(1)
+	case ops.TypeTo:
 		return int32(IntAttr(n, "to", 0))
-	case "CastLike":
-		return in(1)
-	case "Shape", "Size", "ArgMax", "ArgMin", "NonZero":
-		return int32(TensorProto_INT64)
-	case "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-		"Not", "And", "Or", "Xor", "IsNaN", "IsInf":
-		return int32(TensorProto_BOOL)
-	case "Where":
-		return in(1)
-	case "ConstantOfShape":
+	case ops.TypeValue:
 		for _, a := range n.GetAttribute() {
 			if a.GetName() == "value" && a.GetT() != nil {
 				return a.GetT().GetDataType()
 			}
 		}
 		return int32(TensorProto_FLOAT)
-	case "DequantizeLinear":
-		return in(1)
-	case "Split":
-		return in(0)
-	case "Dropout":
-		if k == 1 {
-			return int32(TensorProto_BOOL)
-		}
-	case "MaxPool", "TopK":
-		if k == 1 {
-			return int32(TensorProto_INT64)
-		}
-	default:
-		if o := ops.Lookup(ops.Default, op); o == nil || !o.SameType {
-			return 0
-		}
-	}
-	if k == 0 {
-		return in(0)
+	case ops.TypeInt64:
+		return int32(TensorProto_INT64)
+	case ops.TypeBool:
+		return int32(TensorProto_BOOL)
 	}
 	return 0
 }

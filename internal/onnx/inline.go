@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+
+	"fp16audit/internal/onnx/ops"
 )
 
 // maxInlineDepth bounds how deep local functions may call each other: a
@@ -222,20 +224,18 @@ func innerName(call, inner string) string {
 	return call + "/" + inner
 }
 
-// layerName is the name of an inlined Conv, ConvTranspose, Gemm or MatMul
-// whose weight is a parameter of a module inside the call's
-// ("blocks.1.fc2.weight" in a call of blocks.1): "/blocks/blocks.1/fc2/
-// Block.<node>", so that the layer takes its own module path, as exported
-// flat, where a TorchScript function's body names none. Other nodes keep
-// name.
+// layerName is the name of an inlined layer (ops.Linear: MatMul, Gemm,
+// Conv, ConvTranspose) whose weight is a parameter of a module inside the
+// call's ("blocks.1.fc2.weight" in a call of blocks.1): "/blocks/blocks.1/
+// fc2/Block.<node>", so that the layer takes its own module path, as
+// exported flat, where a TorchScript function's body names none. Other
+// nodes keep name.
 func layerName(n *NodeProto, call, inner, name string) string {
 	i := strings.LastIndex(call, "/")
 	if !strings.HasPrefix(call, "/") || i <= 0 || len(n.GetInput()) < 2 {
 		return name
 	}
-	switch n.GetOpType() {
-	case "Conv", "ConvTranspose", "Gemm", "MatMul":
-	default:
+	if !ops.Lookup(ops.Default, n.GetOpType()).Is(ops.Linear) {
 		return name
 	}
 	w, ok := strings.CutSuffix(n.GetInput()[1], ".weight")

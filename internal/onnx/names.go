@@ -3,6 +3,8 @@ package onnx
 import (
 	"fmt"
 	"strings"
+
+	"fp16audit/internal/onnx/ops"
 )
 
 // Metadata keys the dynamo exporter (torch.onnx.export(dynamo=True)) writes
@@ -126,8 +128,15 @@ func fusedConvModule(n *NodeProto, classes []string) string {
 	return ""
 }
 
+// isFusable reports whether n is a layer with a bias input (Conv,
+// ConvTranspose, Gemm: ops.Op.BiasInput), into which the dynamo
+// exporter's optimizer folds a BatchNorm after it.
 func isFusable(n *NodeProto) bool {
-	return IsDefaultDomain(n.Domain) && (n.OpType == "Conv" || n.OpType == "ConvTranspose" || n.OpType == "Gemm")
+	if !IsDefaultDomain(n.Domain) {
+		return false
+	}
+	o := ops.Lookup(ops.Default, n.OpType)
+	return o != nil && o.BiasInput > 0
 }
 
 // FusedBatchNorm reports whether n is a Conv, ConvTranspose or Gemm into

@@ -1,6 +1,10 @@
 package onnx
 
-import "slices"
+import (
+	"slices"
+
+	"fp16audit/internal/onnx/ops"
+)
 
 // Selections are the values of a graph that a data-dependent choice made:
 // which boxes NonMaxSuppression keeps, which entries TopK, ArgMax or a sort
@@ -21,30 +25,38 @@ type Selections struct {
 	Ranked []string
 }
 
-// choosers maps an op that chooses to the input slots whose values it
-// ranks; every output of such an op is chosen.
-var choosers = map[string][]int{
-	"NonMaxSuppression": {0, 1},
-	"TopK":              {0},
-	"ArgMax":            {0},
-	"ArgMin":            {0},
-	"Unique":            {0},
-	"NonZero":           {0},
-	"Compress":          {0, 1},
+// The ops that choose, the slots whose values they rank, and the ops that
+// read their data at indices are facts of their entries in
+// internal/onnx/ops (Op.Chooses, Op.GathersAt).
+
+// chooser returns the entry of a default-domain op that chooses, nil for
+// the others.
+func chooser(opType string) *ops.Op {
+	if o := ops.Lookup(ops.Default, opType); o != nil && o.Chooses != nil {
+		return o
+	}
+	return nil
 }
 
-// gathers maps an op that reads its data at indices to its index slot:
-// with chosen indices, its data slot 0 is ranked and its outputs chosen.
-var gathers = map[string]int{
-	"Gather": 1, "GatherND": 1, "GatherElements": 1, "Slice": 1,
+// gathersAt returns the index slot of a default-domain op that reads its
+// data (input 0) at indices, 0 for the others.
+func gathersAt(n *NodeProto) int {
+	if !IsDefaultDomain(n.Domain) {
+		return 0
+	}
+	if o := ops.Lookup(ops.Default, n.OpType); o != nil {
+		return o.GathersAt
+	}
+	return 0
 }
 
-// conditionOps are the comparisons (and logic on them) a NonZero or
-// Compress condition is built from: the floats they compare are what the
+// conditionOp reports whether an op is one a NonZero or Compress
+// condition is built from: a comparison or logic on its results (a bool
+// output), or a Cast of one. The floats such ops compare are what the
 // condition ranks.
-var conditionOps = map[string]bool{
-	"Greater": true, "GreaterOrEqual": true, "Less": true, "LessOrEqual": true, "Equal": true,
-	"Not": true, "And": true, "Or": true, "Xor": true, "Cast": true, "IsNaN": true, "IsInf": true,
+func conditionOp(opType string) bool {
+	o := ops.Lookup(ops.Default, opType)
+	return o != nil && o.Type == ops.TypeBool || opType == "Cast"
 }
 
 // FindSelections walks the graph in topological order and returns the
@@ -69,9 +81,9 @@ func FindSelections(ix *Index) *Selections {
 	for _, i := range ix.Order() {
 		n := g.Node[i]
 		chosen := false
-		if slots, ok := choosers[n.OpType]; ok && IsDefaultDomain(n.Domain) {
+		if c := chooser(n.OpType); c != nil && IsDefaultDomain(n.Domain) {
 			chosen = true
-			for _, k := range slots {
+			for _, k := range c.Chooses {
 				if k < len(n.Input) {
 					s.rankCondition(ix, n.Input[k], rank, 0)
 				}
@@ -80,7 +92,7 @@ func FindSelections(ix *Index) *Selections {
 		if (n.OpType == "Loop" || n.OpType == "Scan") && bodyChooses(n) {
 			chosen = true
 		}
-		if k, ok := gathers[n.OpType]; ok && IsDefaultDomain(n.Domain) && slices.ContainsFunc(n.Input[min(k, len(n.Input)):], func(v string) bool { return s.Chosen[v] }) {
+		if k := gathersAt(n); k > 0 && slices.ContainsFunc(n.Input[min(k, len(n.Input)):], func(v string) bool { return s.Chosen[v] }) {
 			chosen = true
 			rank(n.Input[0])
 		}
@@ -117,7 +129,7 @@ func (s *Selections) rankCondition(ix *Index, v string, rank func(string), depth
 		return
 	}
 	n := ix.Graph().Node[p]
-	if !conditionOps[n.OpType] {
+	if !conditionOp(n.OpType) {
 		return
 	}
 	for _, in := range n.Input {
@@ -136,7 +148,7 @@ func bodyChooses(n *NodeProto) bool {
 				continue
 			}
 			for _, b := range sg.Node {
-				if _, ok := choosers[b.OpType]; ok || bodyChooses(b) {
+				if chooser(b.OpType) != nil || bodyChooses(b) {
 					return true
 				}
 			}
@@ -147,8 +159,9 @@ func bodyChooses(n *NodeProto) bool {
 
 // ClassScores reports whether the last axis of value v holds class scores
 // by the model's meaning: v (through activations, softmax and shape ops
-// that keep the last axis) comes from a Gemm or MatMul, whose last axis is
-// its output features, or from a Softmax or LogSoftmax. Values a Concat
+// that keep the last axis: ops.KeepsScores, and biases and scales:
+// ops.Affine) comes from a Gemm or MatMul, whose last axis is its output
+// features, or from a Softmax or LogSoftmax (ops.Scores). Values a Concat
 // assembles (box coordinates, anchors) and chosen values are not.
 func ClassScores(ix *Index, sel *Selections, v string) bool {
 	g := ix.Graph()
@@ -161,13 +174,13 @@ func ClassScores(ix *Index, sel *Selections, v string) bool {
 			return false
 		}
 		n := g.Node[p]
-		switch n.OpType {
-		case "Gemm", "MatMul", "Softmax", "LogSoftmax":
+		o := ops.Lookup(ops.Default, n.OpType)
+		switch {
+		case o.Is(ops.Scores):
 			return true
-		case "Identity", "Cast", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Gelu", "Neg",
-			"Flatten", "Squeeze", "Unsqueeze", "Dropout":
+		case o.Is(ops.KeepsScores):
 			v = n.Input[0]
-		case "Add", "Sub", "Mul", "Div":
+		case o.Is(ops.Affine):
 			// A bias or a scale: follow the operand that is computed.
 			if len(n.Input) < 2 || ix.IsInitializer(n.Input[0]) || isConstant(ix, n.Input[0]) {
 				v = n.Input[len(n.Input)-1]

@@ -333,15 +333,10 @@ func (s *assigner) onlyBatchNormParam(name string) bool {
 	return len(uses) > 0
 }
 
-// promotingOps are the ops whose operands PyTorch brings to one type:
-// where a 16-bit tensor meets a float32 one in the traced model, the
-// exporter writes the promotion as a Cast to FLOAT of the 16-bit operand.
-var promotingOps = toSet([]string{"Add", "Sub", "Mul", "Div", "Where", "Max", "Min", "Sum", "Mean", "Concat"})
-
 // promotionCast reports whether Cast node i (to FLOAT) is the exporter's
 // type promotion rather than the model's own .float(): its input is 16-bit
-// in the traced graph, and every reader is a promoting op that also reads
-// a float32 tensor. PyTorch promoted there because the other operand was
+// in the traced graph, and every reader is a promoting op
+// (ops.TypePromotes) that also reads a float32 tensor. PyTorch promoted there because the other operand was
 // float32 when the model was traced (autocast off); under a policy that
 // holds that operand in 16 bits too, the eager op runs in 16 bits, so the
 // cast follows its input and the reader promotes by the policy's types.
@@ -366,7 +361,7 @@ func (s *assigner) promotionCast(i int) bool {
 	uses := s.consumers[out]
 	for _, u := range uses {
 		c := s.g.Node[u.node]
-		if !onnx.IsDefaultDomain(c.Domain) || !promotingOps[c.OpType] {
+		if !onnx.IsDefaultDomain(c.Domain) || !ops.Lookup(ops.Default, c.OpType).Is(ops.TypePromotes) {
 			return false
 		}
 		fp32 := false
@@ -425,9 +420,11 @@ func (s *assigner) zeroDim(name string) bool {
 
 // markShape records whether node i's outputs are computed from shapes and
 // constants alone: Shape and Size, data movement whose data input is such
-// a value (Gather of a shape, Cast, Unsqueeze...), and arithmetic whose
-// every operand is such a value or a one-element constant. A Slice of a
-// weight with bounds from a shape is a tensor, not a number.
+// a value (Gather of a shape, Cast, Unsqueeze...: ops.ShapeMove), and
+// arithmetic whose every operand is such a value or a one-element
+// constant (ops.ShapeArith). A Slice of a weight with bounds from a shape
+// is a tensor, not a number; tensor factories such as ConstantOfShape,
+// Expand and Range make tensors of those sizes.
 func (s *assigner) markShape(i int) {
 	n := s.g.Node[i]
 	if !onnx.IsDefaultDomain(n.Domain) {
@@ -436,9 +433,9 @@ func (s *assigner) markShape(i int) {
 	from := n.OpType == "Shape" || n.OpType == "Size"
 	switch {
 	case from:
-	case shapeMove[n.OpType]:
+	case ops.Lookup(ops.Default, n.OpType).Is(ops.ShapeMove):
 		from = len(n.Input) > 0 && s.fromShape[n.Input[0]]
-	case shapeArith[n.OpType]:
+	case ops.Lookup(ops.Default, n.OpType).Is(ops.ShapeArith):
 		for _, in := range n.Input {
 			switch t := s.consts[in]; {
 			case in == "":
@@ -458,15 +455,6 @@ func (s *assigner) markShape(i int) {
 		}
 	}
 }
-
-// shapeMove and shapeArith are the ops through which arithmetic on shapes
-// stays Python arithmetic on numbers; tensor factories such as
-// ConstantOfShape, Expand and Range make tensors of those sizes instead.
-var (
-	shapeMove = toSet([]string{"Gather", "Cast", "Identity", "Squeeze", "Unsqueeze", "Slice", "Reshape",
-		"ReduceProd", "Sqrt", "Reciprocal", "Neg", "Floor", "Ceil"})
-	shapeArith = toSet([]string{"Mul", "Div", "Add", "Sub", "Pow", "Min", "Max", "Mod", "Concat"})
-)
 
 func tensorLen(t *onnx.TensorProto) int64 {
 	n := int64(1)
@@ -901,7 +889,7 @@ func (s *assigner) linearBias(n *onnx.NodeProto) int {
 			continue
 		}
 		p := s.g.Node[pi]
-		if !onnx.IsStandardDomain(p.Domain) || !linearOps[p.OpType] || len(s.consumers[mm]) != 1 {
+		if !onnx.IsStandardDomain(p.Domain) || !ops.Lookup(ops.Default, p.OpType).Is(ops.Linear) || len(s.consumers[mm]) != 1 {
 			continue
 		}
 		if t := s.consts[bias]; t != nil && len(t.Dims) == 1 {
@@ -942,11 +930,6 @@ func (s *assigner) isRsqrtSqrt(n *onnx.NodeProto) bool {
 	return len(uses) > 0
 }
 
-var (
-	// linearOps are the ops whose output a Linear bias split is added to.
-	linearOps = toSet([]string{"MatMul", "Gemm", "Conv", "ConvTranspose"})
-)
-
 // DataSlot reports whether input slot j of an op of type opType takes part
 // in type promotion: every input does, except the parameters after the
 // leading data inputs of Resize, Upsample, Dropout and the normalization
@@ -957,7 +940,7 @@ func DataSlot(opType string, j int) bool {
 	return k == 0 || j < k
 }
 
-// dataInputs is the row's DataInputs of an op of the default domain: how
+// dataInputs is the entry's DataInputs of an op of the default domain: how
 // many leading inputs take part in type promotion (0: all).
 func dataInputs(opType string) int {
 	if o := ops.Lookup(ops.Default, opType); o != nil {

@@ -2,11 +2,11 @@ package precision
 
 import "fp16audit/internal/onnx/ops"
 
-// The ops fp16audit knows, and the autocast list each is on, are rows of
-// internal/onnx/ops (its table.go): one row per op for every stage. This
-// file reads them as the policy's Categories.
+// The ops fp16audit knows, and the autocast list each is on, are entries
+// of the registry internal/onnx/ops: one entry per op for every stage.
+// This file reads them as the policy's Categories.
 
-// autocastCategory maps a row's autocast list to the policy's category.
+// autocastCategory maps an entry's autocast list to the policy's category.
 var autocastCategory = map[ops.Autocast]Category{
 	ops.Lower:   LowerPrecision,
 	ops.FP32:    AlwaysFP32,
@@ -27,11 +27,3 @@ func autocastList(opType string) (Category, bool) {
 // isStandard reports whether an op belongs to the ONNX standard (ai.onnx or
 // ai.onnx.ml), whose semantics fp16audit knows.
 func isStandard(domain, opType string) bool { return ops.Standard(domain, opType) }
-
-func toSet(names []string) map[string]bool {
-	m := make(map[string]bool, len(names))
-	for _, n := range names {
-		m[n] = true
-	}
-	return m
-}

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 )
 
 // Precision is the floating-point format a value is held in or an op
@@ -218,8 +219,9 @@ func IsLowerPrecisionOp(domain, opType string) bool {
 //
 // Under autocast-fp16 and autocast-bf16 the op lists of DESIGN.md apply and
 // every other op follows its inputs. Under half every op follows its inputs,
-// which are all fp16 there, except BatchNormalization: fastai keeps
-// BatchNorm layers in fp32, so it computes in fp32. Under fp32 every op
+// which are all fp16 there, except BatchNormalization (its entry's
+// HalfFP32): fastai keeps BatchNorm layers in fp32, so it computes in
+// fp32. Under fp32 every op
 // follows its inputs. Assign refines these categories with the few
 // per-node rules a category cannot express (Cast, Constant, BatchNorm
 // outputs, Linear biases, rsqrt); see Assign.
@@ -236,7 +238,7 @@ func (p *Policy) Category(domain, opType string) (cat Category, known bool) {
 			return c, true
 		}
 	case kindHalf:
-		if opType == "BatchNormalization" {
+		if o := ops.Lookup(ops.Default, opType); o != nil && o.HalfFP32 {
 			return AlwaysFP32, true
 		}
 	}

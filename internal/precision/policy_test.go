@@ -144,8 +144,8 @@ func TestCategoryUnknown(t *testing.T) {
 	}
 }
 
-// TestAutocastCategories: the policy reads every autocast row of the op
-// table as its category, under both autocast policies, and nothing else
+// TestAutocastCategories: the policy reads every autocast entry of the op
+// registry as its category, under both autocast policies, and nothing else
 // moves an op of the default domain off FollowInputs there.
 func TestAutocastCategories(t *testing.T) {
 	want := map[ops.Autocast]Category{ops.Follow: FollowInputs, ops.Lower: LowerPrecision, ops.FP32: AlwaysFP32, ops.Promote: Promote}
@@ -159,7 +159,7 @@ func TestAutocastCategories(t *testing.T) {
 				continue
 			}
 			if c, known := p.Category("", o.Name); !known || c != want[o.Autocast] {
-				t.Errorf("%s: %s is %v (known %v), its row says %v", name, o.Name, c, known, want[o.Autocast])
+				t.Errorf("%s: %s is %v (known %v), its entry says %v", name, o.Name, c, known, want[o.Autocast])
 			}
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"fp16audit/internal/grad"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 )
@@ -278,11 +279,19 @@ func siteKind(ix *onnx.Index, n *onnx.NodeProto, slot int) string {
 	switch {
 	case !param:
 		return "input"
-	case slot == 2 && (n.OpType == "Conv" || n.OpType == "Gemm" || n.OpType == "ConvTranspose"),
-		n.OpType == "Add" || n.OpType == "Sub": // the exporter's split Linear bias
+	case slot == biasInput(n), n.OpType == "Add" || n.OpType == "Sub": // a layer's bias, or the exporter's split Linear bias
 		return "bias"
 	}
 	return "weight"
+}
+
+// biasInput is the input slot of n's bias when it is a layer with one
+// (ops.Op.BiasInput: Conv's, Gemm's C), -1 otherwise.
+func biasInput(n *onnx.NodeProto) int {
+	if o := ops.Lookup(ops.Default, n.OpType); o != nil && o.BiasInput > 0 {
+		return o.BiasInput
+	}
+	return -1
 }
 
 func precOf(p precision.Precision) string { return p.String() }

@@ -200,7 +200,7 @@ func tensorOfValue(name string, v *ortcapi.Value) (*tensor.Tensor, error) {
 // A forward pass that ran a batch in parts recorded shapes extrapolated
 // from runs of one and two samples, right only for shapes that scale with
 // the batch; an op whose output shapes depend on the values of its inputs
-// (its row's DataShaped in internal/onnx/ops) leaves the graph to the
+// (its entry's DataShaped in internal/onnx/ops) leaves the graph to the
 // probe, which runs the whole batch. (Values of integer type, which the
 // passes do not observe, already do.)
 

@@ -27,7 +27,7 @@ type Facts struct {
 }
 
 // ParamInputs returns the input slots of an op type that the rules read as
-// fixed parameters rather than as data (its row's ParamInputs in
+// fixed parameters rather than as data (its entry's ParamInputs in
 // internal/onnx/ops): a probe records their contents when they are
 // computed at run time.
 func ParamInputs(opType string) []int {

@@ -34,9 +34,9 @@ type call struct {
 // vjp is a rule: the vector–Jacobian product of one op type.
 type rule func(c *call) error
 
-// families are the gradient rules by the name an op's row in
+// families are the gradient rules by the name an op's entry in
 // internal/onnx/ops gives as its Grad ("unary", "conv", …); rules maps the
-// op types of the default domain to theirs, built from the table once
+// op types of the default domain to theirs, built from the registry once
 // every file's family is in.
 var (
 	families  = map[string]rule{}
@@ -44,7 +44,7 @@ var (
 	rulesOnce sync.Once
 )
 
-// family registers the rule that the ops whose row names it get.
+// family registers the rule that the ops whose entry names it get.
 func family(name string, r rule) { families[name] = r }
 
 // ruleOf returns the rule of an op type of the default domain.
@@ -57,7 +57,7 @@ func ruleOf(opType string) (rule, bool) {
 			}
 			r, ok := families[o.Grad]
 			if !ok {
-				panic(fmt.Sprintf("vjp: the row of %s names the gradient rule %q, which package vjp does not have", o.Name, o.Grad))
+				panic(fmt.Sprintf("vjp: the entry of %s names the gradient rule %q, which package vjp does not have", o.Name, o.Grad))
 			}
 			rules[o.Name] = r
 		}

@@ -1,22 +1,31 @@
-// Package ops is what fp16audit knows about each ONNX operator, one row
-// per op (table.go): the CUDA autocast list of the aten op it comes from,
-// which inputs take part in type promotion, its output types, the shape
-// rule family shapes.Infer applies, the gradient rule package vjp emits
-// for it (or that it passes no gradient), whether it draws random numbers,
-// runs subgraphs, has data-dependent shapes or carries an epsilon
-// attribute. The packages that act on these facts (precision, shapes,
-// onnx, vjp, grad, lint, statsop, diagnose, execute/backward, conformance)
-// read them here instead of keeping lists of their own, so a new
-// operator, or a new opset's form of one, is a row of the table and the
-// tests that run it: ops_test.go here, shapes' TestTableShapes (every row
-// with a shape family against ONNX Runtime) and grad's TestTableGradients
-// (every row with a gradient rule has a central-difference case). Code
-// particular to one op (a shape rule of its own, a gradient rule family)
-// stays where its stage keeps its code; the row names it.
+// Package ops is the registry of what fp16audit knows about each ONNX
+// operator: one entry per op, in the file of its family (math.go,
+// logic.go, activation.go, nn.go, shape.go, reduce.go, selection.go,
+// opset23.go, control.go, random.go, quant.go, signal.go, ml.go,
+// contrib.go). An entry holds the CUDA autocast list of the aten op it
+// comes from, which inputs take part in type promotion, its output
+// types, the shape rule shapes.Infer applies and the gradient rule
+// package vjp emits for it (by name), whether it chooses (a selection)
+// or gathers at chosen indices, whether it draws random numbers, runs
+// subgraphs, has data-dependent shapes or carries an epsilon attribute,
+// the constant a PyTorch fill writes through it, and its roles in the
+// analyses that follow a value through a graph (Role). The packages that
+// act on these facts (onnx, shapes, precision, rewrite, vjp, grad, lint,
+// statsop, diagnose, batch, execute/backward, conformance, audit) ask
+// the registry instead of keeping lists of their own, so a new operator,
+// or a new opset's form of one, is an entry and the tests that run it:
+// ops_test.go here (every op the fixtures' exports use is registered;
+// every rule an entry names exists), shapes' TestTableShapes (every
+// entry with a generic shape rule against ONNX Runtime) and grad's
+// TestTableGradients (every entry with a gradient rule against central
+// differences). Code particular to one op (a shape rule, a gradient
+// rule) stays where its stage keeps its code; the entry names it.
 //
 // The package is data: it imports nothing of the project, so every stage
 // may read it.
 package ops
+
+import "slices"
 
 // Autocast is the CUDA autocast list an op's aten counterpart is on
 // (aten/src/ATen/autocast_mode.h, PyTorch 2.x), as DESIGN.md translates
@@ -36,20 +45,31 @@ const (
 	Promote
 )
 
-// Shape is the family of shape rules an op's outputs follow.
-type Shape int
+// Type is how the element type of an op's outputs follows from its
+// inputs and attributes: what an index infers for a value the model does
+// not declare.
+type Type int
 
 const (
-	// ShapeOwn: shapes.Infer has a rule of its own for the op, or none.
-	ShapeOwn Shape = iota
-	// ShapeUnary: every output has the first input's shape (Dropout's
-	// mask too).
-	ShapeUnary
-	// ShapeBroadcast: the numpy broadcast of every input's shape.
-	ShapeBroadcast
-	// ShapeReduce: the first input reduced over axes (attribute or input),
-	// keepdims as the attribute says.
-	ShapeReduce
+	// TypeUnknown: not inferred.
+	TypeUnknown Type = iota
+	// TypeInput: the first output has the first input's type (the index
+	// outputs have IndexType).
+	TypeInput
+	// TypeInputAll: every output has the first input's type (Split).
+	TypeInputAll
+	// TypeSecond: every output has the second input's type (CastLike's
+	// target, Where's values, DequantizeLinear's scale).
+	TypeSecond
+	// TypeTo: every output has the type the "to" attribute names (Cast).
+	TypeTo
+	// TypeValue: every output has the type of the "value" attribute's
+	// tensor, float without one (ConstantOfShape).
+	TypeValue
+	// TypeInt64: every output holds int64 (shapes, sizes, indices).
+	TypeInt64
+	// TypeBool: every output holds bool (comparisons and logic).
+	TypeBool
 )
 
 // NoGrad is Op.Grad for ops whose float outputs carry no gradient back to
@@ -57,7 +77,7 @@ const (
 // generators and rounding steps (zero derivative almost everywhere).
 const NoGrad = "-"
 
-// Domains of the rows.
+// Domains of the entries.
 const (
 	// Default is ai.onnx, written "" in a model.
 	Default = ""
@@ -67,7 +87,55 @@ const (
 	Microsoft = "com.microsoft"
 )
 
-// Op is one operator's row.
+// Role is a set of facts about what an op does with the values it reads,
+// for the analyses that follow a value through a graph. Each bit names
+// the analysis that reads it.
+type Role uint32
+
+const (
+	// PassThrough: hands its first input's values on unchanged,
+	// reshaped, broadcast, transposed or converted (Identity, Cast, the
+	// reshapes, Expand): a constant read through it is still that
+	// constant (diagnose), an index still that index (batch).
+	PassThrough Role = 1 << iota
+	// CarriesInf: hands infinities on without making new ones from
+	// finite values: it moves, selects, broadcasts, adds or takes
+	// extrema of values (or fills them: ConstantOfShape). An additive
+	// -inf mask crosses it; an op without it that reads the mask
+	// (Softmax, Exp, MatMul) is where a NaN the mask causes starts
+	// (diagnose's deliberate infinities).
+	CarriesInf
+	// Tail: may follow a model's final layer without making it an inner
+	// one: a shape op, an activation, softmax, a cast, the Linear bias
+	// (diagnose's oversized logits).
+	Tail
+	// Scores: its output's last axis holds class scores: a Linear's
+	// output features, softmax's classes (onnx.ClassScores).
+	Scores
+	// KeepsScores: its first input's last axis keeps its meaning in its
+	// output (elementwise activations, casts, reshapes that keep the
+	// last axis: onnx.ClassScores follows them).
+	KeepsScores
+	// Affine: adds a bias to or scales its computed operand, whose
+	// meaning the output keeps (onnx.ClassScores).
+	Affine
+	// TypePromotes: PyTorch brings its operands to one type, so an
+	// exporter tracing a 16-bit operand beside a float32 one writes a
+	// Cast to FLOAT before it (precision's promotion casts).
+	TypePromotes
+	// ShapeMove and ShapeArith: applied to values computed from a shape
+	// (ShapeMove: to its data input; ShapeArith: to operands that are
+	// such values or one-element constants), the result is still a
+	// number Python computed, not a tensor (precision's shape values).
+	ShapeMove
+	ShapeArith
+	// Linear: a matrix product or convolution with its weight in input
+	// 1, the layer whose output a Linear's split bias is added to
+	// (precision, onnx's names of inlined layers).
+	Linear
+)
+
+// Op is one operator's entry.
 type Op struct {
 	Name string
 	// Domain is Default, ML or Microsoft (ops fp16audit meets in exports
@@ -82,21 +150,27 @@ type Op struct {
 	// FloatFactory: makes floats from nothing when no dtype attribute says
 	// otherwise (ConstantOfShape, RandomNormal, the windows).
 	FloatFactory bool
-	// SameType: the first output has the first input's element type.
-	SameType bool
+	// Type is how its outputs' element types follow from its inputs.
+	Type Type
 	// NonFloat: no float outputs whatever the inputs (comparisons, shape
 	// queries, integer and quantized kernels); IndexOutputs are the index
-	// and mask outputs of an op whose others are float (TopK's indices).
+	// and mask outputs of an op whose others are float (TopK's indices),
+	// of type IndexType where it is known.
 	NonFloat     bool
 	IndexOutputs []int
+	IndexType    Type
 	// Subgraphs: runs graphs of its own (If, Loop, Scan, SequenceMap),
 	// which read the enclosing scope.
 	Subgraphs bool
 	// DataShaped: an output's shape depends on the values of the inputs
 	// (NonZero, Compress, Unique, Range), not on their shapes alone.
 	DataShaped bool
-	// Shape is the op's shape rule family.
-	Shape Shape
+	// Shape names the shape rule package shapes registers for the op
+	// ("unary": every output the first input's shape; "broadcast": the
+	// numpy broadcast of its inputs; "reduce": the first input reduced
+	// over its axes; or a rule of the op's own: "matmul", "window", …);
+	// "" for none (the memory plan asks ONNX Runtime).
+	Shape string
 	// Grad names the gradient rule package vjp registers for the op
 	// ("unary", "arith", "conv", …), NoGrad, or "" for none (the backward
 	// reports the op by name and stops there).
@@ -105,6 +179,9 @@ type Op struct {
 	// parameters rather than data (a Slice's starts and ends): a probe
 	// records their contents when they are computed at run time.
 	ParamInputs []int
+	// Role is what the op does with the values it reads, for the
+	// analyses that follow a value (see the Role bits).
+	Role Role
 	// Random: draws random numbers, so two copies of a node differ.
 	Random bool
 	// Epsilon: a normalization with an epsilon attribute.
@@ -115,9 +192,45 @@ type Op struct {
 	// compute in fp16 whatever it is fed. (Matmuls and convolutions do
 	// the same; autocast's lower-precision list already names them.)
 	HalfWeights bool
+	// HalfFP32: fastai's model.half() keeps its layers in fp32
+	// (BatchNorm), so under the half policy it computes in fp32.
+	HalfFP32 bool
+	// BiasInput, when not 0, is the input slot of the layer's bias
+	// (Conv's, Gemm's C): where the dynamo exporter folds a following
+	// BatchNorm's shift.
+	BiasInput int
+	// Chooses, when not nil, makes the op a data-dependent selection: the
+	// input slots whose values it ranks (TopK's scores, NMS's boxes and
+	// scores); every output is chosen (onnx.FindSelections).
+	Chooses []int
+	// GathersAt, when not 0, is the first input slot that says where the
+	// op reads its data (input 0): Gather's indices, Slice's starts.
+	// With chosen values there, its data is ranked and its outputs
+	// chosen.
+	GathersAt int
+	// Fill names the PyTorch call that exports as this op when it writes
+	// a constant into a tensor (masked_fill as Where, index_put_ as
+	// ScatterND, torch.full as ConstantOfShape); PyTorch raises when the
+	// constant is beyond the tensor's dtype. FillInputs are the slots
+	// holding the written value; nil: any (an attribute).
+	Fill       string
+	FillInputs []int
 }
 
-// byName holds the rows of each op type, one per domain.
+// Is reports whether o has every role in r; a nil o (an op without an
+// entry) has none.
+func (o *Op) Is(r Role) bool { return o != nil && o.Role&r == r }
+
+// table holds every entry: the ONNX standard's (ai.onnx up to opset 24,
+// deprecated ops included because old exports still use them; ai.onnx.ml,
+// none of which exists in PyTorch, so they all follow their inputs),
+// then the contrib ops exporters write. A fact an entry leaves out is
+// the zero value: on no autocast list, every input promotes, no shape
+// rule, no gradient rule, no role.
+var table = slices.Concat(mathOps, logicOps, activationOps, nnOps, shapeOps, reduceOps, selectionOps,
+	opset23Ops, controlOps, randomOps, quantOps, signalOps, mlOps, contribOps)
+
+// byName holds the entries of each op type, one per domain.
 var byName = map[string][]*Op{}
 
 func init() {
@@ -127,8 +240,8 @@ func init() {
 	}
 }
 
-// Lookup returns the row of op type opType in domain ("" or "ai.onnx" is
-// the default domain), nil when fp16audit has none.
+// Lookup returns the entry of op type opType in domain ("" or "ai.onnx"
+// is the default domain), nil when fp16audit has none.
 func Lookup(domain, opType string) *Op {
 	if domain == "ai.onnx" {
 		domain = Default
@@ -148,17 +261,17 @@ func Standard(domain, opType string) bool {
 	return o != nil && (o.Domain == Default || o.Domain == ML)
 }
 
-// All returns every row, in the table's order.
+// All returns every entry, family by family.
 func All() []Op { return append([]Op(nil), table...) }
 
-// Random reports whether an op draws random numbers (its row's Random).
+// Random reports whether an op draws random numbers (its entry's Random).
 func Random(domain, opType string) bool {
 	o := Lookup(domain, opType)
 	return o != nil && o.Random
 }
 
 // Epsilon reports whether an op is a normalization with an epsilon
-// attribute (its row's Epsilon).
+// attribute (its entry's Epsilon).
 func Epsilon(domain, opType string) bool {
 	o := Lookup(domain, opType)
 	return o != nil && o.Epsilon

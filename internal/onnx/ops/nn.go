@@ -1,0 +1,40 @@
+package ops
+
+// nnOps are the layers: matrix products and convolutions, pooling, the
+// normalizations, the recurrent cells, dropout, resampling and the
+// losses. The transformer ops of opset 23 are in opset23.go.
+var nnOps = []Op{
+	{Name: "AffineGrid"},
+	{Name: "AveragePool", Type: TypeInput, Shape: "window", Grad: "avgPool"},
+	{Name: "BatchNormalization", DataInputs: 1, Type: TypeInput, Shape: "batchNorm", Grad: "batchNorm", Epsilon: true, HalfFP32: true},
+	{Name: "Col2Im"},
+	{Name: "Conv", Autocast: Lower, Type: TypeInput, Shape: "window", Grad: "conv", Role: Linear, BiasInput: 2},
+	{Name: "ConvTranspose", Autocast: Lower, Type: TypeInput, Shape: "convTranspose", Role: Linear, BiasInput: 2},
+	{Name: "DeformConv"},
+	{Name: "Dropout", DataInputs: 1, Type: TypeInput, IndexOutputs: []int{1}, IndexType: TypeBool, Shape: "dropout", Grad: "dropout", ParamInputs: []int{1, 2}, Role: Tail | KeepsScores},
+	{Name: "Einsum", Autocast: Lower, Type: TypeInput},
+	{Name: "GRU", Autocast: Lower},
+	{Name: "Gemm", Autocast: Lower, Type: TypeInput, Shape: "gemm", Grad: "gemm", Role: Scores | Linear, BiasInput: 2},
+	{Name: "GlobalAveragePool", Type: TypeInput, Shape: "globalPool", Grad: "globalPool"},
+	{Name: "GlobalLpPool", Type: TypeInput, Shape: "globalPool"},
+	{Name: "GlobalMaxPool", Type: TypeInput, Shape: "globalPool", Grad: "globalPool"},
+	{Name: "GridSample", Autocast: Promote},
+	{Name: "GroupNormalization", Autocast: FP32, DataInputs: 1, Type: TypeInput, Shape: "unary", Epsilon: true, HalfWeights: true},
+	{Name: "InstanceNormalization", DataInputs: 1, Type: TypeInput, Shape: "unary", Epsilon: true},
+	{Name: "LRN", Type: TypeInput},
+	{Name: "LSTM", Autocast: Lower},
+	{Name: "LayerNormalization", Autocast: FP32, DataInputs: 1, Type: TypeInput, Shape: "unary", Grad: "layerNorm", Epsilon: true, HalfWeights: true},
+	{Name: "LpNormalization", Autocast: FP32, Type: TypeInput, Shape: "unary"},
+	{Name: "LpPool", Type: TypeInput, Shape: "window"},
+	{Name: "MatMul", Autocast: Lower, Type: TypeInput, Shape: "matmul", Grad: "matmul", Role: Scores | Linear},
+	{Name: "MaxPool", Type: TypeInput, IndexOutputs: []int{1}, IndexType: TypeInt64, Shape: "window", Grad: "maxPool"},
+	{Name: "MaxRoiPool"},
+	{Name: "MaxUnpool"},
+	{Name: "MeanVarianceNormalization", Type: TypeInput},
+	{Name: "NegativeLogLikelihoodLoss", Autocast: FP32},
+	{Name: "RNN", Autocast: Lower},
+	{Name: "Resize", Autocast: FP32, DataInputs: 1, Type: TypeInput},
+	{Name: "RoiAlign"},
+	{Name: "SoftmaxCrossEntropyLoss", Autocast: FP32},
+	{Name: "Upsample", Autocast: FP32, DataInputs: 1, Type: TypeInput},
+}

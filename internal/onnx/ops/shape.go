@@ -1,0 +1,41 @@
+package ops
+
+// shapeOps move, select and convert values without computing new ones:
+// the reshapes, concatenation and splitting, slicing, gathering and
+// scattering, padding, casts, constants and the shape queries.
+var shapeOps = []Op{
+	{Name: "BitCast"},
+	{Name: "Cast", Type: TypeTo, Shape: "unary", Grad: "cast", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove},
+	{Name: "CastLike", Type: TypeSecond, Shape: "unary", Grad: "cast", Role: PassThrough | CarriesInf},
+	{Name: "CenterCropPad"},
+	{Name: "Concat", Autocast: Promote, Type: TypeInput, Shape: "concat", Grad: "concat", Role: CarriesInf | TypePromotes | ShapeArith},
+	{Name: "Constant", Shape: "constant", Grad: NoGrad},
+	{Name: "ConstantOfShape", Type: TypeValue, FloatFactory: true, Shape: "constantOfShape", Grad: NoGrad, Role: CarriesInf, Fill: "torch.full"},
+	{Name: "DepthToSpace", Type: TypeInput},
+	{Name: "Expand", Type: TypeInput, Shape: "expand", Grad: "expand", Role: PassThrough | CarriesInf},
+	{Name: "EyeLike", Grad: NoGrad},
+	{Name: "Flatten", Type: TypeInput, Shape: "flatten", Grad: "reshapeBack", Role: PassThrough | CarriesInf | Tail | KeepsScores},
+	{Name: "Gather", Type: TypeInput, Shape: "gather", Grad: "gather", Role: CarriesInf | ShapeMove, GathersAt: 1},
+	{Name: "GatherElements", Type: TypeInput, Grad: "gatherElements", Role: CarriesInf, GathersAt: 1},
+	{Name: "GatherND", Type: TypeInput, Grad: "gatherND", GathersAt: 1},
+	{Name: "Identity", Type: TypeInput, Shape: "unary", Grad: "identity", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove},
+	{Name: "OneHot", Grad: NoGrad},
+	{Name: "Pad", Type: TypeInput, Grad: "pad", ParamInputs: []int{1, 3}, Role: CarriesInf},
+	{Name: "Range", Type: TypeInput, Shape: "range", Grad: NoGrad, DataShaped: true},
+	{Name: "Reshape", Type: TypeInput, Shape: "reshape", Grad: "reshapeBack", Role: PassThrough | CarriesInf | Tail | ShapeMove},
+	{Name: "ReverseSequence", Type: TypeInput},
+	{Name: "Scatter", Type: TypeInput},
+	{Name: "ScatterElements", Autocast: Promote, Type: TypeInput, Fill: "index_put_", FillInputs: []int{2}},
+	{Name: "ScatterND", Autocast: Promote, Type: TypeInput, Fill: "index_put_", FillInputs: []int{2}},
+	{Name: "Shape", Type: TypeInt64, NonFloat: true, Shape: "shape", Grad: NoGrad},
+	{Name: "Size", Type: TypeInt64, NonFloat: true, Grad: NoGrad},
+	{Name: "Slice", Type: TypeInput, Shape: "slice", Grad: "sliceBack", ParamInputs: []int{1, 2, 3, 4}, Role: CarriesInf | ShapeMove, GathersAt: 1},
+	{Name: "SpaceToDepth", Type: TypeInput},
+	{Name: "Split", Type: TypeInputAll, Shape: "split", Grad: "split", Role: CarriesInf},
+	{Name: "Squeeze", Type: TypeInput, Shape: "squeeze", Grad: "reshapeBack", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove},
+	{Name: "TensorScatter"},
+	{Name: "Tile", Type: TypeInput, Grad: "tile", ParamInputs: []int{1}, Role: CarriesInf},
+	{Name: "Transpose", Type: TypeInput, Shape: "transpose", Grad: "transposeBack", Role: PassThrough | CarriesInf | Tail},
+	{Name: "Trilu", Type: TypeInput, Shape: "unary", Grad: "trilu", Role: CarriesInf},
+	{Name: "Unsqueeze", Type: TypeInput, Shape: "unsqueeze", Grad: "reshapeBack", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove},
+}
