@@ -165,8 +165,9 @@ var hfKnownWrong = map[string]string{
 // (GPT-2, Llama and Qwen2 with and without a massive activation, Mistral,
 // BERT, RoBERTa and DistilBERT with a padded batch, T5's encoder with and
 // without its feed-forward overflow, ViT, CLIP's vision tower, ConvNeXt,
-// Whisper's encoder, Wav2Vec2; the Llamas at opset 23 too), by verdict
-// and module path.
+// Whisper's encoder, Wav2Vec2; the Llamas at opset 23 too, one called
+// with its positions, where the exporter writes RotaryEmbedding, healthy
+// and with a query beyond fp16 once rotated), by verdict and module path.
 func TestTorchTruthHF(t *testing.T) {
 	torchTruth(t, torchHFCases, hfKnownWrong)
 }

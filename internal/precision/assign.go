@@ -725,7 +725,7 @@ func (s *assigner) halfAsWritten(n *onnx.NodeProto, floatIn []int, np Precision,
 }
 
 // halfWeights reports whether n's op computes in its weights' dtype
-// whatever it is fed (ops.Op.HalfWeights: nn.LayerNorm and its kin).
+// whatever it is fed (ops.Op.HalfWeights: nn.LayerNorm and its kin, RoPE).
 func halfWeights(n *onnx.NodeProto) bool {
 	o := ops.Lookup(n.Domain, n.OpType)
 	return o != nil && o.HalfWeights

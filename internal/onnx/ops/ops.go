@@ -186,11 +186,15 @@ type Op struct {
 	Random bool
 	// Epsilon: a normalization with an epsilon attribute.
 	Epsilon bool
-	// HalfWeights: PyTorch's op refuses an input of another dtype than
-	// its scale and bias (F.layer_norm: "expected scalar type Float but
-	// found Half"), so under model.half() its fp16 weights make it
-	// compute in fp16 whatever it is fed. (Matmuls and convolutions do
-	// the same; autocast's lower-precision list already names them.)
+	// HalfWeights: under model.half() the op computes in fp16 whatever
+	// an fp32 trace feeds it beside its fp16 data. PyTorch's op refuses
+	// an input of another dtype than its scale and bias (F.layer_norm:
+	// "expected scalar type Float but found Half"), or the model casts
+	// what the op reads to its data's dtype (RoPE's cos and sin, which
+	// ONNX's RotaryEmbedding takes in its input's type and Hugging
+	// Face's rotary embedding returns .to(x.dtype), a cast an fp32 trace
+	// drops). (Matmuls and convolutions refuse mixed dtypes too;
+	// autocast's lower-precision list already names them.)
 	HalfWeights bool
 	// HalfFP32: fastai's model.half() keeps its layers in fp32
 	// (BatchNorm), so under the half policy it computes in fp32.
