@@ -83,7 +83,7 @@ func numeric(s string) bool {
 // first appear, and sets each node's Block. main is the policy's emulated
 // pass ("" under fp32); origins are the report's, the ones that reach an
 // output; masked tells the nodes whose values carry a mask rather than
-// computed values (diagnose.Facts.Masked), which set no headroom.
+// computed values (evidence.Facts.Masked), which set no headroom.
 func blockReports(g *onnx.GraphProto, ix *onnx.Index, nodes []report.NodeReport, main string, origins []report.Origin, masked func(int) bool) []report.Block {
 	modules := make([]string, len(nodes))
 	for i, n := range nodes {

@@ -5,11 +5,12 @@ import (
 	"slices"
 	"strings"
 
-	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
 	"fp16audit/internal/execute"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
+	"fp16audit/report"
 )
 
 // --passes values besides the names of the what-if passes.
@@ -52,10 +53,10 @@ type whatIf struct {
 var whatIfPasses = []whatIf{{
 	// bf16: would learn.to_bf16() remove the fp16 pass's overflow? The fix
 	// diagnose reports from it is wanted only when the fp16 pass fails.
-	name: diagnose.PassBF16,
+	name: report.PassBF16,
 	applies: func(a *audit) string {
 		switch {
-		case a.main != diagnose.PassFP16:
+		case a.main != report.PassFP16:
 			return fmt.Sprintf("policy %s emulates no fp16 for bf16 to be the alternative to", a.policy.Name)
 		case !castsToBF16(a.up):
 			return fmt.Sprintf("the model imports ONNX opset %d, and Cast to bfloat16 needs opset 13", defaultOpset(a.up))
@@ -67,7 +68,7 @@ var whatIfPasses = []whatIf{{
 	pass: func(a *audit, ref string) execute.Pass {
 		bp, _ := precision.PolicyByName("autocast-bf16")
 		ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-		return execute.Pass{Name: diagnose.PassBF16, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, ba), Ref: ref}
+		return execute.Pass{Name: report.PassBF16, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, ba), Ref: ref}
 	},
 }, {
 	// as-written: the model without mixed precision, its own half casts
@@ -75,7 +76,7 @@ var whatIfPasses = []whatIf{{
 	// off too? Only then is the model's own cast to blame
 	// (explicit-half-cast); it matters only where the model casts to half
 	// itself and the policy's pass fails.
-	name: diagnose.PassAsWritten,
+	name: report.PassAsWritten,
 	applies: func(a *audit) string {
 		switch {
 		case a.main == "":
@@ -89,7 +90,7 @@ var whatIfPasses = []whatIf{{
 	wanted:  (*audit).mainFails,
 	because: "the model casts to half itself and the policy's pass fails: does it fail without mixed precision too (explicit-half-cast)?",
 	pass: func(a *audit, ref string) execute.Pass {
-		return execute.Pass{Name: diagnose.PassAsWritten, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, diagnose.AsWrittenAssignment(a.static)), Ref: ref}
+		return execute.Pass{Name: report.PassAsWritten, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, evidence.AsWrittenAssignment(a.static)), Ref: ref}
 	},
 }}
 
@@ -141,7 +142,7 @@ func passMode(values []string, name string) int {
 // batches and fp32-broken models fail in fp32 already; no what-if
 // precision can fix them.)
 func (a *audit) mainFails() bool {
-	main, ref := a.passes[a.main], a.passes[diagnose.PassFP32]
+	main, ref := a.passes[a.main], a.passes[report.PassFP32]
 	if main == nil || ref == nil {
 		return false
 	}

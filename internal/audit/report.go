@@ -2,12 +2,15 @@ package audit
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
 	"fp16audit/checks"
 	"fp16audit/internal/batch"
-	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/inputs"
+	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/onnxrt"
@@ -41,13 +44,51 @@ func newReport(m *onnx.Model, policy *precision.Policy, device string, threads i
 	return r
 }
 
-func inputReports(inputs []*diagnose.Input) []report.InputReport {
-	out := make([]report.InputReport, len(inputs))
-	for i, in := range inputs {
+// inputReports are the inputs' part of the report, with the statistics
+// of every float input.
+func inputReports(ins []*inputs.Input) []report.InputReport {
+	out := make([]report.InputReport, len(ins))
+	for i, in := range ins {
 		out[i] = in.Report()
+		if in.Float() {
+			out[i].Stats[report.PassFP32] = statsReport(in.Stats, nil)
+		}
 	}
 	return out
 }
+
+// statsReport is the report's form of the statistics of one value in one
+// pass and, for an emulated pass, of its comparison with fp32 (d may be
+// nil). Magnitudes that would be infinite are left out.
+func statsReport(s observe.Stats, d *observe.Diff) report.StatsReport {
+	r := report.StatsReport{
+		Count: s.Count, Finite: s.Finite, ArgMaxBatch: s.ArgMaxBatch, ArgMax: s.ArgMax,
+		NaN: s.NaN, PosInf: s.PosInf, NegInf: s.NegInf, Zeros: s.Zeros,
+		AboveFP16Max: s.AboveFP16Max, FP16Subnormal: s.FP16Subnormal, FP16Flush: s.FP16Flush,
+	}
+	if s.Finite > 0 {
+		r.MaxAbs, r.Mean, r.RMS = ptr(float64(s.MaxAbs)), ptr(s.Mean()), ptr(s.RMS())
+	}
+	if s.MinNonzero != 0 {
+		r.MinNonzero = ptr(float64(s.MinNonzero))
+	}
+	if h := s.HeadroomBits(); s.Finite > 0 && !isInfOrNaN(h) {
+		r.HeadroomBits = &h
+	}
+	if d != nil {
+		r.Compared = d.BothFinite
+		if re := d.RelErr(); !isInfOrNaN(re) {
+			r.RelErr = &re
+		}
+		r.NewNonFinite = d.NewNonFinite
+		r.FlushedFraction = d.FlushedFraction()
+	}
+	return r
+}
+
+func ptr(x float64) *float64 { return &x }
+
+func isInfOrNaN(x float64) bool { return math.IsInf(x, 0) || math.IsNaN(x) }
 
 func valueInfo(vi *onnx.ValueInfoProto) report.IOInfo {
 	tt := vi.GetType().GetTensorType()
@@ -123,7 +164,7 @@ func (a *audit) nodeReports() []report.NodeReport {
 					vr = &report.ValueReport{Name: o, DType: tensor.DType(a.engine.ElemType(o)).String(),
 						Shape: tensor.ShapeString(res.Shapes[o]), Stats: map[string]report.StatsReport{}}
 				}
-				sr := diagnose.StatsReport(*st, res.Diffs[o])
+				sr := statsReport(*st, res.Diffs[o])
 				if sr.NonFinite() > 0 {
 					nr.Flagged = true
 				}
@@ -171,11 +212,11 @@ func constantNodes(g *onnx.GraphProto, ix *onnx.Index, order []int) map[int]bool
 
 // summarize condenses the node statistics; the headroom is over the values
 // held in reduced precision, against their format's limit.
-func summarize(r *report.Report, f *diagnose.Facts) report.Summary {
+func summarize(r *report.Report, f *evidence.Facts) report.Summary {
 	var s report.Summary
 	for _, n := range r.Nodes {
 		for _, o := range n.Outputs {
-			st, ok := o.Stats[diagnose.PassFP32]
+			st, ok := o.Stats[report.PassFP32]
 			if !ok {
 				continue
 			}

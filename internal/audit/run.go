@@ -17,6 +17,9 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/batch"
 	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/fix"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/execute"
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
@@ -59,7 +62,7 @@ type Config struct {
 	// PassesAll every one that applies, PassesNone none, or a list of
 	// their names.
 	Passes     []string
-	Thresholds diagnose.Thresholds
+	Thresholds evidence.Thresholds
 
 	ORTLib  string
 	Threads int
@@ -128,16 +131,16 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = precision.DefaultPolicy
 	}
-	if cfg.Thresholds == (diagnose.Thresholds{}) {
-		cfg.Thresholds = diagnose.DefaultThresholds
+	if cfg.Thresholds == (evidence.Thresholds{}) {
+		cfg.Thresholds = evidence.DefaultThresholds
 	}
 	// Thresholds set before the output tolerances existed keep the
 	// defaults for them: a tolerance of 0 would fail every pass.
 	if cfg.Thresholds.OutputTolFP16 == 0 {
-		cfg.Thresholds.OutputTolFP16 = diagnose.DefaultThresholds.OutputTolFP16
+		cfg.Thresholds.OutputTolFP16 = evidence.DefaultThresholds.OutputTolFP16
 	}
 	if cfg.Thresholds.OutputTolBF16 == 0 {
-		cfg.Thresholds.OutputTolBF16 = diagnose.DefaultThresholds.OutputTolBF16
+		cfg.Thresholds.OutputTolBF16 = evidence.DefaultThresholds.OutputTolBF16
 	}
 	if err := CheckPasses(cfg.Passes); err != nil {
 		return nil, &UsageError{Err: err}
@@ -215,8 +218,8 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	if err := a.runMainPasses(ctx); err != nil {
 		return nil, a.runError(err)
 	}
-	facts := &diagnose.Facts{Static: a.static, HalfCasts: a.halfCast,
-		Inputs: diagnose.AnalyzeInputs(a.specs, a.batches, m.Index, cfg.Thresholds), Passes: a.passes, Main: a.main,
+	facts := &evidence.Facts{Static: a.static, HalfCasts: a.halfCast,
+		Inputs: inputs.Analyze(a.specs, a.batches, m.Index, cfg.Thresholds.ColumnScale), Passes: a.passes, Main: a.main,
 		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked, AutocastDevice: cfg.AutocastDevice}
 	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
 	if err != nil {
@@ -352,23 +355,23 @@ func limitList(s []string, n int) []string {
 // batch; then, in a session of their own, the what-if passes whose
 // condition the results meet (--passes auto).
 func (a *audit) runMainPasses(ctx context.Context) error {
-	passes := []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd}}
-	if a.main == diagnose.PassBF16 && !castsToBF16(a.fwd) {
+	passes := []execute.Pass{{Name: report.PassFP32, Model: a.fwd}}
+	if a.main == report.PassBF16 && !castsToBF16(a.fwd) {
 		return &UsageError{Err: fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.fwd))}
 	}
 	if a.main != "" {
-		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, a.static.Assign), Ref: diagnose.PassFP32})
+		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, a.static.Assign), Ref: report.PassFP32})
 	}
 	var later []whatIf
 	for _, w := range whatIfPasses {
 		why := w.applies(a)
 		switch mode := passMode(a.cfg.Passes, w.name); {
 		case why != "":
-			if slices.Contains(a.cfg.Passes, w.name) || (!w.quiet && a.main == diagnose.PassFP16) {
+			if slices.Contains(a.cfg.Passes, w.name) || (!w.quiet && a.main == report.PassFP16) {
 				a.report.Notes = append(a.report.Notes, fmt.Sprintf("no %s pass: %s", w.name, why))
 			}
 		case mode == passAsked:
-			passes = append(passes, w.pass(a, diagnose.PassFP32))
+			passes = append(passes, w.pass(a, report.PassFP32))
 		case mode == passAuto:
 			later = append(later, w)
 		}
@@ -385,8 +388,8 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		// runs beside it for its graph outputs alone, which the pass's
 		// outputs (and the bf16 fix) are judged by.
 		p := w.pass(a, "")
-		p.OutputRef = diagnose.PassFP32
-		if err := a.runPasses(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd, OutputsOnly: true}, p}); err != nil {
+		p.OutputRef = report.PassFP32
+		if err := a.runPasses(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.fwd, OutputsOnly: true}, p}); err != nil {
 			return err
 		}
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the %s pass ran because %s (--passes %s runs it beside the others, --passes none never)", w.name, w.because, w.name))
@@ -422,7 +425,7 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 // Rerun runs one extra emulated pass (a fix being verified), its graph
 // outputs compared with fp32's, or the fp32 reference on some samples, and
 // returns its results.
-func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResult, error) {
+func (a *audit) Rerun(ctx context.Context, r fix.Rerun) (*observe.PassResult, error) {
 	if r.Reference {
 		m := a.fwd
 		if len(r.Epsilon) > 0 {
@@ -447,8 +450,8 @@ func (a *audit) Rerun(ctx context.Context, r diagnose.Rerun) (*observe.PassResul
 	// The fp32 pass runs beside the fix for its graph outputs alone: a fix
 	// works only when the outputs agree with fp32's on the same inputs
 	// (standardized ones, for that fix).
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: diagnose.PassFP32, Model: a.fwd, OutputsOnly: true},
-		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: diagnose.PassFP32}}, r.Batches)
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.fwd, OutputsOnly: true},
+		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: report.PassFP32}}, r.Batches)
 	if err != nil {
 		return nil, err
 	}

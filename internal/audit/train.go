@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"fp16audit/internal/batch"
-	"fp16audit/internal/diagnose"
 	"fp16audit/internal/diagnose/training"
 	"fp16audit/internal/execute/backward"
 	"fp16audit/internal/grad"
@@ -19,6 +18,7 @@ import (
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
+	"fp16audit/report"
 )
 
 // TrainConfig is the training side of an audit: the mode of the forward
@@ -194,7 +194,7 @@ func (a *audit) auditTraining(ctx context.Context) error {
 // backward.
 func (a *audit) trainingFacts() *training.Facts {
 	return &training.Facts{Model: a.model, Policy: a.policy, Assign: a.static.Assign, Mode: a.cfg.Train.Mode,
-		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[diagnose.PassFP32]}
+		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[report.PassFP32]}
 }
 
 // backward builds the backward graph with autocast's rounding and runs it
@@ -265,7 +265,7 @@ func (a *audit) backwardSession(ctx context.Context, r *grad.Rounding) (*grad.Re
 	c := a.cfg.Train
 	opt := a.engine.Session
 	var facts *grad.Facts
-	if fp32 := a.passes[diagnose.PassFP32]; fp32 != nil {
+	if fp32 := a.passes[report.PassFP32]; fp32 != nil {
 		facts = backward.Known(a.up, a.train.inputs, fp32.Shapes)
 	}
 	if facts == nil {

@@ -10,8 +10,8 @@ import (
 
 	"fp16audit/fixtures"
 	"fp16audit/internal/batch"
-	"fp16audit/internal/diagnose"
 	"fp16audit/internal/execute/backward"
+	"fp16audit/report"
 )
 
 // TestBackwardFactsFromFP32Pass: the shapes the fp32 pass recorded give
@@ -97,7 +97,7 @@ func sameFacts(t *testing.T, cfg Config) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	known := backward.Known(a.up, a.train.inputs, a.passes[diagnose.PassFP32].Shapes)
+	known := backward.Known(a.up, a.train.inputs, a.passes[report.PassFP32].Shapes)
 	if known == nil {
 		return false
 	}

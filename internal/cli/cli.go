@@ -16,7 +16,7 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
-	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
 	"fp16audit/internal/execute"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/precision"
@@ -160,7 +160,7 @@ type runOptions struct {
 	noFixes     bool
 	progress    string
 	passes      []string
-	thresholds  diagnose.Thresholds
+	thresholds  evidence.Thresholds
 	train       trainFlags
 }
 
@@ -183,7 +183,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.noFixes, "no-fixes", false, "skip the fix reruns (standardized inputs, keep-fp32 search)")
 	fs.StringVar(&o.progress, "progress", "auto", "progress on stderr: auto (a bar when stderr is a terminal), bar, json (a JSON line per finished batch of a pass, for programs such as the Python package), none")
 	fs.StringSliceVar(&o.passes, "passes", []string{audit.PassesAuto}, "what-if passes beyond fp32 and the policy's: auto (each when needed: bf16 when the fp16 pass fails, as-written when the policy's pass fails and the model casts to half itself), all, none, or names ("+strings.Join(audit.WhatIfPasses(), ", ")+")")
-	o.thresholds = diagnose.DefaultThresholds
+	o.thresholds = evidence.DefaultThresholds
 	fs.Float64Var(&o.thresholds.HeadroomBits, "headroom-bits", o.thresholds.HeadroomBits, "warn (FP2004) when a value held in fp16 has less fp32 headroom than this, in bits")
 	fs.Float64Var(&o.thresholds.UnderflowFraction, "underflow-fraction", o.thresholds.UnderflowFraction, "warn (FP3001) when more than this fraction of a value's nonzero elements flush to zero in fp16")
 	fs.Float64Var(&o.thresholds.ColumnScale, "column-scale", o.thresholds.ColumnScale, "flag tabular columns (FP1004) whose |mean| or std exceeds this")

@@ -6,13 +6,13 @@ import (
 	"strconv"
 	"strings"
 
-	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
 )
 
 // toleranceFlag is --output-tolerance: the output tolerance of each
 // reduced-precision format, as fp16=0.05,bf16=0.25 (a format left out
 // keeps its value). A trailing % reads the number as a percentage.
-type toleranceFlag struct{ t *diagnose.Thresholds }
+type toleranceFlag struct{ t *evidence.Thresholds }
 
 func (f toleranceFlag) String() string {
 	if f.t == nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"fp16audit/checks"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
@@ -15,20 +17,20 @@ import (
 )
 
 // Analyzer is one dynamic check over the facts of one audit.
-type Analyzer = checks.Analyzer[*Facts]
+type Analyzer = checks.Analyzer[*evidence.Facts]
 
 // Requirement is a fact a dynamic check needs, which the driver tests.
-type Requirement = checks.Requirement[*Facts]
+type Requirement = checks.Requirement[*evidence.Facts]
 
 // The dynamic checks' requirements.
 var (
-	needFP32 = &Requirement{Name: "fp32 pass on finite inputs", Met: func(f *Facts) bool {
-		return f.Passes[PassFP32] != nil && !f.poisoned()
+	needFP32 = &Requirement{Name: "fp32 pass on finite inputs", Met: func(f *evidence.Facts) bool {
+		return f.Passes[report.PassFP32] != nil && !f.Poisoned()
 	}}
-	needEmulated = &Requirement{Name: "emulated pass on finite inputs with a clean fp32 pass", Met: func(f *Facts) bool {
-		return f.mainOrigins() != nil
+	needEmulated = &Requirement{Name: "emulated pass on finite inputs with a clean fp32 pass", Met: func(f *evidence.Facts) bool {
+		return f.MainOrigins() != nil
 	}}
-	needClean = &Requirement{Name: "emulated pass whose outputs hold no NaN/Inf and agree with fp32's", Met: (*Facts).cleanMain}
+	needClean = &Requirement{Name: "emulated pass whose outputs hold no NaN/Inf and agree with fp32's", Met: (*evidence.Facts).CleanMain}
 )
 
 // Analyzers returns every dynamic check in the order its findings are
@@ -61,7 +63,7 @@ func Analyzers() []*Analyzer {
 // whose fact does not depend on running the model reports the same finding
 // in both commands.
 func static(a *lint.Analyzer) *Analyzer {
-	return &Analyzer{Check: a.Check, Run: func(f *Facts) ([]checks.Finding, error) { return a.Run(f.Static) }}
+	return &Analyzer{Check: a.Check, Run: func(f *evidence.Facts) ([]checks.Finding, error) { return a.Run(f.Static) }}
 }
 
 // inputFinding returns a finding of c about a graph input.
@@ -72,13 +74,13 @@ func inputFinding(c *checks.Check, input, msg string) checks.Finding {
 }
 
 // nodeFinding returns a finding of c at node ni.
-func (f *Facts) nodeFinding(c *checks.Check, ni int, value, pass, msg string) checks.Finding {
+func nodeFinding(f *evidence.Facts, c *checks.Check, ni int, value, pass, msg string) checks.Finding {
 	fd := c.Finding(msg)
-	fd.Node, fd.Module, fd.Value, fd.Pass = f.nodeName(ni), onnx.ModulePath(f.graph().Node[ni]), value, pass
+	fd.Node, fd.Module, fd.Value, fd.Pass = f.NodeName(ni), onnx.ModulePath(f.Graph().Node[ni]), value, pass
 	return fd
 }
 
-func runPoisonedInput(f *Facts) ([]checks.Finding, error) {
+func runPoisonedInput(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if !in.Poisoned() {
@@ -106,7 +108,7 @@ func describeSamples(samples []report.Sample, total int64) string {
 	return txt
 }
 
-func runInputRange(f *Facts) ([]checks.Finding, error) {
+func runInputRange(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		s := in.Stats
@@ -114,7 +116,7 @@ func runInputRange(f *Facts) ([]checks.Finding, error) {
 		case in.SavedHalfInf:
 			out = append(out, inputFinding(checkInputRange, in.Spec.Name, fmt.Sprintf("input %q was saved as %s and holds %d ±Inf values (no NaN): values beyond its range became Inf when the batch was saved, so the data is not normalized (largest finite |x| %.4g); normalize it and save the batch in float32",
 				in.Spec.Name, in.Saved, s.PosInf+s.NegInf, s.MaxAbs)))
-		case in.chans != nil && s.MaxAbs > tensor.FP16Max && f.Static.Policy.Lower == precision.FP16:
+		case in.Float() && s.MaxAbs > tensor.FP16Max && f.Static.Policy.Lower == precision.FP16:
 			out = append(out, inputFinding(checkInputRange, in.Spec.Name, fmt.Sprintf("input %q reaches |x| = %.4g, beyond fp16's 65504 (%d values): its fp16 cast is Inf",
 				in.Spec.Name, s.MaxAbs, s.AboveFP16Max)))
 		}
@@ -122,7 +124,7 @@ func runInputRange(f *Facts) ([]checks.Finding, error) {
 	return out, nil
 }
 
-func runConstantInput(f *Facts) ([]checks.Finding, error) {
+func runConstantInput(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if in.Constant {
@@ -133,7 +135,7 @@ func runConstantInput(f *Facts) ([]checks.Finding, error) {
 	return out, nil
 }
 
-func runUnscaledSignal(f *Facts) ([]checks.Finding, error) {
+func runUnscaledSignal(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if len(in.Columns) == 0 || in.Kind == report.KindTabular || in.Kind == report.KindImage {
@@ -141,36 +143,36 @@ func runUnscaledSignal(f *Facts) ([]checks.Finding, error) {
 		}
 		c := in.Columns[0]
 		out = append(out, inputFinding(checkUnscaledSignal, in.Spec.Name, fmt.Sprintf("%s input %q is far from standardized: mean %.4g, std %.4g%s (values in [%.4g, %.4g])",
-			in.Kind, in.Spec.Name, in.chans[c].mean(), in.chans[c].std(), channelWord(in, c), in.Min, in.Max)))
+			in.Kind, in.Spec.Name, in.ChannelMean(c), in.ChannelStd(c), channelWord(in, c), in.Min, in.Max)))
 	}
 	return out, nil
 }
 
 // channelWord says which channel or feature statistics are about, when
 // the input has several.
-func channelWord(in *Input, c int) string {
-	if len(in.chans) <= 1 {
+func channelWord(in *inputs.Input, c int) string {
+	if in.Channels() <= 1 {
 		return ""
 	}
 	what := "channel"
 	if in.Kind == report.KindSequence {
 		what = "feature"
 	}
-	return fmt.Sprintf(" in %s %d (%d of %d far off)", what, c, len(in.Columns), len(in.chans))
+	return fmt.Sprintf(" in %s %d (%d of %d far off)", what, c, len(in.Columns), in.Channels())
 }
 
-func runRawPixels(f *Facts) ([]checks.Finding, error) {
+func runRawPixels(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if in.RawPixels {
 			out = append(out, inputFinding(checkRawPixels, in.Spec.Name, fmt.Sprintf("input %q looks like raw pixels: integer values in [%g, %g], per-channel mean %s",
-				in.Spec.Name, in.Min, in.Max, formatList(in.means(), 1))))
+				in.Spec.Name, in.Min, in.Max, inputs.FormatList(in.Means(), 1))))
 		}
 	}
 	return out, nil
 }
 
-func runUnscaledColumns(f *Facts) ([]checks.Finding, error) {
+func runUnscaledColumns(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if len(in.Columns) == 0 || in.Kind != report.KindTabular {
@@ -178,7 +180,7 @@ func runUnscaledColumns(f *Facts) ([]checks.Finding, error) {
 		}
 		var cols []string
 		for _, c := range in.Columns {
-			cols = append(cols, fmt.Sprintf("%d (mean %.3g, std %.3g)", c, in.chans[c].mean(), in.chans[c].std()))
+			cols = append(cols, fmt.Sprintf("%d (mean %.3g, std %.3g)", c, in.ChannelMean(c), in.ChannelStd(c)))
 		}
 		out = append(out, inputFinding(checkUnscaledColumns, in.Spec.Name, fmt.Sprintf("input %q has %d column(s) far from standardized: %s",
 			in.Spec.Name, len(cols), strings.Join(limitList(cols, 8), ", "))))
@@ -186,31 +188,51 @@ func runUnscaledColumns(f *Facts) ([]checks.Finding, error) {
 	return out, nil
 }
 
-func runFP32Broken(f *Facts) ([]checks.Finding, error) {
+func runFP32Broken(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	for _, o := range f.deciding(f.Origins(PassFP32)) {
+	for _, o := range f.Deciding(f.Origins(report.PassFP32)) {
 		if o.Cause == report.CauseInput {
 			continue
 		}
-		out = append(out, f.nodeFinding(checkFP32Broken, o.Index, o.Value, PassFP32, fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s%s",
-			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs), f.epsilonHint(o.Index))))
+		out = append(out, nodeFinding(f, checkFP32Broken, o.Index, o.Value, report.PassFP32, fmt.Sprintf("%s %s produces %d NaN/Inf values in fp32 from finite inputs; %d downstream node(s) affected, graph outputs reached: %s%s",
+			o.OpType, o.Node, o.NonFinite, len(o.Affected), listOrNone(o.AffectedOutputs), epsilonHint(f, o.Index))))
 	}
 	return out, nil
 }
 
+// epsilonHint is what the fp32-broken finding adds when its node divides
+// by a root without epsilon. On a dynamo export it adds what was measured
+// with torch 2.9.1 (onnxscript 0.7.2): the exporter's optimizer folds away
+// an Add of a constant of 1e-8 or less, so BERT's sqrt(var + 1e-12) is
+// exported as sqrt(var). "" when the node is not such a division.
+func epsilonHint(f *evidence.Facts, ni int) string {
+	r, ok := f.MissingEpsilon(ni)
+	if !ok {
+		return ""
+	}
+	hint := fmt.Sprintf("; %s divides by the square root of a mean or sum with no epsilon added, so a row whose values are all equal (a zero pad embedding) divides by zero", f.NodeName(r.Node))
+	if onnx.FromDynamo(f.Graph()) {
+		hint += ". " + dynamoEpsilon
+	}
+	return hint
+}
+
+// dynamoEpsilon says what the dynamo exporter does to a small epsilon.
+const dynamoEpsilon = "If the PyTorch code adds an epsilon of 1e-8 or less inside the root (BERT's 1e-12), torch.onnx.export's optimizer removed it (measured with torch 2.9.1): export again with optimize=False, or use torch.nn.LayerNorm or torch.nn.RMSNorm, whose epsilon is exported as an attribute"
+
 // originAnalyzer reports the origins of the emulated pass of one class.
-func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
-	return func(f *Facts) ([]checks.Finding, error) {
+func originAnalyzer(class originClass) func(*evidence.Facts) ([]checks.Finding, error) {
+	return func(f *evidence.Facts) ([]checks.Finding, error) {
 		var out []checks.Finding
-		for _, o := range f.deciding(f.mainOrigins()) {
-			if f.classify(o) != class {
+		for _, o := range f.Deciding(f.MainOrigins()) {
+			if classify(f, o) != class {
 				continue
 			}
 			var c *checks.Check
 			var msg string
 			switch class {
 			case classHalfCast:
-				c, msg = checkHalfCast, f.halfCastMessage(o)
+				c, msg = checkHalfCast, halfCastMessage(f, o)
 			case classLogits:
 				c, msg = checkLogits, fmt.Sprintf("final layer %s (%s) outputs fp32 max |x| %.4g > 65504: Inf in %s, reaching %s",
 					moduleOr(o.Module, o.Node), o.OpType, o.FP32MaxAbs, f.Main, strings.Join(o.AffectedOutputs, ", "))
@@ -225,7 +247,7 @@ func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
 				out = append(out, fd)
 				continue
 			}
-			out = append(out, f.nodeFinding(c, o.Index, o.Value, f.Main, msg))
+			out = append(out, nodeFinding(f, c, o.Index, o.Value, f.Main, msg))
 		}
 		return out, nil
 	}
@@ -233,7 +255,7 @@ func originAnalyzer(class originClass) func(*Facts) ([]checks.Finding, error) {
 
 // halfCastMessage says which of the model's casts make the value overflow
 // and where.
-func (f *Facts) halfCastMessage(o report.Origin) string {
+func halfCastMessage(f *evidence.Facts, o report.Origin) string {
 	casts := "its own half cast"
 	if o.Provenance != nil && len(o.Provenance.Casts) > 0 {
 		casts = strings.Join(o.Provenance.Casts, ", ")
@@ -242,7 +264,7 @@ func (f *Facts) halfCastMessage(o report.Origin) string {
 		return fmt.Sprintf("the model's own Cast to half %s (%s) overflows: fp32 max |x| %.4g > 65504", o.Node, moduleOr(o.Module, "model"), o.FP32MaxAbs)
 	}
 	why := "autocast would keep it in fp32"
-	if f.heldWithoutCasts(o) {
+	if f.HeldWithoutCasts(o) {
 		why = f.Static.Policy.Name + " holds it there too, and without mixed precision the cast alone does"
 	}
 	return fmt.Sprintf("%s (%s, %s) overflows in %s because the model's own cast %s put its input there (%s): fp32 max |x| %.4g > 65504",
@@ -257,27 +279,27 @@ func (f *Facts) halfCastMessage(o report.Origin) string {
 // limit, and tensors of that value, which are -Inf on purpose there. Code
 // that hard-codes torch.finfo(torch.float32).min writes the same number,
 // which PyTorch refuses.
-func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
+func runConstantOrigins(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	for _, o := range f.mainOrigins() {
+	for _, o := range f.MainOrigins() {
 		if o.Cause != report.CauseConstant {
 			continue
 		}
-		fd := f.constantFinding(o.Index, o.Constant, *o.ConstantValue, f.reachText(o))
+		fd := constantFinding(f, o.Index, o.Constant, *o.ConstantValue, reachText(f, o))
 		if !f.Reaches(o) && !f.Raises(o) {
 			fd.Severity = checks.SevWarning
 		}
 		out = append(out, fd)
 	}
-	for _, w := range f.fills[f.Main] {
-		fd := f.constantFinding(w.node, w.constant, w.value, "it is a mask, carried as -Inf on purpose")
+	for _, w := range f.Fills(f.Main) {
+		fd := constantFinding(f, w.Node, w.Constant, w.Value, "it is a mask, carried as -Inf on purpose")
 		fd.Severity = checks.SevWarning
 		out = append(out, fd)
 	}
-	for _, w := range f.finfo {
-		carried := slices.ContainsFunc(f.fills[f.Main], func(c fill) bool { return c.node == w.Node && c.constant == w.Constant })
+	for _, w := range f.Finfo() {
+		carried := slices.ContainsFunc(f.Fills(f.Main), func(c evidence.Fill) bool { return c.Node == w.Node && c.Constant == w.Constant })
 		if w.Reduced() && !carried {
-			out = append(out, f.finfoFinding(w))
+			out = append(out, finfoFinding(f, w))
 		}
 	}
 	return out, nil
@@ -285,10 +307,10 @@ func runConstantOrigins(f *Facts) ([]checks.Finding, error) {
 
 // finfoFinding is FP4004's warning where the emulated pass reads a number
 // torch.finfo(dtype) wrote as its format's limit.
-func (f *Facts) finfoFinding(w rewrite.FinfoFill) checks.Finding {
-	n := f.graph().Node[w.Node]
-	fd := f.nodeFinding(lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: %s; the %s pass writes that limit too. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
-		moduleOr(onnx.ModulePath(n), f.nodeName(w.Node)), n.OpType, f.nodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
+func finfoFinding(f *evidence.Facts, w rewrite.FinfoFill) checks.Finding {
+	n := f.Graph().Node[w.Node]
+	fd := nodeFinding(f, lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: %s; the %s pass writes that limit too. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+		moduleOr(onnx.ModulePath(n), f.NodeName(w.Node)), n.OpType, f.NodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
 		lint.FillAt(n, w.Slot).DtypeAware(w.Precision, w.Value, w.Limit()), f.Main))
 	fd.Severity = checks.SevWarning
 	return fd
@@ -297,19 +319,19 @@ func (f *Facts) finfoFinding(w rewrite.FinfoFill) checks.Finding {
 // constantFinding is FP4004 at node ni, which writes constant c (most
 // extreme element v) into a reduced-precision value; reach says what
 // became of it.
-func (f *Facts) constantFinding(ni int, c string, v float64, reach string) checks.Finding {
-	n := f.graph().Node[ni]
+func constantFinding(f *evidence.Facts, ni int, c string, v float64, reach string) checks.Finding {
+	n := f.Graph().Node[ni]
 	p := f.Static.Assign.Node[ni]
 	consequence := lint.FillAt(n, inputSlot(n, c)).Consequence(p, v)
-	if dtypeAwareLimit(v) {
+	if evidence.DtypeAwareLimit(v) {
 		consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
 	}
-	return f.nodeFinding(lint.CheckConstRange, ni, c, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
-		moduleOr(onnx.ModulePath(n), f.nodeName(ni)), n.OpType, f.nodeName(ni), c, fmtConst(v), p, infWord(v), consequence, reach))
+	return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
+		moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), c, fmtConst(v), p, infWord(v), consequence, reach))
 }
 
 // reachText says whether an origin's NaN/Inf reach the outputs.
-func (f *Facts) reachText(o report.Origin) string {
+func reachText(f *evidence.Facts, o report.Origin) string {
 	if len(o.AffectedOutputs) > 0 {
 		return "the NaN/Inf reach " + strings.Join(o.AffectedOutputs, ", ")
 	}
@@ -319,18 +341,18 @@ func (f *Facts) reachText(o report.Origin) string {
 // runWrongOutputs reports the graph outputs of the emulated pass that are
 // finite but beyond the tolerance of fp32's, with the origin whose effect
 // reached them.
-func runWrongOutputs(f *Facts) ([]checks.Finding, error) {
+func runWrongOutputs(f *evidence.Facts) ([]checks.Finding, error) {
 	res := f.Passes[f.Main]
-	tol := f.tolerance(f.Main)
+	tol := f.Tolerance(f.Main)
 	var out []checks.Finding
 	for _, d := range res.Outputs {
-		if outputOutcome(d, tol) != report.OutputWrong {
+		if evidence.OutputOutcome(d, tol) != report.OutputWrong {
 			continue
 		}
 		msg := fmt.Sprintf("graph output %q of the %s pass is finite but wrong: relative error %s in sample %d of batch %d (tolerance %s), %s over all samples, max |error| %.4g against max |fp32| %.4g",
-			d.Name, f.Main, percent(d.Worst.RelErr), d.Worst.Index, d.Worst.Batch, percent(tol), percent(d.RelErr()), d.MaxAbsErr, d.RefMaxAbs)
+			d.Name, f.Main, evidence.Percent(d.Worst.RelErr), d.Worst.Index, d.Worst.Batch, evidence.Percent(tol), evidence.Percent(d.RelErr()), d.MaxAbsErr, d.RefMaxAbs)
 		if t, ok := d.Top1Agreement(); ok {
-			msg += fmt.Sprintf("; top-1 class agrees with fp32 in %d of %d rows (%s)", d.Top1, d.Rows, percent(t))
+			msg += fmt.Sprintf("; top-1 class agrees with fp32 in %d of %d rows (%s)", d.Top1, d.Rows, evidence.Percent(t))
 		}
 		for _, o := range f.Origins(f.Main) {
 			if !slices.Contains(o.WrongOutputs, d.Name) {
@@ -352,10 +374,10 @@ func runWrongOutputs(f *Facts) ([]checks.Finding, error) {
 
 // runAbsorbed reports the origins whose NaN/Inf no graph output holds, in
 // the fp32 and the emulated pass (constants have FP4004).
-func runAbsorbed(f *Facts) ([]checks.Finding, error) {
+func runAbsorbed(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	passes := []string{PassFP32}
-	if f.mainOrigins() != nil {
+	passes := []string{report.PassFP32}
+	if f.MainOrigins() != nil {
 		passes = append(passes, f.Main)
 	}
 	for _, p := range passes {
@@ -363,7 +385,7 @@ func runAbsorbed(f *Facts) ([]checks.Finding, error) {
 			if f.Reaches(o) || o.Cause == report.CauseConstant || o.Index < 0 {
 				continue
 			}
-			out = append(out, f.nodeFinding(checkAbsorbed, o.Index, o.Value, p, fmt.Sprintf("%s (%s, %s) produces %d NaN/Inf in the %s pass that never reach a graph output (absorbed after %d node(s))",
+			out = append(out, nodeFinding(f, checkAbsorbed, o.Index, o.Value, p, fmt.Sprintf("%s (%s, %s) produces %d NaN/Inf in the %s pass that never reach a graph output (absorbed after %d node(s))",
 				moduleOr(o.Module, o.Node), o.OpType, o.Node, o.NonFinite, p, len(o.Affected))))
 		}
 	}
@@ -388,29 +410,22 @@ func infWord(v float64) string {
 	return "+Inf"
 }
 
-// cleanMain reports whether the emulated pass ran on finite inputs, the fp32
-// pass is clean and nothing in the emulated pass reaches an output: the
-// case for the warnings about how close it came.
-func (f *Facts) cleanMain() bool {
-	return f.Main != "" && f.mainOrigins() != nil && len(f.deciding(f.Origins(f.Main))) == 0
-}
-
 // maxHeadroomFindings bounds the FP2004 findings; a note counts the rest.
 const maxHeadroomFindings = 20
 
-func runHeadroom(f *Facts) ([]checks.Finding, error) {
+func runHeadroom(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
-	for _, w := range f.lowHeadroom[:min(len(f.lowHeadroom), maxHeadroomFindings)] {
-		ref := f.Passes[PassFP32].Stats[w.value]
-		p := f.Static.Assign.Value[w.value]
-		out = append(out, f.nodeFinding(checkHeadroom, w.node, w.value, PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below %s's %.4g", w.value, ref.MaxAbs, w.bits, p, formatMax(p))))
+	for _, w := range f.LowHeadroom()[:min(len(f.LowHeadroom()), maxHeadroomFindings)] {
+		ref := f.Passes[report.PassFP32].Stats[w.Value]
+		p := f.Static.Assign.Value[w.Value]
+		out = append(out, nodeFinding(f, checkHeadroom, w.Node, w.Value, report.PassFP32, fmt.Sprintf("%q reaches fp32 max |x| %.4g: %.1f bits below %s's %.4g", w.Value, ref.MaxAbs, w.Bits, p, evidence.FormatMax(p))))
 	}
 	return out, nil
 }
 
-func runUnderflow(f *Facts) ([]checks.Finding, error) {
+func runUnderflow(f *evidence.Facts) ([]checks.Finding, error) {
 	main := f.Passes[f.Main]
-	g := f.graph()
+	g := f.Graph()
 	flushes := func(v string) bool {
 		p := f.Static.Assign.Value[v]
 		d := main.Diffs[v]
@@ -440,9 +455,9 @@ func runUnderflow(f *Facts) ([]checks.Finding, error) {
 			if inherited {
 				continue
 			}
-			ref := f.Passes[PassFP32].Stats[v]
+			ref := f.Passes[report.PassFP32].Stats[v]
 			d := main.Diffs[v]
-			follow, outputs := f.underflowReach(v, flushes, isOut)
+			follow, outputs := underflowReach(f, v, flushes, isOut)
 			msg := fmt.Sprintf("%.0f%% of the nonzero values of %q become 0 in %s (fp32 max |x| %.3g, smallest nonzero %.3g)",
 				100*d.FlushedFraction(), v, f.Main, ref.MaxAbs, ref.MinNonzero)
 			if follow > 0 {
@@ -451,7 +466,7 @@ func runUnderflow(f *Facts) ([]checks.Finding, error) {
 			if len(outputs) > 0 {
 				msg += "; in the outputs " + strings.Join(outputs, ", ")
 			}
-			out = append(out, f.nodeFinding(checkUnderflow, ni, v, f.Main, msg))
+			out = append(out, nodeFinding(f, checkUnderflow, ni, v, f.Main, msg))
 		}
 	}
 	return out, nil
@@ -459,8 +474,8 @@ func runUnderflow(f *Facts) ([]checks.Finding, error) {
 
 // underflowReach counts the values downstream of v that flush as well and
 // the graph outputs among them.
-func (f *Facts) underflowReach(v string, flushes func(string) bool, isOut map[string]bool) (int, []string) {
-	g := f.graph()
+func underflowReach(f *evidence.Facts, v string, flushes func(string) bool, isOut map[string]bool) (int, []string) {
+	g := f.Graph()
 	seen := map[string]bool{v: true}
 	queue := []string{v}
 	count := 0
@@ -504,12 +519,4 @@ func limitList(s []string, n int) []string {
 		return s
 	}
 	return append(append([]string(nil), s[:n]...), fmt.Sprintf("and %d more", len(s)-n))
-}
-
-func formatList(xs []float64, prec int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = fmt.Sprintf("%.*f", prec, x)
-	}
-	return "[" + strings.Join(parts, ", ") + "]"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"fp16audit/internal/diagnose/fix"
 	"fp16audit/internal/observe"
 	"fp16audit/report"
 )
@@ -29,7 +30,7 @@ type outputRunner struct {
 	err    float32
 }
 
-func (rn *outputRunner) Rerun(_ context.Context, r Rerun) (*observe.PassResult, error) {
+func (rn *outputRunner) Rerun(_ context.Context, r fix.Rerun) (*observe.PassResult, error) {
 	res := result(r.Name, rn.values, nil)
 	res.Outputs = outputDiffs(rn.err)
 	return res, nil
@@ -72,9 +73,9 @@ func TestWrongOutputs(t *testing.T) {
 			wantCause: report.CausePrecision},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{PassFP32: big, PassFP16: tc.fp16}}
+			w := world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{report.PassFP32: big, report.PassFP16: tc.fp16}}
 			f, batches := w.facts(t)
-			main := f.Passes[PassFP16]
+			main := f.Passes[report.PassFP16]
 			main.Outputs = outputDiffs(tc.yErr)
 			main.Diffs = map[string]*observe.Diff{}
 			for _, v := range f.Values {
@@ -91,7 +92,7 @@ func TestWrongOutputs(t *testing.T) {
 			}
 			var rows int
 			for _, a := range d.OutputAgreement {
-				if a.Pass == PassFP16 {
+				if a.Pass == report.PassFP16 {
 					rows++
 				}
 			}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"fp16audit/internal/batch"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/fix"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/report"
 )
 
@@ -20,7 +23,7 @@ const maxLocateRuns = 32
 // samples do not interact, so a sample that holds them alone holds them
 // in its batch. A model that refuses a smaller batch (a fixed batch
 // dimension) leaves the samples unnamed, with a note.
-func (f *Facts) locateSamples(ctx context.Context, run Runner, batches []batch.Batch, origins []report.Origin) (note string, err error) {
+func locateSamples(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch.Batch, origins []report.Origin) (note string, err error) {
 	if len(origins) == 0 || origins[0].Index < 0 {
 		return "", nil
 	}
@@ -37,7 +40,7 @@ func (f *Facts) locateSamples(ctx context.Context, run Runner, batches []batch.B
 		}
 		var find func(bi int, lo, n, count int64) error
 		find = func(bi int, lo, n, count int64) error {
-			if len(o.Samples) >= maxSamples || runs >= maxLocateRuns {
+			if len(o.Samples) >= inputs.MaxSamples || runs >= maxLocateRuns {
 				return nil
 			}
 			if count < 0 {
@@ -46,7 +49,7 @@ func (f *Facts) locateSamples(ctx context.Context, run Runner, batches []batch.B
 					return err
 				}
 				runs++
-				res, err := run.Rerun(ctx, Rerun{Name: fmt.Sprintf("%s@batch %d samples %d:%d", PassFP32, bi, lo, lo+n), Reference: true, Batches: []batch.Batch{part}})
+				res, err := run.Rerun(ctx, fix.Rerun{Name: fmt.Sprintf("%s@batch %d samples %d:%d", report.PassFP32, bi, lo, lo+n), Reference: true, Batches: []batch.Batch{part}})
 				if err != nil {
 					return err
 				}

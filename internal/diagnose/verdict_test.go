@@ -3,7 +3,6 @@ package diagnose
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -12,6 +11,9 @@ import (
 
 	"fp16audit/checks"
 	"fp16audit/internal/batch"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/fix"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
@@ -146,7 +148,7 @@ func bad(max float32, nan, pos, neg int64) *observe.Stats {
 	return s
 }
 
-func (w world) facts(t *testing.T) (*Facts, []batch.Batch) {
+func (w world) facts(t *testing.T) (*evidence.Facts, []batch.Batch) {
 	t.Helper()
 	m := &onnx.Model{Path: "test.onnx", Proto: onnx.NewModel(w.g, 17)}
 	idx, err := onnx.NewIndex(w.g)
@@ -168,8 +170,8 @@ func (w world) facts(t *testing.T) (*Facts, []batch.Batch) {
 		saved = tensor.Float32
 	}
 	b := batch.Batch{Source: "test.npy", Inputs: []*tensor.Tensor{tensor.FromFloat32s("x", []int64{rows, 4}, x)}, Saved: []tensor.DType{saved}}
-	f := &Facts{Static: st, HalfCasts: map[int]bool{}, Inputs: AnalyzeInputs(batch.Specs(w.g, idx), []batch.Batch{b}, idx, DefaultThresholds),
-		Passes: map[string]*observe.PassResult{}, Values: values(w.g, st.Order), Thresholds: DefaultThresholds}
+	f := &evidence.Facts{Static: st, HalfCasts: map[int]bool{}, Inputs: inputs.Analyze(batch.Specs(w.g, idx), []batch.Batch{b}, idx, evidence.DefaultThresholds.ColumnScale),
+		Passes: map[string]*observe.PassResult{}, Values: values(w.g, st.Order), Thresholds: evidence.DefaultThresholds}
 	if p.Lower != precision.FP32 {
 		f.Main = p.Lower.String()
 	}
@@ -212,11 +214,11 @@ func result(name string, values []string, stats map[string]*observe.Stats) *obse
 // runner answers reruns with hand-made statistics and records them.
 type runner struct {
 	values []string
-	answer func(r Rerun) map[string]*observe.Stats
-	calls  []Rerun
+	answer func(r fix.Rerun) map[string]*observe.Stats
+	calls  []fix.Rerun
 }
 
-func (rn *runner) Rerun(_ context.Context, r Rerun) (*observe.PassResult, error) {
+func (rn *runner) Rerun(_ context.Context, r fix.Rerun) (*observe.PassResult, error) {
 	rn.calls = append(rn.calls, r)
 	var stats map[string]*observe.Stats
 	if rn.answer != nil {
@@ -226,7 +228,7 @@ func (rn *runner) Rerun(_ context.Context, r Rerun) (*observe.PassResult, error)
 }
 
 // clean answers every rerun with finite values.
-func clean(Rerun) map[string]*observe.Stats { return nil }
+func clean(fix.Rerun) map[string]*observe.Stats { return nil }
 
 type outcome struct {
 	verdict string
@@ -236,7 +238,7 @@ type outcome struct {
 	fixes   []string // kind=works of each fix
 }
 
-func diagnose(t *testing.T, w world, answer func(Rerun) map[string]*observe.Stats, opt Options) (*Diagnosis, *runner) {
+func diagnose(t *testing.T, w world, answer func(fix.Rerun) map[string]*observe.Stats, opt Options) (*Diagnosis, *runner) {
 	t.Helper()
 	f, batches := w.facts(t)
 	rn := &runner{values: f.Values, answer: answer}
@@ -295,45 +297,45 @@ func TestVerdictTree(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		w      world
-		answer func(Rerun) map[string]*observe.Stats
+		answer func(fix.Rerun) map[string]*observe.Stats
 		opt    Options
 		want   outcome
 	}{
-		{"healthy", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{PassFP32: nil, PassFP16: nil}}, nil, Options{},
+		{"healthy", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{report.PassFP32: nil, report.PassFP16: nil}}, nil, Options{},
 			outcome{verdict: report.VerdictHealthy, text: "no NaN/Inf in the fp16 pass"}},
-		{"fp32 policy", world{g: mlp(), policy: "fp32", passes: map[string]map[string]*observe.Stats{PassFP32: nil}}, nil, Options{},
+		{"fp32 policy", world{g: mlp(), policy: "fp32", passes: map[string]map[string]*observe.Stats{report.PassFP32: nil}}, nil, Options{},
 			outcome{verdict: report.VerdictHealthy, text: "policy fp32"}},
 		{"overflowing op beats oversized logits", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: {"z": bad(0, 0, 4, 0), "y": bad(0, 0, 4, 0)}}}, clean, Options{},
+			report.PassFP32: big, report.PassFP16: {"z": bad(0, 0, 4, 0), "y": bad(0, 0, 4, 0)}}}, clean, Options{},
 			outcome{verdict: report.VerdictOverflow, origin: "/head/MatMul", errors: []string{"FP2003", "FP2001"}, text: "aux (Mul) overflows fp16 on normalized inputs",
 				fixes: []string{"keep-fp32=works"}}},
 		{"oversized logits", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: {"y": bad(0, 0, 4, 0)}}}, clean, Options{},
+			report.PassFP32: big, report.PassFP16: {"y": bad(0, 0, 4, 0)}}}, clean, Options{},
 			outcome{verdict: report.VerdictLogits, origin: "/head/MatMul", errors: []string{"FP2003"}, text: "the final layer head outputs values beyond fp16's range",
 				fixes: []string{"keep-fp32=works"}}},
 		{"overflowing op, bf16 fix read from its pass", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: overflow(), PassBF16: nil}}, clean, Options{},
+			report.PassFP32: big, report.PassFP16: overflow(), report.PassBF16: nil}}, clean, Options{},
 			outcome{verdict: report.VerdictOverflow, origin: "/fc1/MatMul", errors: []string{"FP2001"}, text: "fc1 (MatMul) overflows fp16",
 				fixes: []string{"bf16=works", "keep-fp32=works"}}},
 		{"a switched-off check decides nothing", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: overflow()}}, clean, Options{Checks: selection(t, "all,-FP2001")},
+			report.PassFP32: big, report.PassFP16: overflow()}}, clean, Options{Checks: selection(t, "all,-FP2001")},
 			outcome{verdict: report.VerdictHealthy, text: "1 overflow(s) went unreported because --checks"}},
 		{"poisoned input beats fp32-broken", world{g: mlp(), policy: "autocast-fp16", x: poison(normal()), passes: map[string]map[string]*observe.Stats{
-			PassFP32: overflow(), PassFP16: overflow()}}, nil, Options{},
+			report.PassFP32: overflow(), report.PassFP16: overflow()}}, nil, Options{},
 			outcome{verdict: report.VerdictPoisoned, origin: "x", errors: []string{"FP1001"}, text: `input "x"`}},
 		{"fp32-broken beats an fp16 overflow", world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: overflow(), PassFP16: overflow()}}, nil, Options{NoFixes: true},
+			report.PassFP32: overflow(), report.PassFP16: overflow()}}, nil, Options{NoFixes: true},
 			outcome{verdict: report.VerdictFP32Broken, origin: "/fc1/MatMul", errors: []string{"FP2002"}, text: "first at /fc1/MatMul (MatMul)"}},
 		{"unnormalized input: standardized rerun clean", world{g: mlp(), policy: "autocast-fp16", x: raw(), passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: overflow()}}, clean, Options{},
+			report.PassFP32: big, report.PassFP16: overflow()}}, clean, Options{},
 			outcome{verdict: report.VerdictUnnormalized, origin: "/fc1/MatMul", errors: []string{"FP2001"}, text: `the input "x" is not normalized`,
 				fixes: []string{"standardize-inputs=works"}}},
 		{"unnormalized input: standardizing does not help", world{g: mlp(), policy: "autocast-fp16", x: raw(), passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: overflow()}}, failsUnless("keep-fp32"), Options{},
+			report.PassFP32: big, report.PassFP16: overflow()}}, failsUnless("keep-fp32"), Options{},
 			outcome{verdict: report.VerdictOverflow, origin: "/fc1/MatMul", errors: []string{"FP2001"}, text: "fc1 (MatMul) overflows fp16 on these inputs",
 				fixes: []string{"standardize-inputs=fails", "keep-fp32=works"}}},
 		{"no input finding, no standardized rerun", world{g: mlp(), policy: "autocast-fp16", x: raw(), passes: map[string]map[string]*observe.Stats{
-			PassFP32: big, PassFP16: overflow()}}, clean, Options{Checks: selection(t, "all,-FP1*")},
+			report.PassFP32: big, report.PassFP16: overflow()}}, clean, Options{Checks: selection(t, "all,-FP1*")},
 			outcome{verdict: report.VerdictOverflow, origin: "/fc1/MatMul", errors: []string{"FP2001"}, text: "fc1 (MatMul) overflows fp16",
 				fixes: []string{"keep-fp32=works"}}},
 	} {
@@ -360,8 +362,8 @@ func poison(x []float32) []float32 {
 
 // failsUnless answers reruns whose name holds want with clean values and
 // every other rerun with the overflow still there.
-func failsUnless(want string) func(Rerun) map[string]*observe.Stats {
-	return func(r Rerun) map[string]*observe.Stats {
+func failsUnless(want string) func(fix.Rerun) map[string]*observe.Stats {
+	return func(r fix.Rerun) map[string]*observe.Stats {
 		if strings.Contains(r.Name, want) {
 			return nil
 		}
@@ -393,9 +395,9 @@ func TestExplicitCast(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := world{g: castNet(), policy: "autocast-fp16", x: tc.x, casts: []int{0},
-				passes: map[string]map[string]*observe.Stats{PassFP32: big, PassFP16: over, PassAsWritten: tc.asWritten}}
+				passes: map[string]map[string]*observe.Stats{report.PassFP32: big, report.PassFP16: over, report.PassAsWritten: tc.asWritten}}
 			if strings.HasPrefix(tc.name, "as-written not run") {
-				delete(w.passes, PassAsWritten)
+				delete(w.passes, report.PassAsWritten)
 			}
 			d, rn := diagnose(t, w, clean, Options{})
 			check(t, d, tc.want)
@@ -423,7 +425,7 @@ func TestDeliberateInfinities(t *testing.T) {
 	}
 	t.Run("absorbed mask is healthy", func(t *testing.T) {
 		d, _ := diagnose(t, world{g: maskNet(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: mask(nil), PassFP16: mask(nil)}}, nil, Options{})
+			report.PassFP32: mask(nil), report.PassFP16: mask(nil)}}, nil, Options{})
 		check(t, d, outcome{verdict: report.VerdictHealthy, text: "no NaN/Inf in the fp16 pass"})
 		if len(d.Findings) != 0 {
 			t.Errorf("findings %v, want none (the mask is -inf on purpose)", d.Findings)
@@ -432,8 +434,8 @@ func TestDeliberateInfinities(t *testing.T) {
 	t.Run("the overflow, not the mask", func(t *testing.T) {
 		after := map[string]*observe.Stats{"y": bad(0, 0, 4, 0)}
 		d, rn := diagnose(t, world{g: maskNet(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-			PassFP32: mask(map[string]*observe.Stats{"y": fin(1e5)}), PassFP16: mask(after)}},
-			func(Rerun) map[string]*observe.Stats { return mask(nil) }, Options{})
+			report.PassFP32: mask(map[string]*observe.Stats{"y": fin(1e5)}), report.PassFP16: mask(after)}},
+			func(fix.Rerun) map[string]*observe.Stats { return mask(nil) }, Options{})
 		check(t, d, outcome{verdict: report.VerdictLogits, origin: "/head/MatMul", errors: []string{"FP2003"}, text: "head", fixes: []string{"keep-fp32=works"}})
 		if len(d.Fixes) == 1 && (d.Fixes[0].NonFiniteAfter != 0 || d.Fixes[0].NonFiniteBefore != 4) {
 			t.Errorf("fix counts %d → %d NaN/Inf, want 4 → 0 (the mask's -inf do not count)", d.Fixes[0].NonFiniteBefore, d.Fixes[0].NonFiniteAfter)
@@ -444,8 +446,8 @@ func TestDeliberateInfinities(t *testing.T) {
 	})
 	t.Run("all-masked row: the softmax, sample 2", func(t *testing.T) {
 		nan := mask(map[string]*observe.Stats{"p": bad(1, 4, 0, 0), "y": bad(0, 4, 0, 0)})
-		d, rn := diagnose(t, world{g: maskNet(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{PassFP32: nan, PassFP16: nan}},
-			func(r Rerun) map[string]*observe.Stats {
+		d, rn := diagnose(t, world{g: maskNet(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{report.PassFP32: nan, report.PassFP16: nan}},
+			func(r fix.Rerun) map[string]*observe.Stats {
 				// Sample 2 alone holds the NaN: a part holds it when it
 				// covers sample 2.
 				part := r.Batches[0]
@@ -503,7 +505,7 @@ func TestConstantFill(t *testing.T) {
 			outcome{verdict: report.VerdictHealthy, text: "no NaN/Inf in the fp16 pass"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := diagnose(t, world{g: tc.g, policy: "half", passes: map[string]map[string]*observe.Stats{PassFP32: nil, PassFP16: tc.fp16}}, clean, Options{})
+			d, _ := diagnose(t, world{g: tc.g, policy: "half", passes: map[string]map[string]*observe.Stats{report.PassFP32: nil, report.PassFP16: tc.fp16}}, clean, Options{})
 			check(t, d, tc.want)
 			warned := slices.ContainsFunc(d.Findings, func(fd checks.Finding) bool {
 				return fd.Check == lint.CheckConstRange.ID && fd.Severity == checks.SevWarning && fd.Node == "/attn/Where"
@@ -525,14 +527,14 @@ func TestFinfoFill(t *testing.T) {
 		policy, pass, limit string
 		fill                float32
 	}{
-		{"autocast-fp16", PassFP16, "fp16's own limit -65504", 65504},
-		{"half", PassFP16, "fp16's own limit -65504", 65504},
-		{"autocast-bf16", PassBF16, "bf16's own limit -3.38953e+38", tensor.BF16Max},
+		{"autocast-fp16", report.PassFP16, "fp16's own limit -65504", 65504},
+		{"half", report.PassFP16, "fp16's own limit -65504", 65504},
+		{"autocast-bf16", report.PassBF16, "bf16's own limit -3.38953e+38", tensor.BF16Max},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
 			w := world{g: fillNet(-math.MaxFloat32, true), policy: tc.policy, passes: map[string]map[string]*observe.Stats{
-				PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "p": fin(1), "y": fin(3)},
-				tc.pass:  {"s": fin(2), "w": fin(tc.fill), "p": fin(1), "y": fin(3)}}}
+				report.PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "p": fin(1), "y": fin(3)},
+				tc.pass:         {"s": fin(2), "w": fin(tc.fill), "p": fin(1), "y": fin(3)}}}
 			f, batches := w.facts(t)
 			d, err := Run(context.Background(), f, &runner{values: f.Values}, batches, Options{})
 			if err != nil {
@@ -571,18 +573,18 @@ func TestFinfoFill(t *testing.T) {
 		node("Where", "/attn/Where", "cond fill s", "w"),
 		node("MatMul", "/head/MatMul", "w W2", "y"))
 	w := world{g: g, policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
-		PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "y": fin(3)},
-		PassFP16: {"s": fin(2), "w": fin(65504), "y": fin(3)}}}
+		report.PassFP32: {"s": fin(2), "w": fin(math.MaxFloat32), "y": fin(3)},
+		report.PassFP16: {"s": fin(2), "w": fin(65504), "y": fin(3)}}}
 	f, _ := w.facts(t)
-	res := f.Passes[PassFP16]
+	res := f.Passes[report.PassFP16]
 	res.Diffs = map[string]*observe.Diff{}
 	for v, e := range map[string]float64{"s": 0, "w": 1, "y": 0.5} {
 		res.Diffs[v] = &observe.Diff{SumSqRef: 1, SumSqDiff: e * e, BothFinite: 16, NonzeroRef: 16}
 	}
 	res.Outputs = outputDiffs(0.5)[:1]
-	f.prepare()
+	f.Prepare()
 	var got []string
-	for _, o := range f.Origins(PassFP16) {
+	for _, o := range f.Origins(report.PassFP16) {
 		got = append(got, o.Node+" "+o.Cause)
 	}
 	if !slices.Equal(got, []string{"/head/MatMul " + report.CausePrecision}) {
@@ -597,7 +599,7 @@ func TestSavedHalfInput(t *testing.T) {
 	x := normal()
 	x[3] = float32(math.Inf(1))
 	nan := map[string]*observe.Stats{"h": bad(1, 0, 4, 0), "r": bad(1, 0, 4, 0), "y": bad(0, 4, 0, 0), "z": bad(0, 0, 4, 0)}
-	w := world{g: mlp(), policy: "autocast-fp16", x: x, saved: tensor.Float16, passes: map[string]map[string]*observe.Stats{PassFP32: nan, PassFP16: nan}}
+	w := world{g: mlp(), policy: "autocast-fp16", x: x, saved: tensor.Float16, passes: map[string]map[string]*observe.Stats{report.PassFP32: nan, report.PassFP16: nan}}
 	d, _ := diagnose(t, w, nil, Options{})
 	check(t, d, outcome{verdict: report.VerdictUnnormalized, origin: "x", errors: []string{"FP1002"}, text: "was saved in float16"})
 	d, _ = diagnose(t, w, nil, Options{Checks: selection(t, "all,-FP1002")})
@@ -611,10 +613,10 @@ func TestSavedHalfInput(t *testing.T) {
 // are the same after them.
 func TestAnalyzersPure(t *testing.T) {
 	w := world{g: mlp(), policy: "autocast-fp16", x: raw(), passes: map[string]map[string]*observe.Stats{
-		PassFP32: {"h": fin(6e4), "r": fin(6e4), "y": fin(5e4), "z": fin(3e4)}, PassFP16: nil}}
+		report.PassFP32: {"h": fin(6e4), "r": fin(6e4), "y": fin(5e4), "z": fin(3e4)}, report.PassFP16: nil}}
 	f, _ := w.facts(t)
-	f.prepare()
-	origins, lowHeadroom, masked := cloneOrigins(f.origins), slices.Clone(f.lowHeadroom), maps.Clone(f.masked)
+	f.Prepare()
+	origins, lowHeadroom, masked := derivedOf(f)
 	forward, err := checks.RunAnalyzers(Analyzers(), f, checks.Selection{}, "autocast-fp16")
 	if err != nil {
 		t.Fatal(err)
@@ -636,22 +638,28 @@ func TestAnalyzersPure(t *testing.T) {
 	if len(lowHeadroom) == 0 {
 		t.Error("no value close to fp16's limit: the test does not exercise FP2004")
 	}
-	if !reflect.DeepEqual(origins, f.origins) || !reflect.DeepEqual(lowHeadroom, f.lowHeadroom) || !reflect.DeepEqual(masked, f.masked) {
+	if o, l, m := derivedOf(f); !reflect.DeepEqual(origins, o) || !reflect.DeepEqual(lowHeadroom, l) || !reflect.DeepEqual(masked, m) {
 		t.Error("the analyzers changed the derived facts")
 	}
 	// FP2004 needs a clean emulated pass: the driver does not run it on
 	// one whose NaN/Inf reach an output.
-	w.passes[PassFP16] = overflow()
+	w.passes[report.PassFP16] = overflow()
 	d, _ := diagnose(t, w, clean, Options{})
 	if slices.ContainsFunc(d.Findings, func(fd checks.Finding) bool { return fd.Check == "FP2004" }) {
 		t.Error("FP2004 ran on an emulated pass whose NaN/Inf reach the outputs")
 	}
 }
 
-func cloneOrigins(m map[string][]report.Origin) map[string][]report.Origin {
-	out := map[string][]report.Origin{}
-	for k, v := range m {
-		out[k] = slices.Clone(v)
+// derivedOf copies what Prepare derived and the analyzers may read: the
+// origins of every pass, the values low on headroom, the masked nodes.
+func derivedOf(f *evidence.Facts) (map[string][]report.Origin, []evidence.HeadroomValue, []bool) {
+	origins := map[string][]report.Origin{}
+	for p := range f.Passes {
+		origins[p] = slices.Clone(f.Origins(p))
 	}
-	return out
+	masked := make([]bool, len(f.Graph().Node))
+	for ni := range masked {
+		masked[ni] = f.Masked(ni)
+	}
+	return origins, slices.Clone(f.LowHeadroom()), masked
 }

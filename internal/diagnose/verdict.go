@@ -1,3 +1,15 @@
+// Package diagnose turns what the passes observed into findings, origins,
+// verified fixes and a verdict: the diagnosis stage of an audit. Every
+// dynamic check is an Analyzer over one evidence.Facts value (the static
+// facts of the model, the input analysis and the pass results), run by a
+// driver like the static lint's; the verdict is computed from the
+// findings the analyzers returned and from the fixes a rerun verified,
+// never inside an analyzer. The checks are declared in checks.go and run
+// in analyzers.go, what an origin is for its finding is classify.go's,
+// the verdict tree is verdict.go's (Run), and the samples of an fp32
+// origin are located in samples.go. What they read is package
+// evidence's (origins, deliberate infinities, output agreement), what an
+// input holds package inputs', and the fixes are package fix's.
 package diagnose
 
 import (
@@ -8,7 +20,11 @@ import (
 
 	"fp16audit/checks"
 	"fp16audit/internal/batch"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/fix"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
+	"fp16audit/internal/precision"
 	"fp16audit/report"
 )
 
@@ -67,30 +83,30 @@ type Diagnosis struct {
 // An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
 // by leaving them finite but wrong (FP2006): the verdicts 4 to 8 are the
 // same for both, and so are the fixes.
-func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
-	f.prepare()
+func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
+	f.Prepare()
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
 	if err != nil {
 		return nil, err
 	}
 	d := &Diagnosis{Findings: findings, Origins: []report.Origin{}, Fixes: []report.Fix{}}
-	if n := len(f.lowHeadroom) - maxHeadroomFindings; n > 0 && has(findings, checkHeadroom, checks.SevWarning) {
+	if n := len(f.LowHeadroom()) - maxHeadroomFindings; n > 0 && has(findings, checkHeadroom, checks.SevWarning) {
 		d.Notes = append(d.Notes, fmt.Sprintf("%d more value(s) with headroom under %.1f bits are not listed", n, f.Thresholds.HeadroomBits))
 	}
 	switch {
 	case has(findings, checkPoisonedInput, checks.SevError):
 		d.Verdict = report.VerdictPoisoned
-		o := f.deciding(f.Origins(PassFP32))
+		o := f.Deciding(f.Origins(report.PassFP32))
 		d.VerdictText = fmt.Sprintf("the batch already holds NaN/Inf (%s): clean the data before looking at precision", inputList(o))
 		d.Origins = o
-	case f.savedHalfOrigins(findings) != nil:
+	case savedHalfOrigins(f, findings) != nil:
 		d.Verdict = report.VerdictUnnormalized
-		d.Origins = f.savedHalfOrigins(findings)
+		d.Origins = savedHalfOrigins(f, findings)
 		d.VerdictText = fmt.Sprintf("%s was saved in float16 and holds Inf where its values passed 65504: the inputs are not normalized; standardize them and save the batch in float32", inputList(d.Origins))
 	case has(findings, checkFP32Broken, checks.SevError):
-		o := f.deciding(f.Origins(PassFP32))
+		o := f.Deciding(f.Origins(report.PassFP32))
 		if !opt.NoFixes {
-			note, err := f.locateSamples(ctx, run, batches, o)
+			note, err := locateSamples(ctx, f, run, batches, o)
 			if err != nil {
 				return nil, err
 			}
@@ -101,13 +117,13 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 		d.Verdict = report.VerdictFP32Broken
 		d.VerdictText = fmt.Sprintf("the model produces NaN/Inf even in fp32, first at %s (%s)%s: fix the model or data first", o[0].Node, o[0].OpType, samplesWording(o[0].Samples))
 		if !opt.NoFixes {
-			fix, err := f.fixEpsilon(ctx, run, batches, o)
+			fx, err := fix.Epsilon(ctx, f, run, batches, o)
 			if err != nil {
 				return nil, err
 			}
-			if fix != nil {
-				d.Fixes = append(d.Fixes, *fix)
-				if fix.Works {
+			if fx != nil {
+				d.Fixes = append(d.Fixes, *fx)
+				if fx.Works {
 					d.VerdictText += fmt.Sprintf("; %s divides by a square root with no epsilon, and with one no NaN/Inf of the fp32 pass reaches an output (rerun)", o[0].Node)
 				}
 			}
@@ -116,22 +132,22 @@ func Run(ctx context.Context, f *Facts, run Runner, batches []batch.Batch, opt O
 	case f.Main == "":
 		d.Verdict, d.VerdictText = report.VerdictHealthy, "the fp32 pass is clean (policy fp32: no emulated pass)"
 	default:
-		decided, err := f.overflowVerdict(ctx, d, run, batches, opt, findings)
+		decided, err := overflowVerdict(ctx, f, d, run, batches, opt, findings)
 		if err != nil {
 			return nil, err
 		}
 		if !decided {
 			d.Verdict = report.VerdictHealthy
-			d.VerdictText = f.healthyText(opt)
+			d.VerdictText = healthyText(f, opt)
 		}
 	}
-	d.OutputAgreement = f.outputAgreement(d.Fixes)
+	d.OutputAgreement = outputAgreement(f, d.Fixes)
 	return d, nil
 }
 
 // outputAgreement lists the output agreement of the emulated passes, then
 // of the passes the fixes were judged by, once each.
-func (f *Facts) outputAgreement(fixes []report.Fix) []report.OutputAgreement {
+func outputAgreement(f *evidence.Facts, fixes []report.Fix) []report.OutputAgreement {
 	out := []report.OutputAgreement{}
 	seen := map[string]bool{}
 	add := func(pass string) {
@@ -140,13 +156,13 @@ func (f *Facts) outputAgreement(fixes []report.Fix) []report.OutputAgreement {
 		}
 		seen[pass] = true
 		if res, ok := f.Passes[pass]; ok {
-			f.recordAgreement(res)
+			f.RecordAgreement(res)
 		}
-		out = append(out, f.agreements[pass]...)
+		out = append(out, f.Agreement(pass)...)
 	}
 	add(f.Main)
-	add(PassBF16)
-	add(PassAsWritten)
+	add(report.PassBF16)
+	add(report.PassAsWritten)
 	for _, fx := range fixes {
 		add(fx.Pass)
 	}
@@ -161,7 +177,7 @@ func has(findings []checks.Finding, c *checks.Check, sev checks.Severity) bool {
 
 // reported returns the origins some error finding of check c names (by
 // node, or by input for an origin at a graph input).
-func reported(findings []checks.Finding, c *checks.Check, origins []report.Origin, f *Facts) []report.Origin {
+func reported(findings []checks.Finding, c *checks.Check, origins []report.Origin, f *evidence.Facts) []report.Origin {
 	var out []report.Origin
 	for _, o := range origins {
 		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
@@ -171,7 +187,7 @@ func reported(findings []checks.Finding, c *checks.Check, origins []report.Origi
 			if o.Index < 0 {
 				return x.Value == o.Input
 			}
-			return x.Node == f.nodeName(o.Index)
+			return x.Node == f.NodeName(o.Index)
 		}) {
 			out = append(out, o)
 		}
@@ -182,10 +198,10 @@ func reported(findings []checks.Finding, c *checks.Check, origins []report.Origi
 // savedHalfOrigins returns the input origins of data saved in half
 // precision beyond its range, when they reach an output and FP1002 says
 // so.
-func (f *Facts) savedHalfOrigins(findings []checks.Finding) []report.Origin {
+func savedHalfOrigins(f *evidence.Facts, findings []checks.Finding) []report.Origin {
 	var out []report.Origin
-	for _, o := range f.deciding(f.Origins(PassFP32)) {
-		in := f.input(o.Input)
+	for _, o := range f.Deciding(f.Origins(report.PassFP32)) {
+		in := f.Input(o.Input)
 		if o.Cause != report.CauseInput || in == nil || !in.SavedHalfInf {
 			continue
 		}
@@ -234,8 +250,8 @@ func limitSamples(s []report.Sample, n int) []report.Sample {
 }
 
 // healthyText says what a clean emulated pass showed.
-func (f *Facts) healthyText(opt Options) string {
-	if n := len(f.deciding(f.Origins(PassFP32))); n > 0 {
+func healthyText(f *evidence.Facts, opt Options) string {
+	if n := len(f.Deciding(f.Origins(report.PassFP32))); n > 0 {
 		return fmt.Sprintf("undecided: NaN/Inf of %d origin(s) reach the outputs of the fp32 pass, but --checks %s switched off the checks that report them", n, opt.Checks)
 	}
 	txt := fmt.Sprintf("nothing non-finite reaches the outputs of the %s pass", f.Main)
@@ -243,19 +259,19 @@ func (f *Facts) healthyText(opt Options) string {
 		txt = fmt.Sprintf("no NaN/Inf in the %s pass", f.Main)
 	}
 	if res, ok := f.Passes[f.Main]; ok {
-		if a := f.agreeText(res); a != "" {
+		if a := f.AgreeText(res); a != "" {
 			txt += "; " + a
 		}
 	}
 	if bits, _, limit, ok := f.MinHeadroom(); ok {
 		txt += fmt.Sprintf("; smallest headroom %.1f bits below %.4g", bits, limit)
 	}
-	if n := len(f.deciding(f.mainOrigins())); n > 0 {
+	if n := len(f.Deciding(f.MainOrigins())); n > 0 {
 		txt += fmt.Sprintf("; %d overflow(s) went unreported because --checks %s switched their checks off", n, opt.Checks)
 	}
-	for _, o := range f.mainOrigins() {
+	for _, o := range f.MainOrigins() {
 		if f.Raises(o) {
-			txt += fmt.Sprintf("; but %s", f.consequence(o))
+			txt += fmt.Sprintf("; but %s", consequence(f, o))
 			break
 		}
 	}
@@ -266,8 +282,8 @@ func (f *Facts) healthyText(opt Options) string {
 // reach an output and picks the verdict; decided is false when no error
 // finding names a deciding origin (their checks are switched off, or
 // nothing reaches an output).
-func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, batches []batch.Batch, opt Options, findings []checks.Finding) (decided bool, err error) {
-	origins := f.deciding(f.mainOrigins())
+func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run fix.Runner, batches []batch.Batch, opt Options, findings []checks.Finding) (decided bool, err error) {
+	origins := f.Deciding(f.MainOrigins())
 	castOrigins := reported(findings, checkHalfCast, origins, f)
 	constOrigins := reported(findings, lint.CheckConstRange, origins, f)
 	overflows := reported(findings, checkOverflow, origins, f)
@@ -277,49 +293,49 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		return false, nil
 	}
 	d.Origins = origins
-	before := f.nonFinite(f.Passes[f.Main], f.Main)
-	addFix := func(fix *report.Fix, err error) (*report.Fix, error) {
-		if err != nil || fix == nil {
+	before := f.NonFinite(f.Passes[f.Main], f.Main)
+	addFix := func(fx *report.Fix, err error) (*report.Fix, error) {
+		if err != nil || fx == nil {
 			return nil, err
 		}
-		d.Fixes = append(d.Fixes, *fix)
-		return fix, nil
+		d.Fixes = append(d.Fixes, *fx)
+		return fx, nil
 	}
 	cast, constant := len(castOrigins) > 0, len(castOrigins) == 0 && len(constOrigins) > 0
-	flagged := f.flaggedInputs(findings)
+	flagged := flaggedInputs(f, findings)
 	var std *report.Fix
 	if !opt.NoFixes {
 		switch {
 		case constant:
-			_, err = addFix(f.fixConstant(ctx, run, batches, origins, before))
+			_, err = addFix(fix.Constant(ctx, f, run, batches, origins, before))
 		case cast:
-			_, err = addFix(f.fixRemoveCast(ctx, run, batches, castOrigins, before))
+			_, err = addFix(fix.RemoveCast(ctx, f, run, batches, castOrigins, before))
 		case len(flagged) > 0:
-			std, err = addFix(f.fixStandardize(ctx, run, batches, flagged, before))
+			std, err = addFix(fix.Standardize(ctx, f, run, batches, flagged, before))
 		}
 		if err != nil {
 			return false, err
 		}
 	}
-	if fix, ok := f.fixBF16(before); ok {
-		d.Fixes = append(d.Fixes, *fix)
+	if fx, ok := fix.BF16(f, before); ok {
+		d.Fixes = append(d.Fixes, *fx)
 	}
 	onlyPrecise := len(castOrigins)+len(constOrigins)+len(overflows)+len(logits) == 0
 	removed := false // the cast's removal was tried and did not work
 	if !opt.NoFixes && !constant && (std == nil || !std.Works) {
-		var fix *report.Fix
+		var fx *report.Fix
 		switch {
 		case onlyPrecise:
-			fix, err = f.fixKeepRegion(ctx, run, batches, precise[0], before)
+			fx, err = fix.KeepRegion(ctx, f, run, batches, precise[0], before)
 		case cast && !fixWorks(d.Fixes, report.FixRemoveCast):
 			// Without the cast autocast may still hold the op in 16 bits
 			// (a cast right after a Linear): keep it in fp32 as well.
 			removed = true
-			fix, err = f.fixKeepFP32(ctx, run, batches, origins, before, f.castsOf(castOrigins))
+			fx, err = fix.KeepFP32(ctx, f, run, batches, origins, before, f.CastsOf(castOrigins))
 		case !cast:
-			fix, err = f.fixKeepFP32(ctx, run, batches, origins, before, nil)
+			fx, err = fix.KeepFP32(ctx, f, run, batches, origins, before, nil)
 		}
-		if _, err := addFix(fix, err); err != nil {
+		if _, err := addFix(fx, err); err != nil {
 			return false, err
 		}
 	}
@@ -328,14 +344,14 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		o := precise[0]
 		d.Verdict = report.VerdictOverflow
 		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
-		if f.underflows(o) {
+		if underflows(f, o) {
 			d.Verdict = report.VerdictUnderflow
-			how = fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.passFormat(f.Main)))
+			how = fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.PassFormat(f.Main)))
 			if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > 0 {
 				how += fmt.Sprintf(", %.0f%% of its nonzero values flush to zero", 100*df.FlushedFraction())
 			}
 			d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but the outputs are lost to underflow: from %s (%s) on, %s", f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
-			if note := f.untrainedNote(); note != "" {
+			if note := untrainedNote(f); note != "" {
 				d.Notes = append(d.Notes, note)
 			}
 			break
@@ -356,13 +372,13 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 			casts = strings.Join(o.Provenance.Casts, ", ")
 		}
 		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): switching to_fp16() off will not help; remove the cast or move it after the op that overflows",
-			casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
-		if removed && f.heldWithoutCasts(o) {
+			casts, moduleOr(o.Module, o.Node), o.OpType, report.PassAsWritten)
+		if removed && f.HeldWithoutCasts(o) {
 			d.VerdictText += fmt.Sprintf("; without the cast %s still holds it in 16 bits, so it must stay in fp32 as well", f.Static.Policy.Name)
 		}
-		if f.Passes[PassAsWritten] == nil {
+		if f.Passes[report.PassAsWritten] == nil {
 			d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there; autocast cannot protect an explicit cast (without the %s pass it is not known whether it overflows with mixed precision off too): remove the cast or move it after the op that overflows",
-				casts, moduleOr(o.Module, o.Node), o.OpType, PassAsWritten)
+				casts, moduleOr(o.Module, o.Node), o.OpType, report.PassAsWritten)
 		}
 	case std != nil && std.Works:
 		d.Verdict = report.VerdictUnnormalized
@@ -375,8 +391,8 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 	case len(overflows) > 0:
 		o := overflows[0]
 		d.Verdict = report.VerdictOverflow
-		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, f.inputsWording(), o.FP32MaxAbs)
-		if o.ExplicitCast && f.Passes[PassAsWritten] != nil {
+		d.VerdictText = fmt.Sprintf("%s (%s) overflows %s%s (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.OpType, o.Precision, inputsWording(f), o.FP32MaxAbs)
+		if o.ExplicitCast && f.Passes[report.PassAsWritten] != nil {
 			d.VerdictText += "; the model's own cast upstream does not overflow without mixed precision: autocast's lower precision does it"
 		}
 	default:
@@ -384,7 +400,7 @@ func (f *Facts) overflowVerdict(ctx context.Context, d *Diagnosis, run Runner, b
 		d.Verdict = report.VerdictLogits
 		d.VerdictText = fmt.Sprintf("the final layer %s outputs values beyond %s's range (fp32 max |x| %.4g)", moduleOr(o.Module, o.Node), o.Precision, o.FP32MaxAbs)
 	}
-	if w := f.wrongText(f.Passes[f.Main]); w != "" && !slices.ContainsFunc(origins, func(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }) {
+	if w := f.WrongText(f.Passes[f.Main]); w != "" && !slices.ContainsFunc(origins, func(o report.Origin) bool { return len(o.AffectedOutputs) > 0 }) {
 		// Nothing non-finite reaches the outputs: say what does.
 		d.VerdictText += "; " + w
 	}
@@ -419,10 +435,10 @@ var inputChecks = []*checks.Check{checkInputRange, checkRawPixels, checkUnscaled
 // flaggedInputs returns the float inputs an input finding flags, in input
 // order (not data saved in half precision, which standardizing cannot
 // repair).
-func (f *Facts) flaggedInputs(findings []checks.Finding) []*Input {
-	var out []*Input
+func flaggedInputs(f *evidence.Facts, findings []checks.Finding) []*inputs.Input {
+	var out []*inputs.Input
 	for _, in := range f.Inputs {
-		if in.chans == nil || in.SavedHalfInf {
+		if !in.Float() || in.SavedHalfInf {
 			continue
 		}
 		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
@@ -436,10 +452,10 @@ func (f *Facts) flaggedInputs(findings []checks.Finding) []*Input {
 
 // inputsWording says what the inputs were, for an overflow verdict: "on
 // normalized inputs" only where the float inputs look standardized.
-func (f *Facts) inputsWording() string {
+func inputsWording(f *evidence.Facts) string {
 	floats := 0
 	for _, in := range f.Inputs {
-		if in.chans == nil {
+		if !in.Float() {
 			continue
 		}
 		floats++
@@ -454,8 +470,8 @@ func (f *Facts) inputsWording() string {
 }
 
 // consequence is what PyTorch does at a constant origin, with where.
-func (f *Facts) consequence(o report.Origin) string {
-	n := f.graph().Node[o.Index]
+func consequence(f *evidence.Facts, o report.Origin) string {
+	n := f.Graph().Node[o.Index]
 	return lint.FillAt(n, inputSlot(n, o.Constant)).Consequence(f.Static.Assign.Node[o.Index], *o.ConstantValue) +
 		fmt.Sprintf(" (%s, %s writes %s = %s)", moduleOr(o.Module, "model"), o.Node, o.Constant, fmtConst(*o.ConstantValue))
 }
@@ -466,4 +482,41 @@ func quoted(s []string) []string {
 		out[i] = fmt.Sprintf("%q", x)
 	}
 	return out
+}
+
+// underflows reports whether a precision origin's values are lost below
+// the format's range rather than to its rounding: their fp32 magnitude
+// stays under the smallest normal, or more of them flush to zero than
+// --underflow-fraction allows.
+func underflows(f *evidence.Facts, o report.Origin) bool {
+	if o.FP32MaxAbs > 0 && o.FP32MaxAbs < smallestNormal(f.PassFormat(f.Main)) {
+		return true
+	}
+	d := f.Passes[f.Main].Diffs[o.Value]
+	return d != nil && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+}
+
+// smallestNormal is the smallest positive normal number of a format.
+func smallestNormal(p precision.Precision) float64 {
+	if p == precision.BF16 {
+		return 0x1p-126
+	}
+	return 0x1p-14
+}
+
+// untrainedNote says, when the fp32 outputs themselves are below fp16's
+// smallest normal, that activations decaying like this are what an
+// untrained network does; "" otherwise.
+func untrainedNote(f *evidence.Facts) string {
+	ref := f.Passes[report.PassFP32]
+	largest := 0.0
+	for _, vi := range f.Graph().Output {
+		if s, ok := ref.Stats[vi.Name]; ok && s.Finite > 0 {
+			largest = max(largest, float64(s.MaxAbs))
+		}
+	}
+	if largest == 0 || largest >= smallestNormal(precision.FP16) {
+		return ""
+	}
+	return fmt.Sprintf("the fp32 outputs themselves are tiny (max |x| %.3g, below fp16's smallest normal 6.1e-05): activations that shrink layer by layer like this are what an untrained network does (torchvision's models as constructed keep BatchNorm at its initial statistics); audit the trained weights, or calibrate BatchNorm on real batches, before changing the precision", largest)
 }

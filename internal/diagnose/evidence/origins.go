@@ -1,15 +1,15 @@
-package diagnose
+package evidence
 
 import (
 	"math"
 	"slices"
 	"sort"
 
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
-	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -154,7 +154,7 @@ func constantValues(g *onnx.GraphProto, order []int) map[string]bool {
 	return c
 }
 
-// passOrigins finds the origins of non-finite values in one pass's results
+// PassOrigins finds the origins of non-finite values in one pass's results
 // under assignment asg, classified: their cause, the fp32 magnitude of each
 // origin's value, the out-of-range constant a constant origin writes, and
 // the precision provenance of an emulated-pass origin. It also returns the
@@ -162,12 +162,12 @@ func constantValues(g *onnx.GraphProto, order []int) map[string]bool {
 // purpose (see deliberateValues), which are neither origins nor what an
 // origin spreads to, and where the pass writes a mask constant beyond its
 // format's range. It reads the facts and writes nothing.
-func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision.Assignment) ([]report.Origin, map[string]bool, []fill) {
-	g := f.graph()
+func (f *Facts) PassOrigins(pass string, res *observe.PassResult, asg *precision.Assignment) ([]report.Origin, map[string]bool, []Fill) {
+	g := f.Graph()
 	idx := f.Static.Model.Index
 	deliberate, fills := f.deliberateValues(pass, res, asg)
 	nonFinite := func(name string) bool {
-		if in := f.input(name); in != nil {
+		if in := f.Input(name); in != nil {
 			return in.Stats.NonFinite() > 0
 		}
 		s, ok := res.Stats[name]
@@ -187,7 +187,7 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 		start := o.values(g)
 		var or report.Origin
 		if o.node < 0 {
-			in := f.input(o.input)
+			in := f.Input(o.input)
 			or = report.Origin{Pass: pass, Cause: report.CauseInput, Index: -1, Input: o.input, Value: o.input,
 				NonFinite: in.Stats.NonFinite(), Samples: in.Samples}
 		} else if in := f.castInput(pass, o.node, asg); in != nil {
@@ -210,7 +210,7 @@ func (f *Facts) passOrigins(pass string, res *observe.PassResult, asg *precision
 		out = append(out, or)
 		starts = append(starts, start)
 	}
-	if pass != PassFP32 && res.Outputs != nil {
+	if pass != report.PassFP32 && res.Outputs != nil {
 		out = f.attributeWrong(out, starts, res, asg)
 	}
 	return out, deliberate, fills
@@ -231,196 +231,16 @@ func (o origin) values(g *onnx.GraphProto) []string {
 	return vs
 }
 
-// fill is where a pass writes a mask constant on purpose into a value
-// whose format cannot hold it: ±float32's largest value (what an fp32
-// export of torch.finfo(x.dtype).min looks like) held in fp16 or bf16,
-// where it is ±Inf.
-type fill struct {
-	node     int
-	constant string
-	value    float64
-}
-
-// carriesInf reports whether a default-domain op hands a mask's
-// infinities on without making new ones (ops.CarriesInf: it moves,
-// selects, broadcasts or adds values). An op without the role that reads
-// such infinities (Softmax, Exp, MatMul) is where a NaN they cause starts.
-func carriesInf(n *onnx.NodeProto) bool {
-	return onnx.IsDefaultDomain(n.Domain) && ops.Lookup(ops.Default, n.OpType).Is(ops.CarriesInf)
-}
-
-// infSigns is a set of signs of infinity: 1 for +Inf, 2 for -Inf.
-type infSigns uint8
-
-func signOf(v float64) infSigns {
-	if v < 0 {
-		return 2
-	}
-	return 1
-}
-
-func statSigns(s *observe.Stats) infSigns {
-	var out infSigns
-	if s.PosInf > 0 {
-		out |= 1
-	}
-	if s.NegInf > 0 {
-		out |= 2
-	}
-	return out
-}
-
-// deliberateExtreme reports whether v is a value a model writes on purpose
-// as "minus infinity": an infinity, or float32's extreme
-// (torch.finfo(torch.float32).min, or finfo(x.dtype).min traced in fp32).
-func deliberateExtreme(v float64) bool { return math.IsInf(v, 0) || dtypeAwareLimit(v) }
-
-// deliberateValues returns the values of one pass whose only non-finite
-// elements are infinities the model writes on purpose: a mask constant of
-// -inf or finfo(float32).min — ConstantOfShape of it, an initializer — and
-// what mask-carrying ops make of it (Trilu, Expand, Where, scores + mask)
-// while no NaN and no infinity of another sign appears and no other
-// non-finite value flows in. Softmax of an all -inf row is NaN, so the
-// Softmax is where that NaN starts. It also returns the fills: where such
-// a constant, finite in fp32, is written into a value the pass holds in
-// fp16 or bf16.
-func (f *Facts) deliberateValues(pass string, res *observe.PassResult, asg *precision.Assignment) (map[string]bool, []fill) {
-	g := f.graph()
-	out := map[string]bool{}
-	var fills []fill
-	for _, ni := range f.Static.Order {
-		n := g.Node[ni]
-		if !carriesInf(n) {
-			continue
-		}
-		var signs infSigns
-		var wrote *fill
-		if n.OpType == "ConstantOfShape" {
-			if v, ok := f.fillValue(n); ok && deliberateExtreme(v) {
-				signs |= signOf(v)
-			}
-		}
-		clean := true
-		for _, in := range n.Input {
-			switch {
-			case in == "":
-			case f.consts[in]:
-				v, ok := f.constantExtreme(in)
-				if !ok || !deliberateExtreme(v) {
-					continue
-				}
-				signs |= signOf(v)
-				if !math.IsInf(v, 0) && pass != PassFP32 && overflowAt(f.Static.HeldAtIn(asg, in, ni)) > 0 {
-					wrote = &fill{node: ni, constant: in, value: v}
-				}
-			case out[in]:
-				signs |= statSigns(res.Stats[in])
-			default:
-				if s, ok := res.Stats[in]; ok && s.NonFinite() > 0 {
-					clean = false
-				}
-				if gi := f.input(in); gi != nil && gi.Stats.NonFinite() > 0 {
-					clean = false
-				}
-			}
-		}
-		if !clean || signs == 0 {
-			continue
-		}
-		carried := false
-		for _, v := range n.Output {
-			s, ok := res.Stats[v]
-			if v == "" || !ok || s.NonFinite() == 0 || s.NaN > 0 || statSigns(s)&^signs != 0 {
-				continue
-			}
-			out[v], carried = true, true
-		}
-		if carried && wrote != nil {
-			fills = append(fills, *wrote)
-		}
-	}
-	return out, fills
-}
-
-// finfoCarriers returns the nodes whose values hold a number
-// torch.finfo(dtype) wrote, read in fp16 or bf16 as that format's limit
-// (fills, rewrite.FinfoFills): the readers, and the mask-carrying ops after
-// them while the fp32 reference of what they make still lies beyond the
-// format's range (the exported ±3.4e38 the limit stands for) — a mask
-// added to the scores, expanded, cast for softmax. Their values differ
-// from fp32's on purpose.
-func (f *Facts) finfoCarriers(fills []rewrite.FinfoFill) map[int]bool {
-	g := f.graph()
-	idx := f.Static.Model.Index
-	ref := f.Passes[PassFP32]
-	out := map[int]bool{}
-	type reach struct {
-		node  int
-		limit float64
-	}
-	var queue []reach
-	for _, w := range fills {
-		if w.Reduced() && !out[w.Node] {
-			out[w.Node] = true
-			queue = append(queue, reach{w.Node, math.Abs(w.Limit())})
-		}
-	}
-	if ref == nil {
-		return out
-	}
-	beyond := func(ni int, limit float64) bool {
-		for _, v := range g.Node[ni].Output {
-			if s, ok := ref.Stats[v]; ok && (float64(s.MaxAbs) > limit || s.PosInf+s.NegInf > 0) {
-				return true
-			}
-		}
-		return false
-	}
-	for len(queue) > 0 {
-		r := queue[0]
-		queue = queue[1:]
-		for _, v := range g.Node[r.node].Output {
-			for _, c := range idx.Consumers(v) {
-				n := g.Node[c]
-				if out[c] || !carriesInf(n) || !beyond(c, r.limit) {
-					continue
-				}
-				out[c] = true
-				queue = append(queue, reach{c, r.limit})
-			}
-		}
-	}
-	return out
-}
-
-// fillValue returns the value a ConstantOfShape node writes (0 without a
-// value attribute).
-func (f *Facts) fillValue(n *onnx.NodeProto) (float64, bool) {
-	a := onnx.FindAttr(n, "value")
-	if a == nil || a.GetT() == nil {
-		return 0, true
-	}
-	t, err := onnx.DecodeTensor(a.GetT(), f.Static.Model.Index.BaseDir)
-	if err != nil || !t.DType.IsFloat() {
-		return 0, false
-	}
-	xs, err := t.Float32s()
-	if err != nil || len(xs) == 0 {
-		return 0, false
-	}
-	return float64(xs[0]), true
-}
-
 // castInput returns the graph input that node ni reads in a precision
 // whose range the input's values exceed because the policy holds the input
 // itself there (not because ni casts it, as an autocast op does).
-func (f *Facts) castInput(pass string, ni int, asg *precision.Assignment) *Input {
-	if pass == PassFP32 {
+func (f *Facts) castInput(pass string, ni int, asg *precision.Assignment) *inputs.Input {
+	if pass == report.PassFP32 {
 		return nil
 	}
-	for _, name := range f.graph().Node[ni].Input {
-		in := f.input(name)
-		if in == nil || in.chans == nil {
+	for _, name := range f.Graph().Node[ni].Input {
+		in := f.Input(name)
+		if in == nil || !in.Float() {
 			continue
 		}
 		if limit := overflowAt(asg.Value[name]); limit > 0 && float64(in.Stats.MaxAbs) >= limit {
@@ -445,7 +265,7 @@ func overflowAt(p precision.Precision) float64 {
 // merge adds what another reader of the same overflowing input reached.
 func merge(or *report.Origin, o origin, f *Facts) {
 	for _, ni := range o.affected {
-		or.Affected = append(or.Affected, f.nodeName(ni))
+		or.Affected = append(or.Affected, f.NodeName(ni))
 	}
 	for _, out := range o.outputs {
 		if !slices.Contains(or.AffectedOutputs, out) {
@@ -456,43 +276,43 @@ func merge(or *report.Origin, o origin, f *Facts) {
 
 // nodeOrigin describes an origin at node ni.
 func (f *Facts) nodeOrigin(pass string, ni int, res *observe.PassResult, asg *precision.Assignment) report.Origin {
-	g := f.graph()
+	g := f.Graph()
 	n := g.Node[ni]
-	or := report.Origin{Pass: pass, Cause: report.CauseOverflow, Node: f.nodeName(ni), Index: ni, OpType: n.OpType,
+	or := report.Origin{Pass: pass, Cause: report.CauseOverflow, Node: f.NodeName(ni), Index: ni, OpType: n.OpType,
 		Module: onnx.ModulePath(n), Precision: asg.Node[ni].String()}
-	if pass == PassFP32 {
+	if pass == report.PassFP32 {
 		or.Cause, or.Precision = report.CauseFP32, precision.FP32.String()
 	}
 	for _, v := range n.Output {
 		if s, ok := res.Stats[v]; ok && s.NonFinite() > 0 {
 			or.Value, or.NonFinite = v, s.NonFinite()
-			if ref, ok := f.Passes[PassFP32].Stats[v]; ok && ref.Finite > 0 {
+			if ref, ok := f.Passes[report.PassFP32].Stats[v]; ok && ref.Finite > 0 {
 				or.FP32MaxAbs = float64(ref.MaxAbs)
 				if h := ref.HeadroomBits(); !isInfOrNaN(h) {
 					or.HeadroomBits = &h
 				}
 			}
-			if w := asg.Why[v]; w != 0 && pass != PassFP32 {
+			if w := asg.Why[v]; w != 0 && pass != report.PassFP32 {
 				or.Provenance = &report.Provenance{Reasons: w.Names()}
 				for _, c := range asg.Casts[v] {
-					or.Provenance.Casts = append(or.Provenance.Casts, f.nodeName(c))
+					or.Provenance.Casts = append(or.Provenance.Casts, f.NodeName(c))
 				}
 				or.ExplicitCast = asg.Explicit(v)
 			}
 			break
 		}
 	}
-	if f.HalfCasts[ni] && pass != PassFP32 {
+	if f.HalfCasts[ni] && pass != report.PassFP32 {
 		// The model's own Cast to half overflows itself.
 		or.ExplicitCast = true
 		if or.Provenance == nil {
 			or.Provenance = &report.Provenance{Reasons: precision.ReasonCast.Names()}
 		}
 		if len(or.Provenance.Casts) == 0 {
-			or.Provenance.Casts = []string{f.nodeName(ni)}
+			or.Provenance.Casts = []string{f.NodeName(ni)}
 		}
 	}
-	if c, v, ok := f.outOfRangeConstant(ni, asg, pass == PassFP32); ok {
+	if c, v, ok := f.outOfRangeConstant(ni, asg, pass == report.PassFP32); ok {
 		or.Cause, or.Constant, or.ConstantValue = report.CauseConstant, c, &v
 		or.ExplicitCast = false
 	}
@@ -508,7 +328,7 @@ func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool)
 	if fp32 {
 		return "", 0, false
 	}
-	n := f.graph().Node[ni]
+	n := f.Graph().Node[ni]
 	for _, in := range n.Input {
 		if in == "" || !f.consts[in] {
 			continue
@@ -523,45 +343,4 @@ func (f *Facts) outOfRangeConstant(ni int, asg *precision.Assignment, fp32 bool)
 		}
 	}
 	return "", 0, false
-}
-
-// constantExtreme returns the element of largest magnitude of a constant
-// value (±Inf included): from the constant scan for initializers and
-// Constant outputs, from the fp32 pass for values computed from them.
-func (f *Facts) constantExtreme(name string) (float64, bool) {
-	if c := f.Static.Constant(name); c != nil {
-		st := c.Stats
-		switch {
-		case st.NegInf > 0:
-			return math.Inf(-1), true
-		case st.PosInf > 0:
-			return math.Inf(1), true
-		}
-		return st.Extreme, st.NonZero > 0
-	}
-	// A value computed from constants: follow single-input pass-throughs
-	// (Identity, Cast, Reshape...) to the constant for its sign.
-	if p := f.Static.Model.Index.Producer(name); p >= 0 {
-		n := f.graph().Node[p]
-		if len(n.Input) > 0 && passesThrough(n) {
-			return f.constantExtreme(n.Input[0])
-		}
-	}
-	if s, ok := f.Passes[PassFP32].Stats[name]; ok {
-		switch {
-		case s.NegInf > 0:
-			return math.Inf(-1), true
-		case s.PosInf > 0:
-			return math.Inf(1), true
-		case s.Finite > 0:
-			return float64(s.MaxAbs), true
-		}
-	}
-	return 0, false
-}
-
-// passesThrough reports whether n hands its first input's values on
-// unchanged (ops.PassThrough: Identity, Cast, the reshapes).
-func passesThrough(n *onnx.NodeProto) bool {
-	return ops.Lookup(ops.Default, n.OpType).Is(ops.PassThrough)
 }

@@ -1,4 +1,9 @@
-package diagnose
+// Package inputs is the diagnosis's input analysis: what kind of data
+// each graph input holds (decided once, from its dtype, shape, name and
+// what reads it), its statistics per channel, column or feature, whether
+// its scale is a hazard for fp16, and how to standardize it (the batches
+// a fix reruns on, and the calls that do it in the user's API).
+package inputs
 
 import (
 	"fmt"
@@ -13,10 +18,6 @@ import (
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
-
-// Input analysis: what kind of data each input holds (decided once, from
-// its dtype, shape, name and what reads it), its statistics per channel,
-// column or feature, and how to standardize it.
 
 // Input is what the input analysis learned about one graph input over all
 // batches.
@@ -52,12 +53,12 @@ type Input struct {
 	SavedHalfInf bool
 	// Constant is set when every value of a float input is the same.
 	Constant bool
-	// Samples lists the samples that hold NaN/Inf (at most maxSamples).
+	// Samples lists the samples that hold NaN/Inf (at most MaxSamples).
 	Samples []report.Sample
 }
 
-// maxSamples bounds the poisoned samples an input lists.
-const maxSamples = 20
+// MaxSamples bounds the samples an input, or an origin, lists.
+const MaxSamples = 20
 
 // audioName recognises inputs named as waveforms.
 var audioName = regexp.MustCompile(`(?i)wave|audio|signal|speech|sound|pcm|wav`)
@@ -169,9 +170,11 @@ func channelOf(shape []int64, axis, nch int) func(int) int {
 	return func(j int) int { return (j / inner) % nch }
 }
 
-// AnalyzeInputs classifies every input of specs and computes its statistics
-// over the batches. idx is the model's graph index (what reads each input).
-func AnalyzeInputs(specs []batch.InputSpec, batches []batch.Batch, idx *onnx.Index, th Thresholds) []*Input {
+// Analyze classifies every input of specs and computes its statistics
+// over the batches. idx is the model's graph index (what reads each
+// input); a channel (column, feature) whose |mean| or std exceeds
+// columnScale is far from standardized.
+func Analyze(specs []batch.InputSpec, batches []batch.Batch, idx *onnx.Index, columnScale float64) []*Input {
 	g := idx.Graph()
 	out := make([]*Input, len(specs))
 	for i, spec := range specs {
@@ -196,7 +199,7 @@ func AnalyzeInputs(specs []batch.InputSpec, batches []batch.Batch, idx *onnx.Ind
 			continue
 		}
 		in.analyze(batches)
-		in.flag(th)
+		in.flag(columnScale)
 	}
 	return out
 }
@@ -229,7 +232,7 @@ func (in *Input) analyze(batches []batch.Batch) {
 		}
 		for j, v := range vals {
 			in.chans[channel(j)].add(v)
-			if f := float64(v); (math.IsNaN(f) || math.IsInf(f, 0)) && len(in.Samples) <= maxSamples {
+			if f := float64(v); (math.IsNaN(f) || math.IsInf(f, 0)) && len(in.Samples) <= MaxSamples {
 				in.countSample(bi, int64(j/perSample))
 			}
 		}
@@ -242,13 +245,13 @@ func (in *Input) countSample(bi int, s int64) {
 		in.Samples[k].NonFinite++
 		return
 	}
-	if len(in.Samples) < maxSamples {
+	if len(in.Samples) < MaxSamples {
 		in.Samples = append(in.Samples, report.Sample{Batch: bi, Index: s, NonFinite: 1})
 	}
 }
 
 // flag decides from the statistics whether the input's scale is a hazard.
-func (in *Input) flag(th Thresholds) {
+func (in *Input) flag(columnScale float64) {
 	for c := range in.chans {
 		ch := &in.chans[c]
 		if ch.nonIntegral > 0 {
@@ -258,7 +261,7 @@ func (in *Input) flag(th Thresholds) {
 			in.Min = math.Min(in.Min, ch.min)
 			in.Max = math.Max(in.Max, ch.max)
 		}
-		if math.Abs(ch.mean()) > th.ColumnScale || ch.std() > th.ColumnScale {
+		if math.Abs(ch.mean()) > columnScale || ch.std() > columnScale {
 			in.Columns = append(in.Columns, c)
 		}
 	}
@@ -273,16 +276,27 @@ func (in *Input) flag(th Thresholds) {
 // of unnormalized data saved in half precision.
 func (in *Input) Poisoned() bool { return in.Stats.NonFinite() > 0 && !in.SavedHalfInf }
 
-// Report returns the input's part of the report: its statistics and, for
+// Float reports whether the input holds floats, whose statistics the
+// analysis computed.
+func (in *Input) Float() bool { return in.chans != nil }
+
+// Channels is the number of channels (columns, features) the input was
+// analysed by; 1 for an input analysed whole, 0 for one that is not float.
+func (in *Input) Channels() int { return len(in.chans) }
+
+// ChannelMean is channel c's mean.
+func (in *Input) ChannelMean(c int) float64 { return in.chans[c].mean() }
+
+// ChannelStd is channel c's standard deviation.
+func (in *Input) ChannelStd(c int) float64 { return in.chans[c].std() }
+
+// Report returns the input's part of the report, but for its statistics
+// (the caller adds those in the report's form): what it is and, for
 // inputs analysed per channel, one entry per channel.
 func (in *Input) Report() report.InputReport {
 	ir := report.InputReport{ValueReport: report.ValueReport{Name: in.Spec.Name, DType: in.DType, Shape: in.Shape,
 		Stats: map[string]report.StatsReport{}}, Kind: in.Kind, RawPixels: in.RawPixels}
-	if in.chans == nil {
-		return ir
-	}
-	ir.Stats[PassFP32] = StatsReport(in.Stats, nil)
-	if in.axis < 0 {
+	if in.chans == nil || in.axis < 0 {
 		return ir
 	}
 	for c := range in.chans {
@@ -293,8 +307,8 @@ func (in *Input) Report() report.InputReport {
 	return ir
 }
 
-// means returns the mean of every channel or column.
-func (in *Input) means() []float64 {
+// Means returns the mean of every channel or column.
+func (in *Input) Means() []float64 {
 	out := make([]float64, len(in.chans))
 	for i := range in.chans {
 		out[i] = in.chans[i].mean()
@@ -302,9 +316,10 @@ func (in *Input) means() []float64 {
 	return out
 }
 
-// standardize returns batches with this input replaced by (x − mean_c)/std_c
-// per channel; a channel with zero spread is only centred.
-func (in *Input) standardize(batches []batch.Batch) ([]batch.Batch, error) {
+// Standardize returns batches with this input replaced by
+// (x − mean_c)/std_c per channel; a channel with zero spread is only
+// centred.
+func (in *Input) Standardize(batches []batch.Batch) ([]batch.Batch, error) {
 	out := make([]batch.Batch, len(batches))
 	for bi, b := range batches {
 		nb := batch.Batch{Source: b.Source + " (standardized)", Inputs: append([]*tensor.Tensor(nil), b.Inputs...), Saved: b.Saved}
@@ -331,9 +346,9 @@ func (in *Input) standardize(batches []batch.Batch) ([]batch.Batch, error) {
 	return out, nil
 }
 
-// normalizeAdvice returns the statistics that standardize the input and
+// NormalizeAdvice returns the statistics that standardize the input and
 // the calls that do it in the user's API for its kind.
-func (in *Input) normalizeAdvice() report.NormalizeStats {
+func (in *Input) NormalizeAdvice() report.NormalizeStats {
 	ns := report.NormalizeStats{Input: in.Spec.Name}
 	for c := range in.chans {
 		ns.Mean = append(ns.Mean, in.chans[c].mean())
@@ -356,23 +371,23 @@ func (in *Input) normalizeAdvice() report.NormalizeStats {
 			k = 255
 		}
 		m, s := scaled(k)
-		ns.Fastai = fmt.Sprintf("Normalize.from_stats(%s, %s)", formatList(m, 4), formatList(s, 4))
-		ns.Torch = fmt.Sprintf("transforms.Normalize(mean=%s, std=%s)", formatList(m, 4), formatList(s, 4))
+		ns.Fastai = fmt.Sprintf("Normalize.from_stats(%s, %s)", FormatList(m, 4), FormatList(s, 4))
+		ns.Torch = fmt.Sprintf("transforms.Normalize(mean=%s, std=%s)", FormatList(m, 4), FormatList(s, 4))
 		if in.RawPixels {
 			ns.Torch = "transforms.ToTensor() then " + ns.Torch
 		}
 	case report.KindTabular:
 		ns.Fastai = "procs=[Categorify, FillMissing, Normalize] in TabularPandas / TabularDataLoaders.from_df"
 		ns.Torch = fmt.Sprintf("%s = (%s - mean) / std with the per-column mean %s and std %s of the training set",
-			name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+			name, name, FormatList(ns.Mean, 4), FormatList(ns.Std, 4))
 	case report.KindAudio:
 		if in.Integral && in.Max <= 32767 && in.Min >= -32768 && in.Max-in.Min > 255 {
 			ns.Torch = fmt.Sprintf("%s = %s / 32768 (16-bit PCM to [-1, 1]), or (%s - %.4g) / %.4g", name, name, name, ns.Mean[0], ns.Std[0])
 		} else {
-			ns.Torch = fmt.Sprintf("%s = (%s - %s) / %s", name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+			ns.Torch = fmt.Sprintf("%s = (%s - %s) / %s", name, name, FormatList(ns.Mean, 4), FormatList(ns.Std, 4))
 		}
 	case report.KindSequence:
-		ns.Torch = fmt.Sprintf("%s = (%s - mean) / std per feature (last axis), mean %s, std %s", name, name, formatList(ns.Mean, 4), formatList(ns.Std, 4))
+		ns.Torch = fmt.Sprintf("%s = (%s - mean) / std per feature (last axis), mean %s, std %s", name, name, FormatList(ns.Mean, 4), FormatList(ns.Std, 4))
 	default:
 		ns.Torch = fmt.Sprintf("%s = (%s - %.4g) / %.4g", name, name, ns.Mean[0], ns.Std[0])
 	}
@@ -392,4 +407,13 @@ func pyIdent(name string) string {
 		r = "x_" + r
 	}
 	return r
+}
+
+// FormatList writes numbers as a Python list with prec decimals.
+func FormatList(xs []float64, prec int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.*f", prec, x)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
 }

@@ -1,32 +1,26 @@
-// Package diagnose turns what the passes observed into findings, origins,
-// verified fixes and a verdict: the diagnosis stage of an audit. Every
-// dynamic check is an Analyzer over one Facts value (the static facts of
-// the model, the input analysis and the pass results), run by a driver
-// like the static lint's; the verdict is computed from the findings the
-// analyzers returned and from the fixes a rerun verified, never inside an
-// analyzer.
-package diagnose
+// Package evidence is what the dynamic checks of one audit read, derived
+// once before any of them runs: the Facts (the static facts of the model,
+// the input analysis, the pass results), the origins of NaN/Inf in every
+// pass (origins.go), the infinities a model writes on purpose and the
+// mask fills (deliberate.go), how the graph outputs agree with fp32's and
+// the origins of outputs finite but wrong (outputs.go), and the roots
+// without an epsilon (epsilon.go). The analyzers and the verdict tree
+// (package diagnose) and the fixes (package fix) read it; a fix's rerun
+// is judged by the same rules as the passes.
+package evidence
 
 import (
 	"math"
 	"sort"
 
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
-	"fp16audit/internal/onnx/ops"
 	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
-)
-
-// Pass names, as the report has them.
-const (
-	PassFP32      = report.PassFP32
-	PassFP16      = report.PassFP16
-	PassBF16      = report.PassBF16
-	PassAsWritten = report.PassAsWritten
 )
 
 // Thresholds are the diagnosis's tunable limits; DefaultThresholds documents
@@ -58,7 +52,7 @@ var DefaultThresholds = Thresholds{HeadroomBits: 3, UnderflowFraction: 0.10, Col
 	OutputTolFP16: 0.05, OutputTolBF16: 0.25}
 
 // Facts is what the dynamic analyzers know about one audit. The caller
-// fills the exported fields; Run derives the rest once (origins, the
+// fills the exported fields; Prepare derives the rest once (origins, the
 // infinities the model writes on purpose, the values a mask fills) before
 // any analyzer runs, and analyzers only read.
 type Facts struct {
@@ -69,11 +63,11 @@ type Facts struct {
 	// HalfCasts marks the model's own Cast-to-half nodes (node indices).
 	HalfCasts map[int]bool
 	// Inputs describes every graph input the batches fed, in input order.
-	Inputs []*Input
-	// Passes holds the results of the fp32 reference (PassFP32), the
+	Inputs []*inputs.Input
+	// Passes holds the results of the fp32 reference (report.PassFP32), the
 	// policy's emulated pass (Main), under autocast-fp16 the bf16 pass,
 	// and, when the model casts to half itself, the pass without mixed
-	// precision that keeps those casts (PassAsWritten), when they ran
+	// precision that keeps those casts (report.PassAsWritten), when they ran
 	// (the what-if passes run on demand).
 	Passes map[string]*observe.PassResult
 	// Main names the policy's emulated pass; "" under the fp32 policy.
@@ -94,7 +88,7 @@ type Facts struct {
 	derived
 }
 
-// derived is what Run computes from the exported facts before the
+// derived is what Prepare computes from the exported facts before the
 // analyzers run.
 type derived struct {
 	prepared bool
@@ -105,58 +99,59 @@ type derived struct {
 	// origins, deliberate and fills are per pass: the origins of NaN/Inf,
 	// the values whose only non-finite elements are infinities the model
 	// writes on purpose, and where a mask constant beyond the pass's range
-	// is written (see passOrigins).
+	// is written (see PassOrigins).
 	origins    map[string][]report.Origin
 	deliberate map[string]map[string]bool
-	fills      map[string][]fill
+	fills      map[string][]Fill
 	// finfo lists where the policy's emulated pass reads a number
 	// torch.finfo(dtype) wrote as its format's limit (rewrite.FinfoFills).
 	finfo []rewrite.FinfoFill
-	// masked marks the nodes whose values carry a mask (see prepare).
+	// masked marks the nodes whose values carry a mask (see Prepare).
 	masked map[int]bool
 	// lowHeadroom lists the values of a clean emulated pass below the
 	// headroom threshold, least headroom first.
-	lowHeadroom []headroomValue
+	lowHeadroom []HeadroomValue
 	// agreements holds the output agreement of every compared pass, by
-	// pass name (recordAgreement): the fix reruns add theirs after the
+	// pass name (RecordAgreement): the fix reruns add theirs after the
 	// analyzers ran.
 	agreements map[string][]report.OutputAgreement
 }
 
-// headroomValue is a value held in reduced precision close to its
-// format's limit.
-type headroomValue struct {
-	node  int
-	value string
-	bits  float64
+// HeadroomValue is a value held in reduced precision close to its
+// format's limit: Value, an output of node Node, Bits of headroom above
+// it.
+type HeadroomValue struct {
+	Node  int
+	Value string
+	Bits  float64
 }
 
-// prepare computes the derived facts. Everything an analyzer reads beyond
+// Prepare computes the derived facts. Everything an analyzer reads beyond
 // the exported fields is made here, once, so that analyzers run on the
 // same facts in any order and never write.
-func (f *Facts) prepare() {
+func (f *Facts) Prepare() {
 	if f.prepared {
 		return
 	}
 	f.prepared = true
-	g := f.graph()
+	g := f.Graph()
 	f.consts = constantValues(g, f.Static.Order)
-	f.assign = map[string]*precision.Assignment{PassFP32: f.Static.Assign}
+	f.assign = map[string]*precision.Assignment{report.PassFP32: f.Static.Assign}
 	if f.Main != "" {
 		f.assign[f.Main] = f.Static.Assign
 	}
 	elemType := f.Static.Model.Index.ElemType
-	if _, ok := f.Passes[PassBF16]; ok && f.Main != PassBF16 {
+	if _, ok := f.Passes[report.PassBF16]; ok && f.Main != report.PassBF16 {
 		bp, _ := precision.PolicyByName("autocast-bf16")
-		f.assign[PassBF16] = precision.Assign(bp, g, f.Static.Order, elemType)
+		f.assign[report.PassBF16] = precision.Assign(bp, g, f.Static.Order, elemType)
 	}
-	if _, ok := f.Passes[PassAsWritten]; ok {
-		f.assign[PassAsWritten] = AsWrittenAssignment(f.Static)
+	if _, ok := f.Passes[report.PassAsWritten]; ok {
+		f.assign[report.PassAsWritten] = AsWrittenAssignment(f.Static)
 	}
-	f.origins, f.deliberate, f.fills = map[string][]report.Origin{}, map[string]map[string]bool{}, map[string][]fill{}
+	f.origins, f.deliberate, f.fills = map[string][]report.Origin{}, map[string]map[string]bool{}, map[string][]Fill{}
 	for _, p := range f.passNames() {
 		if asg := f.assign[p]; asg != nil {
-			f.origins[p], f.deliberate[p], f.fills[p] = f.passOrigins(p, f.Passes[p], asg)
+			f.origins[p], f.deliberate[p], f.fills[p] = f.PassOrigins(p, f.Passes[p], asg)
 		}
 	}
 	f.masked = map[int]bool{}
@@ -167,7 +162,7 @@ func (f *Facts) prepare() {
 		}
 	}
 	idx := f.Static.Model.Index
-	for _, p := range []string{PassFP32, f.Main} {
+	for _, p := range []string{report.PassFP32, f.Main} {
 		for v := range f.deliberate[p] {
 			if ni := idx.Producer(v); ni >= 0 {
 				f.masked[ni] = true
@@ -187,18 +182,18 @@ func (f *Facts) prepare() {
 			}
 		}
 	}
-	if f.cleanMain() {
+	if f.CleanMain() {
 		for _, ni := range f.Static.Order {
 			if f.masked[ni] {
 				continue
 			}
 			for _, v := range g.Node[ni].Output {
 				if h, ok := f.headroom(v); ok && h < f.Thresholds.HeadroomBits {
-					f.lowHeadroom = append(f.lowHeadroom, headroomValue{ni, v, h})
+					f.lowHeadroom = append(f.lowHeadroom, HeadroomValue{ni, v, h})
 				}
 			}
 		}
-		sort.SliceStable(f.lowHeadroom, func(i, j int) bool { return f.lowHeadroom[i].bits < f.lowHeadroom[j].bits })
+		sort.SliceStable(f.lowHeadroom, func(i, j int) bool { return f.lowHeadroom[i].Bits < f.lowHeadroom[j].Bits })
 	}
 }
 
@@ -220,14 +215,15 @@ func AsWrittenAssignment(st *lint.Facts) *precision.Assignment {
 	return precision.Assign(p, st.Model.Proto.GetGraph(), st.Order, st.Model.Index.ElemType)
 }
 
-func (f *Facts) graph() *onnx.GraphProto { return f.Static.Model.Proto.GetGraph() }
+// Graph is the model's main graph.
+func (f *Facts) Graph() *onnx.GraphProto { return f.Static.Model.Proto.GetGraph() }
 
-// nodeName names node i in findings and origins.
-func (f *Facts) nodeName(i int) string { return onnx.NodeName(f.graph(), i) }
+// NodeName names node i in findings and origins.
+func (f *Facts) NodeName(i int) string { return onnx.NodeName(f.Graph(), i) }
 
-// poisoned reports whether a batch holds NaN/Inf in some input (other
+// Poisoned reports whether a batch holds NaN/Inf in some input (other
 // than unnormalized data saved in half precision).
-func (f *Facts) poisoned() bool {
+func (f *Facts) Poisoned() bool {
 	for _, in := range f.Inputs {
 		if in.Poisoned() {
 			return true
@@ -257,10 +253,10 @@ func (f *Facts) Reaches(o report.Origin) bool {
 // torch.finfo(x.dtype).min looks like in a graph traced in fp32, and such
 // code writes the fp16 limit under autocast.
 func (f *Facts) Raises(o report.Origin) bool {
-	if o.Cause != report.CauseConstant || o.Index < 0 || dtypeAwareLimit(*o.ConstantValue) {
+	if o.Cause != report.CauseConstant || o.Index < 0 || DtypeAwareLimit(*o.ConstantValue) {
 		return false
 	}
-	n := f.graph().Node[o.Index]
+	n := f.Graph().Node[o.Index]
 	for j, in := range n.Input {
 		if in == o.Constant && lint.FillAt(n, j).Raises {
 			return true
@@ -269,12 +265,12 @@ func (f *Facts) Raises(o report.Origin) bool {
 	return false
 }
 
-// dtypeAwareLimit reports whether v is ±float32's largest value, the trace
+// DtypeAwareLimit reports whether v is ±float32's largest value, the trace
 // of torch.finfo(x.dtype).min/max in an fp32 export.
-func dtypeAwareLimit(v float64) bool { return math.Abs(v) == math.MaxFloat32 }
+func DtypeAwareLimit(v float64) bool { return math.Abs(v) == math.MaxFloat32 }
 
-// deciding keeps the origins that reach an output or raise.
-func (f *Facts) deciding(os []report.Origin) []report.Origin {
+// Deciding keeps the origins that reach an output or raise.
+func (f *Facts) Deciding(os []report.Origin) []report.Origin {
 	out := []report.Origin{}
 	for _, o := range os {
 		if f.Reaches(o) {
@@ -284,8 +280,8 @@ func (f *Facts) deciding(os []report.Origin) []report.Origin {
 	return out
 }
 
-// input returns the analysis of the graph input called name, or nil.
-func (f *Facts) input(name string) *Input {
+// Input returns the analysis of the graph input called name, or nil.
+func (f *Facts) Input(name string) *inputs.Input {
 	for _, in := range f.Inputs {
 		if in.Spec.Name == name {
 			return in
@@ -294,149 +290,39 @@ func (f *Facts) input(name string) *Input {
 	return nil
 }
 
-// mainOrigins returns the origins of the policy's emulated pass when they
+// MainOrigins returns the origins of the policy's emulated pass when they
 // are the diagnosis's subject: the inputs are finite and nothing the fp32
 // pass produces reaches an output (otherwise the emulated pass only
 // repeats an earlier problem).
-func (f *Facts) mainOrigins() []report.Origin {
-	if f.Main == "" || f.poisoned() || len(f.deciding(f.Origins(PassFP32))) > 0 {
+func (f *Facts) MainOrigins() []report.Origin {
+	if f.Main == "" || f.Poisoned() || len(f.Deciding(f.Origins(report.PassFP32))) > 0 {
 		return nil
 	}
 	return f.Origins(f.Main)
 }
 
-// originClass is what an origin of the emulated pass is, for its finding
-// and the verdict.
-type originClass int
-
-const (
-	classOverflow  originClass = iota // an op overflows (FP2001)
-	classLogits                       // the final layer overflows (FP2003)
-	classHalfCast                     // the model's own half cast makes it overflow (FP4001)
-	classConstant                     // an out-of-range constant is written (FP4004)
-	classInput                        // the batch holds NaN/Inf (FP1001)
-	classPrecision                    // nothing overflows, rounding makes the outputs wrong (FP2006)
-)
-
-func (f *Facts) classify(o report.Origin) originClass {
-	switch {
-	case o.Cause == report.CauseInput:
-		return classInput
-	case o.Index < 0:
-		return classOverflow
-	case o.Cause == report.CauseConstant:
-		return classConstant
-	case o.Cause == report.CausePrecision:
-		return classPrecision
-	case o.ExplicitCast && f.overflowsAsWritten(o):
-		return classHalfCast
-	case f.isFinalLayer(o.Index) || f.isFinalBias(o.Index):
-		return classLogits
-	}
-	return classOverflow
-}
-
-// overflowsAsWritten reports whether an emulated-pass origin overflows in
-// the run without mixed precision too (the as-written pass: fp32 but for
-// the model's own half casts): that run has an origin reaching an output
-// at the same node or at one of the casts the origin's precision comes
-// from. Only then is the model's cast to blame; an overflow that only
-// autocast's lower precision causes stays an overflowing op, whatever
-// casts lie upstream. Without the as-written pass (--passes none) the
-// provenance alone decides.
-func (f *Facts) overflowsAsWritten(o report.Origin) bool {
-	if o.Index < 0 {
-		return false
-	}
-	if f.Passes[PassAsWritten] == nil {
-		return true
-	}
-	at := map[int]bool{o.Index: true}
-	for _, c := range f.Static.Assign.Casts[o.Value] {
-		at[c] = true
-	}
-	for _, a := range f.deciding(f.Origins(PassAsWritten)) {
-		if a.Index >= 0 && at[a.Index] {
-			return true
-		}
-	}
-	return false
-}
-
-// isFinalBias reports whether node ni is the bias Add of the final layer
-// (the exporter's split of a Linear on a 3-D input): the overflow then
-// starts in the head as well.
-func (f *Facts) isFinalBias(ni int) bool {
-	n := f.graph().Node[ni]
-	if n.OpType != "Add" || !onnx.IsDefaultDomain(n.Domain) {
-		return false
-	}
-	idx := f.Static.Model.Index
-	for _, in := range n.Input {
-		if p := idx.Producer(in); p >= 0 && f.isFinalLayer(p) {
-			return true
-		}
-	}
-	return false
-}
-
-// isFinalLayer reports whether node ni is the last layer op (one autocast
-// runs in its lower precision: Gemm, MatMul, Conv...) before a graph
-// output: every path from its outputs reaches a graph output through ops
-// that may follow a final layer (ops.Tail: shape ops, activations,
-// softmax, casts, the Linear bias) only. It does not depend on the policy: the same head is the final
-// layer under autocast and under half.
-func (f *Facts) isFinalLayer(ni int) bool {
-	g := f.graph()
-	n := g.Node[ni]
-	if !precision.IsLowerPrecisionOp(n.Domain, n.OpType) {
-		return false
-	}
-	isOut := map[string]bool{}
-	for _, o := range g.Output {
-		isOut[o.Name] = true
-	}
-	reached := false
-	seen := map[int]bool{}
-	var walk func(values []string) bool
-	walk = func(values []string) bool {
-		for _, v := range values {
-			if isOut[v] {
-				reached = true
-			}
-			for _, c := range f.Static.Model.Index.Consumers(v) {
-				if seen[c] {
-					continue
-				}
-				seen[c] = true
-				if !ops.Lookup(ops.Default, g.Node[c].OpType).Is(ops.Tail) {
-					return false
-				}
-				if !walk(g.Node[c].Output) {
-					return false
-				}
-			}
-		}
-		return true
-	}
-	return walk(n.Output) && reached
+// CleanMain reports whether the emulated pass ran on finite inputs, the fp32
+// pass is clean and nothing in the emulated pass reaches an output: the
+// case for the warnings about how close it came.
+func (f *Facts) CleanMain() bool {
+	return f.Main != "" && f.MainOrigins() != nil && len(f.Deciding(f.Origins(f.Main))) == 0
 }
 
 // headroom is log2(limit / fp32 max |x|) of value v against the largest
 // finite value of the format the policy holds it in; ok is false for values
 // held in fp32 and for values without a nonzero finite element.
 func (f *Facts) headroom(v string) (bits float64, ok bool) {
-	limit := formatMax(f.Static.Assign.Value[v])
-	st, found := f.Passes[PassFP32].Stats[v]
+	limit := FormatMax(f.Static.Assign.Value[v])
+	st, found := f.Passes[report.PassFP32].Stats[v]
 	if limit == 0 || !found || st.Finite == 0 || st.MaxAbs == 0 {
 		return 0, false
 	}
 	return math.Log2(limit / float64(st.MaxAbs)), true
 }
 
-// formatMax is the largest finite value of a reduced precision, 0 for the
+// FormatMax is the largest finite value of a reduced precision, 0 for the
 // others.
-func formatMax(p precision.Precision) float64 {
+func FormatMax(p precision.Precision) float64 {
 	switch p {
 	case precision.FP16:
 		return tensor.FP16Max
@@ -465,19 +351,76 @@ func (f *Facts) MinHeadroom() (bits float64, value string, limit float64, ok boo
 			continue
 		}
 		if !ok || h < bits {
-			bits, value, limit, ok = h, v, formatMax(f.Static.Assign.Value[v]), true
+			bits, value, limit, ok = h, v, FormatMax(f.Static.Assign.Value[v]), true
 		}
 	}
 	return bits, value, limit, ok
 }
 
+// CountNonFinite counts the NaN/Inf of the observed values of a pass,
+// leaving out the infinities the model writes on purpose.
+func (f *Facts) CountNonFinite(res *observe.PassResult, deliberate map[string]bool) int64 {
+	var n int64
+	for _, v := range f.Values {
+		if s, ok := res.Stats[v]; ok && !deliberate[v] {
+			n += s.NonFinite()
+		}
+	}
+	return n
+}
+
+// NonFinite is CountNonFinite for a pass that ran with the audit.
+func (f *Facts) NonFinite(res *observe.PassResult, pass string) int64 {
+	return f.CountNonFinite(res, f.deliberate[pass])
+}
+
+// CastsOf returns the model's own half casts the origins' precision comes
+// from (an origin that is such a cast included).
+func (f *Facts) CastsOf(origins []report.Origin) map[int]bool {
+	casts := map[int]bool{}
+	for _, o := range origins {
+		if o.Index < 0 {
+			continue
+		}
+		if f.HalfCasts[o.Index] {
+			casts[o.Index] = true
+		}
+		for _, c := range f.Static.Assign.Casts[o.Value] {
+			casts[c] = true
+		}
+	}
+	return casts
+}
+
+// HeldWithoutCasts reports whether an explicit-cast origin's value would
+// still be held in 16 bits with the model's own casts it comes from
+// removed: autocast (or the half policy) puts it there too, as with a
+// .half() right after a Linear.
+func (f *Facts) HeldWithoutCasts(o report.Origin) bool {
+	if o.Index < 0 {
+		return false
+	}
+	asg := precision.AssignKeepFP32(f.Static.Policy, f.Graph(), f.Static.Order, f.Static.Model.Index.ElemType, f.CastsOf([]report.Origin{o}))
+	p := asg.Value[o.Value]
+	return p == precision.FP16 || p == precision.BF16
+}
+
 func isInfOrNaN(x float64) bool { return math.IsInf(x, 0) || math.IsNaN(x) }
 
-func sortedKeys(m map[int]bool) []int {
-	out := make([]int, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Ints(out)
-	return out
-}
+// LowHeadroom lists the values of a clean emulated pass below the
+// headroom threshold, least headroom first (masks aside).
+func (f *Facts) LowHeadroom() []HeadroomValue { return f.lowHeadroom }
+
+// Fills lists where a pass writes a mask constant beyond its format's
+// range on purpose (see Fill).
+func (f *Facts) Fills(pass string) []Fill { return f.fills[pass] }
+
+// Finfo lists where the policy's emulated pass reads a number
+// torch.finfo(dtype) wrote as its format's limit (rewrite.FinfoFills).
+func (f *Facts) Finfo() []rewrite.FinfoFill { return f.finfo }
+
+// Assignment is the precision assignment of a pass that ran.
+func (f *Facts) Assignment(pass string) *precision.Assignment { return f.assign[pass] }
+
+// Agreement is the output agreement recorded for a pass (RecordAgreement).
+func (f *Facts) Agreement(pass string) []report.OutputAgreement { return f.agreements[pass] }

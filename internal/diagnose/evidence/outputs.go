@@ -1,4 +1,4 @@
-package diagnose
+package evidence
 
 import (
 	"fmt"
@@ -29,22 +29,22 @@ func (t Thresholds) Tolerance(p precision.Precision) float64 {
 	return t.OutputTolFP16
 }
 
-// passFormat is the reduced precision a pass emulates: the bf16 pass's,
+// PassFormat is the reduced precision a pass emulates: the bf16 pass's,
 // or the policy's for its pass and the fix reruns of it ("fp16+...").
-func (f *Facts) passFormat(pass string) precision.Precision {
-	if pass == PassBF16 || strings.HasPrefix(pass, PassBF16+"+") {
+func (f *Facts) PassFormat(pass string) precision.Precision {
+	if pass == report.PassBF16 || strings.HasPrefix(pass, report.PassBF16+"+") {
 		return precision.BF16
 	}
 	return precision.FP16
 }
 
-// tolerance is the output tolerance of a pass.
-func (f *Facts) tolerance(pass string) float64 {
-	return f.Thresholds.Tolerance(f.passFormat(pass))
+// Tolerance is the output tolerance of a pass.
+func (f *Facts) Tolerance(pass string) float64 {
+	return f.Thresholds.Tolerance(f.PassFormat(pass))
 }
 
-// outputOutcome is an output's outcome against fp32 under tolerance tol.
-func outputOutcome(d *observe.OutputDiff, tol float64) string {
+// OutputOutcome is an output's outcome against fp32 under tolerance tol.
+func OutputOutcome(d *observe.OutputDiff, tol float64) string {
 	switch {
 	case d.Role == observe.RoleChosen:
 		return report.OutputChosen
@@ -60,22 +60,22 @@ func outputOutcome(d *observe.OutputDiff, tol float64) string {
 // beyond its tolerance.
 func (f *Facts) wrongOutputs(res *observe.PassResult) map[string]bool {
 	out := map[string]bool{}
-	tol := f.tolerance(res.Name)
+	tol := f.Tolerance(res.Name)
 	for _, d := range res.Outputs {
-		if outputOutcome(d, tol) == report.OutputWrong {
+		if OutputOutcome(d, tol) == report.OutputWrong {
 			out[d.Name] = true
 		}
 	}
 	return out
 }
 
-// outputsAgree reports whether every graph output of a pass agrees with
+// OutputsAgree reports whether every graph output of a pass agrees with
 // fp32's (finite and within tolerance), what a selection chose aside; a
 // pass whose outputs were not compared agrees vacuously.
-func (f *Facts) outputsAgree(res *observe.PassResult) bool {
-	tol := f.tolerance(res.Name)
+func (f *Facts) OutputsAgree(res *observe.PassResult) bool {
+	tol := f.Tolerance(res.Name)
 	for _, d := range res.Outputs {
-		if o := outputOutcome(d, tol); o != report.OutputAgrees && o != report.OutputChosen {
+		if o := OutputOutcome(d, tol); o != report.OutputAgrees && o != report.OutputChosen {
 			return false
 		}
 	}
@@ -84,10 +84,10 @@ func (f *Facts) outputsAgree(res *observe.PassResult) bool {
 
 // agreement is what the report says about a pass's outputs.
 func (f *Facts) agreement(res *observe.PassResult) []report.OutputAgreement {
-	tol := f.tolerance(res.Name)
+	tol := f.Tolerance(res.Name)
 	out := make([]report.OutputAgreement, 0, len(res.Outputs))
 	for _, d := range res.Outputs {
-		a := report.OutputAgreement{Pass: res.Name, Output: d.Name, Outcome: outputOutcome(d, tol),
+		a := report.OutputAgreement{Pass: res.Name, Output: d.Name, Outcome: OutputOutcome(d, tol),
 			Elements: d.Count, NonFinite: max(0, d.NonFinite-d.RefNonFinite), MaxAbsErr: d.MaxAbsErr, MaxRelErr: d.MaxRelErr(),
 			Samples: d.Samples, WorstBatch: d.Worst.Batch, WorstSample: d.Worst.Index, Tolerance: tol}
 		if e := d.RelErr(); !math.IsNaN(e) {
@@ -112,8 +112,8 @@ func (f *Facts) agreement(res *observe.PassResult) []report.OutputAgreement {
 	return out
 }
 
-// recordAgreement keeps a pass's output agreement for the report.
-func (f *Facts) recordAgreement(res *observe.PassResult) {
+// RecordAgreement keeps a pass's output agreement for the report.
+func (f *Facts) RecordAgreement(res *observe.PassResult) {
 	if res.Outputs == nil {
 		return
 	}
@@ -123,12 +123,12 @@ func (f *Facts) recordAgreement(res *observe.PassResult) {
 	f.agreements[res.Name] = f.agreement(res)
 }
 
-// wrongText says how wrong a pass's finite outputs are, from the worst of
+// WrongText says how wrong a pass's finite outputs are, from the worst of
 // them: "outputs finite but wrong (rel. error 97 %, top-1 agreement 3/8)";
 // "" when they agree.
-func (f *Facts) wrongText(res *observe.PassResult) string { return wrongTextOf(f.agreement(res)) }
+func (f *Facts) WrongText(res *observe.PassResult) string { return wrongTextOf(f.agreement(res)) }
 
-// wrongTextOf is wrongText from a pass's output agreement.
+// wrongTextOf is WrongText from a pass's output agreement.
 func wrongTextOf(rows []report.OutputAgreement) string {
 	var worst *report.OutputAgreement
 	for i, a := range rows {
@@ -139,16 +139,16 @@ func wrongTextOf(rows []report.OutputAgreement) string {
 	if worst == nil {
 		return ""
 	}
-	txt := fmt.Sprintf("outputs finite but wrong (rel. error %s in the worst sample against a tolerance of %s", percent(*worst.WorstRelErr), percent(worst.Tolerance))
+	txt := fmt.Sprintf("outputs finite but wrong (rel. error %s in the worst sample against a tolerance of %s", Percent(*worst.WorstRelErr), Percent(worst.Tolerance))
 	if worst.Top1Agreement != nil {
 		txt += fmt.Sprintf(", top-1 agreement %d/%d", int64(math.Round(*worst.Top1Agreement*float64(worst.Rows))), worst.Rows)
 	}
 	return txt + ")"
 }
 
-// agreeText says how close a pass's outputs came to fp32's, for a healthy
+// AgreeText says how close a pass's outputs came to fp32's, for a healthy
 // verdict; "" when they were not compared.
-func (f *Facts) agreeText(res *observe.PassResult) string {
+func (f *Facts) AgreeText(res *observe.PassResult) string {
 	worst := -1.0
 	for _, d := range res.Outputs {
 		if d.Role != observe.RoleChosen {
@@ -158,12 +158,12 @@ func (f *Facts) agreeText(res *observe.PassResult) string {
 	if worst < 0 {
 		return ""
 	}
-	return fmt.Sprintf("outputs within %s of fp32 (tolerance %s)", percent(worst), percent(f.tolerance(res.Name)))
+	return fmt.Sprintf("outputs within %s of fp32 (tolerance %s)", Percent(worst), Percent(f.Tolerance(res.Name)))
 }
 
-// percent writes a relative error as a percentage with about three
+// Percent writes a relative error as a percentage with about three
 // significant digits.
-func percent(x float64) string {
+func Percent(x float64) string {
 	if math.IsInf(x, 1) {
 		return "∞ %"
 	}
@@ -175,7 +175,7 @@ func percent(x float64) string {
 // that differs from fp32 beyond tol (or is non-finite). A pass without
 // per-value comparisons (a fix rerun) is followed through the graph alone.
 func (f *Facts) corrupted(start []string, res *observe.PassResult, tol float64, wrong map[string]bool, byError bool) []string {
-	g := f.graph()
+	g := f.Graph()
 	idx := f.Static.Model.Index
 	carries := func(v string) bool {
 		if !byError || res.Diffs == nil {
@@ -232,7 +232,7 @@ func (f *Facts) attributeWrong(os []report.Origin, starts [][]string, res *obser
 	if len(wrong) == 0 {
 		return os
 	}
-	tol := f.tolerance(res.Name)
+	tol := f.Tolerance(res.Name)
 	claimed := false
 	for _, byError := range []bool{true, false} {
 		for k := range os {
@@ -272,7 +272,7 @@ func (f *Facts) precisionOrigin(res *observe.PassResult, asg *precision.Assignme
 		e := d.RelErr()
 		return !math.IsNaN(e) && e > tol && d.NewNonFinite == 0
 	}
-	g := f.graph()
+	g := f.Graph()
 	// A number torch.finfo(dtype) wrote is the format's limit in this pass
 	// and ±3.4e38 in fp32's: the values that carry it differ on purpose,
 	// and count as agreeing where an op reads them.
@@ -301,16 +301,16 @@ func (f *Facts) precisionOrigin(res *observe.PassResult, asg *precision.Assignme
 			if len(w) == 0 {
 				continue
 			}
-			o := report.Origin{Pass: res.Name, Cause: report.CausePrecision, Node: f.nodeName(ni), Index: ni, OpType: n.OpType,
+			o := report.Origin{Pass: res.Name, Cause: report.CausePrecision, Node: f.NodeName(ni), Index: ni, OpType: n.OpType,
 				Module: onnx.ModulePath(n), Precision: asg.Node[ni].String(), Value: v,
 				Affected: []string{}, AffectedOutputs: []string{}, WrongOutputs: w}
-			if ref, ok := f.Passes[PassFP32].Stats[v]; ok && ref.Finite > 0 {
+			if ref, ok := f.Passes[report.PassFP32].Stats[v]; ok && ref.Finite > 0 {
 				o.FP32MaxAbs = float64(ref.MaxAbs)
 			}
 			if why := asg.Why[v]; why != 0 {
 				o.Provenance = &report.Provenance{Reasons: why.Names()}
 				for _, c := range asg.Casts[v] {
-					o.Provenance.Casts = append(o.Provenance.Casts, f.nodeName(c))
+					o.Provenance.Casts = append(o.Provenance.Casts, f.NodeName(c))
 				}
 				o.ExplicitCast = asg.Explicit(v)
 			}
@@ -319,3 +319,7 @@ func (f *Facts) precisionOrigin(res *observe.PassResult, asg *precision.Assignme
 	}
 	return report.Origin{}, false
 }
+
+// RecordedWrongText is WrongText from the output agreement recorded for a
+// pass (a fix rerun's); "" when it agrees or none was recorded.
+func (f *Facts) RecordedWrongText(pass string) string { return wrongTextOf(f.agreements[pass]) }
