@@ -507,7 +507,8 @@ def write_page(path, results, specs, runs, train):
     w("`onnxcc_amp.py` calls `auto_convert_mixed_precision(model, feed, validate_fn, keep_io_types=True)`, the validation"
       " being finite outputs within 5 % of fp32; `torch_hooks.py` records, with forward hooks, the first module whose"
       " output holds NaN/Inf while its inputs are finite, under `torch.autocast(\"cpu\", dtype=torch.float16)` and after"
-      " `model.half()` (BatchNorm kept in fp32, as fastai does), and compares the outputs with fp32's.")
+      " a plain `model.half()` (BatchNorm in fp16 too, where fastai and the oracle's `half` keep it in fp32), and compares"
+      " the outputs with fp32's.")
     w("")
     w("## Did it find the problem, where, why, and a fix that holds")
     w("")
