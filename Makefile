@@ -93,7 +93,7 @@ $(PYVENV_OK): python/requirements-test.txt
 TORCH2_TEST_PY   ?= python3
 TORCH2_TEST_REQ  := python/requirements-torch2.txt
 TORCH2_TEST_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fp16audit
-TORCH2_TEST_VENV ?= $(TORCH2_TEST_HOME)/venv-torch2-$(shell { cat $(TORCH2_TEST_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+TORCH2_TEST_VENV ?= $(TORCH2_TEST_HOME)/venv-torch2-$(shell { cat $(TORCH2_TEST_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)' 2>/dev/null; } | sha256sum | cut -c1-12)
 
 torch2-venv: $(TORCH2_TEST_VENV)/.installed
 
@@ -159,7 +159,7 @@ bench: ort llama-bench
 # outputs go to fixtures/bench/peers/ (git-ignored). Never in CI: about
 # half an hour on 2 cores.
 PEERS_REQ  := bench/peers/requirements.txt
-PEERS_VENV ?= $(TORCH2_TEST_HOME)/venv-peers-$(shell { cat $(PEERS_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
+PEERS_VENV ?= $(TORCH2_TEST_HOME)/venv-peers-$(shell { cat $(PEERS_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)' 2>/dev/null; } | sha256sum | cut -c1-12)
 
 $(PEERS_VENV)/.installed: $(PEERS_REQ)
 	@mkdir -p $(TORCH2_TEST_HOME)
