@@ -597,9 +597,7 @@ _cpu_note_said = False
 
 def _device_type(model) -> str:
     """The device type the model's parameters are on (cpu without any)."""
-    for t in list(model.parameters()) + list(model.buffers()):
-        return t.device.type
-    return "cpu"
+    return next((t.device.type for t in list(model.parameters()) + list(model.buffers())), "cpu")
 
 
 def _meta_check(model) -> None:
