@@ -228,7 +228,7 @@ llama-bench:
 # torch 2.9's TorchScript exporter (dynamo=False) into
 # fixtures/torch/cases_torchscript2, and the Hugging Face
 # architectures of fixtures/torch/cases_hf.py (transformers, small configs,
-# random init) into fixtures/torch/cases_hf, and the README's export
+# random init) into fixtures/torch/cases_hf, and the export
 # recipes, run verbatim on real fastai learners and transformers models
 # (fixtures/torch/recipes.py), into fixtures/torch/recipes, with PyTorch's truth from
 # torch 2.9 itself (fixtures/torch/oracle.py). It makes .venv-torch2

@@ -47,13 +47,20 @@ func (f Files) Paths() []string {
 // repository root: the fixtures are read from there and the pages name
 // their paths as a user in that folder would type them.
 func Generate() (Files, error) {
+	files, _, err := generate()
+	return files, err
+}
+
+// generate is Generate, with the examples the verdict pages show, by
+// page.
+func generate() (Files, map[string]*example, error) {
 	if _, err := os.Stat("docs/architecture.md"); err != nil {
-		return nil, fmt.Errorf("docgen: run from the repository root (no docs/architecture.md here): %w", err)
+		return nil, nil, fmt.Errorf("docgen: run from the repository root (no docs/architecture.md here): %w", err)
 	}
 	files := Files{}
 	ex, err := verdictPages(files)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	steps := []func(Files) error{
 		func(f Files) error { return checkPages(f, ex) },
@@ -63,7 +70,7 @@ func Generate() (Files, error) {
 	}
 	for _, step := range steps {
 		if err := step(files); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for p, b := range files {
@@ -71,7 +78,7 @@ func Generate() (Files, error) {
 			files[p] = append([]byte(generatedNote), b...)
 		}
 	}
-	return files, nil
+	return files, ex, nil
 }
 
 // generatedNote heads every generated Markdown page (an HTML comment:

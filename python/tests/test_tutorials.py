@@ -83,7 +83,13 @@ class TutorialTest(support.TempDirMixin, unittest.TestCase):
         self.assertTrue(code, "%s has no code to run" % page)
         missing = [n for n in needs if importlib.util.find_spec(n) is None]
         if missing:
-            raise unittest.SkipTest("%s needs %s, which %s lacks" % (page, ", ".join(missing), sys.executable))
+            msg = "%s needs %s, which %s lacks" % (page, ", ".join(missing), sys.executable)
+            # CI runs every page: the CI gate's pre-commit is pinned for the
+            # torch 1.13 leg only (python/requirements-test.txt)
+            torch2 = os.environ.get("FP16AUDIT_TEST_LEG") == "torch2"
+            if os.environ.get("CI") and not (torch2 and missing == ["pre_commit"]):
+                raise AssertionError(msg)
+            raise unittest.SkipTest(msg)
         # the commands of the guide name the repository's fixtures
         os.symlink(os.path.join(ROOT, "fixtures"), self.path("fixtures"))
         os.makedirs(self.path("internal/trainlog"))
