@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test test-torch2 demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
+.PHONY: all ort build test test-torch2 docs docs-gen docs-venv demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -115,6 +115,40 @@ test-torch2: ort build torch2-venv
 	  echo "FP16AUDIT_TRUTH_DIR=$$tmp $(GO) test -count=1 -run TestTorchTruthDir ./internal/audit/" && \
 	  FP16AUDIT_TRUTH_DIR="$$tmp" $(GO) test -count=1 -run TestTorchTruthDir ./internal/audit/
 
+# docs builds the documentation site (mkdocs.yml, docs/) strictly into
+# site/ (git-ignored): a broken link, a missing page or a reference that
+# does not resolve fails it. The pages under docs/reference/ are generated
+# from the code and the fixtures by internal/docgen and committed; `make
+# test` fails when one is stale (TestGenerated), and `make docs-gen`
+# rewrites them. The Python API page is rendered at build time from the
+# docstrings (mkdocstrings). The site's tools are pinned in
+# docs/requirements.txt, installed once per machine into $(DOCS_VENV); then
+# headless Chromium opens a few built pages (TestSite).
+DOCS_REQ  := docs/requirements.txt
+DOCS_VENV ?= $(TORCH2_TEST_HOME)/venv-docs-$(shell { cat $(DOCS_REQ); $(TORCH2_TEST_PY) -c 'import sys; print(sys.version)' 2>/dev/null; } | sha256sum | cut -c1-12)
+DOCS_SITE := site
+
+docs-venv: $(DOCS_VENV)/.installed
+
+$(DOCS_VENV)/.installed: $(DOCS_REQ)
+	@mkdir -p $(TORCH2_TEST_HOME)
+	@find $(TORCH2_TEST_HOME) -maxdepth 1 -name 'venv-docs-*' ! -path '$(DOCS_VENV)' -exec rm -rf {} +
+	rm -rf $(DOCS_VENV)
+	$(TORCH2_TEST_PY) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q --no-deps -r $(DOCS_REQ)
+	touch $@
+
+docs: ort build docs-venv
+	$(GO) test -count=1 -run 'TestGenerated' ./internal/docgen/
+	$(DOCS_VENV)/bin/mkdocs build --strict --clean --site-dir $(DOCS_SITE)
+	FP16AUDIT_SITE_DIR=$(CURDIR)/$(DOCS_SITE) $(GO) test -count=1 -run 'TestSite' ./internal/docgen/
+
+# docs-gen rewrites the generated pages under docs/reference/ (run it after
+# changing a check, a verdict, a command's flags, a schema, an operator
+# entry or a fixture the pages show).
+docs-gen: ort build
+	$(GO) test -count=1 -run 'TestGenerated' ./internal/docgen/ -update
+
 # wheel: the platform wheel, the Python package with the binary in its
 # scripts (python/build_wheel.py), into dist/: pip install it with
 # onnxruntime and `fp16audit` and fp16audit.audit work (python/README.md).
@@ -194,7 +228,7 @@ llama-bench:
 # torch 2.9's TorchScript exporter (dynamo=False) into
 # fixtures/torch/cases_torchscript2, and the Hugging Face
 # architectures of fixtures/torch/cases_hf.py (transformers, small configs,
-# random init) into fixtures/torch/cases_hf, and the README's export
+# random init) into fixtures/torch/cases_hf, and the export
 # recipes, run verbatim on real fastai learners and transformers models
 # (fixtures/torch/recipes.py), into fixtures/torch/recipes, with PyTorch's truth from
 # torch 2.9 itself (fixtures/torch/oracle.py). It makes .venv-torch2

@@ -46,7 +46,8 @@ type Report struct {
 	Notes []string `json:"notes"`
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
 	// explicit-half-cast, unnormalized-input, oversized-logits,
-	// overflowing-op, healthy. It follows what reaches the graph outputs;
+	// overflowing-op, forward-underflow, healthy (the Verdict* constants).
+	// It follows what reaches the graph outputs;
 	// an error-level finding may stand beside a healthy verdict (a
 	// masked_fill PyTorch refuses, whose -Inf the softmax would absorb).
 	Verdict     string           `json:"verdict"`
@@ -88,17 +89,33 @@ const (
 
 // Verdict identifiers, in the order the decision tree tests them.
 const (
-	VerdictPoisoned     = "poisoned-input"
-	VerdictFP32Broken   = "fp32-broken"
-	VerdictHalfCast     = "explicit-half-cast"
+	// VerdictPoisoned: the batch itself holds NaN or Inf; no precision
+	// is to blame (FP1001).
+	VerdictPoisoned = "poisoned-input"
+	// VerdictFP32Broken: the truly-fp32 reference pass produces NaN or
+	// Inf: fix the model or the data before mixed precision (FP2002).
+	VerdictFP32Broken = "fp32-broken"
+	// VerdictHalfCast: the value that overflows is in fp16 because of a
+	// cast the model makes itself (x.half(), an fp16 weight), and the
+	// run that keeps those casts with autocast off overflows too
+	// (FP4001).
+	VerdictHalfCast = "explicit-half-cast"
+	// VerdictUnnormalized: the inputs look raw (0-255 pixels, unscaled
+	// columns) and the rerun with standardized inputs is clean.
 	VerdictUnnormalized = "unnormalized-input"
-	VerdictLogits       = "oversized-logits"
-	VerdictOverflow     = "overflowing-op"
+	// VerdictLogits: the overflow starts at the model's final layer, an
+	// unscaled head (FP2003).
+	VerdictLogits = "oversized-logits"
+	// VerdictOverflow: one op overflows fp16 on normalized inputs
+	// (FP2001); the fix keeps it in fp32 or uses bf16.
+	VerdictOverflow = "overflowing-op"
 	// VerdictUnderflow: nothing overflows, but the outputs are lost to
 	// values the format cannot hold (flushed to zero or subnormal). Added
 	// within v1.2.
 	VerdictUnderflow = "forward-underflow"
-	VerdictHealthy   = "healthy"
+	// VerdictHealthy: nothing that reaches the outputs overflows or is
+	// lost; warnings (little headroom, heavy underflow) may remain.
+	VerdictHealthy = "healthy"
 )
 
 // Origin causes, the reason NaN/Inf start where an origin is.

@@ -15,15 +15,18 @@ import (
 	"fp16audit/report"
 )
 
-// torchRecipes are the README's export recipes as fixtures/torch/recipes.py
+// recipesPage is the documentation page that holds the export recipes.
+const recipesPage = "docs/how-to/export.md"
+
+// torchRecipes are the export recipes of recipesPage as fixtures/torch/recipes.py
 // ran them, verbatim, under torch 2.9 (make fixtures-torch2).
 const torchRecipes = "../../fixtures/torch/recipes"
 
-// readmeRecipes returns the README's recipes: the ```python block after
+// readmeRecipes returns the recipes of recipesPage: the ```python block after
 // each line "<!-- recipe: NAME … -->", by name, as recipes.py reads them.
 func readmeRecipes(t *testing.T) map[string]string {
 	t.Helper()
-	f, err := os.Open("../../README.md")
+	f, err := os.Open("../../" + recipesPage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +49,7 @@ func readmeRecipes(t *testing.T) map[string]string {
 		case strings.HasPrefix(line, "<!-- recipe: "):
 			name = strings.Fields(strings.TrimPrefix(line, "<!-- recipe: "))[0]
 			if _, dup := out[name]; dup {
-				t.Fatalf("README.md: recipe %s appears twice", name)
+				t.Fatalf("%s: recipe %s appears twice", recipesPage, name)
 			}
 		default:
 			name = ""
@@ -69,16 +72,17 @@ type recipeExtra struct {
 	} `json:"extra"`
 }
 
-// TestReadmeRecipes: every export recipe in the README is the text that
-// fixtures/torch/recipes.py ran under torch 2.9 to make a fixture, so the
-// README cannot drift from what torch does with it; and each of those
+// TestReadmeRecipes: every export recipe of recipesPage (once the
+// README's) is the text that fixtures/torch/recipes.py ran under torch 2.9
+// to make a fixture, so the page cannot drift from what torch does with
+// it; and each of those
 // fixtures audits as PyTorch says it runs (verdict, by module, under each
 // policy).
 func TestReadmeRecipes(t *testing.T) {
 	want := readmeRecipes(t)
 	for _, name := range []string{"images", "tables", "tokens"} {
 		if _, ok := want[name]; !ok {
-			t.Errorf("README.md has no recipe %q (a line <!-- recipe: %s --> before its ```python block)", name, name)
+			t.Errorf("%s has no recipe %q (a line <!-- recipe: %s --> before its ```python block)", recipesPage, name, name)
 		}
 	}
 	dirs, err := filepath.Glob(filepath.Join(torchRecipes, "*", "truth.json"))
@@ -100,14 +104,14 @@ func TestReadmeRecipes(t *testing.T) {
 		code, ok := want[r.Name]
 		switch {
 		case !ok:
-			t.Errorf("%s ran recipe %q, which the README no longer has: regenerate the recipes (make fixtures-torch2)", p, r.Name)
+			t.Errorf("%s ran recipe %q, which the page no longer has: regenerate the recipes (make fixtures-torch2)", p, r.Name)
 		case code != r.Code:
-			t.Errorf("README recipe %q is not the text %s ran: regenerate the recipes (make fixtures-torch2) so that torch runs what the README says\nREADME:\n%s\nran:\n%s", r.Name, p, code, r.Code)
+			t.Errorf("recipe %q of %s is not the text %s ran: regenerate the recipes (make fixtures-torch2) so that torch runs what the page says\npage:\n%s\nran:\n%s", r.Name, recipesPage, p, code, r.Code)
 		}
 	}
 	for name := range want {
 		if !ran[name] {
-			t.Errorf("README recipe %q has no fixture: add it to fixtures/torch/recipes.py", name)
+			t.Errorf("recipe %q has no fixture: add it to fixtures/torch/recipes.py", name)
 		}
 	}
 	torchTruth(t, torchRecipes, map[string]string{})

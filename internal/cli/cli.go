@@ -24,7 +24,7 @@ import (
 	"fp16audit/report"
 )
 
-// Exit codes, as documented in README.md.
+// Exit codes, as documented in docs/reference/cli.md.
 const (
 	exitOK       = 0 // nothing at or above --fail-on
 	exitFindings = 1 // findings at or above --fail-on

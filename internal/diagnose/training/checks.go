@@ -92,9 +92,10 @@ the backward finite keeps it. The GradScaler grows the scale only after
 2000 clean steps (growth_interval), so the first thousands of steps lose
 these gradients. Start from the scale the report gives:
 learn.to_fp16(init_scale=2.**k).`})
-	checkNoGradRule = checks.Register(&checks.Check{ID: "FP6009", Title: "backward audit skips ops without a gradient rule", Severity: checks.SevInfo, Doc: `Some nodes have an op fp16audit has no gradient rule for (see the list in
-README.md: ConvTranspose, RNNs, Einsum, Resize, GroupNormalization,
-InstanceNormalization, PRelu, Max/Min, CumSum, Scatter, trig ops...). The
+	checkNoGradRule = checks.Register(&checks.Check{ID: "FP6009", Title: "backward audit skips ops without a gradient rule", Severity: checks.SevInfo, Doc: `Some nodes have an op fp16audit has no gradient rule for (the gradient
+rule column of the operator registry, docs/reference/ops.md: ConvTranspose,
+RNNs, Einsum, Resize, GroupNormalization, InstanceNormalization, PRelu,
+Max/Min, CumSum, Scatter, trig ops...). The
 backward stops at them: the gradients of the nodes before them are left
 out (or partial where another path reaches them), and the audit covers the
 rest of the graph. The finding lists the nodes and what they cut off.`})
