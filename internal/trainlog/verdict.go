@@ -213,6 +213,23 @@ func (f *Facts) recoveredSuspect() string {
 		whose = "its batch"
 	}
 	s := whose + " is the suspect (a NaN/Inf in its data, a value beyond fp16's 65504, or an activation such a batch pushes past it), not the training"
+	// Recurring to the end, they may be a forward overflow appearing: an
+	// activation that grows with the weights passes 65504 on the batches
+	// that push it furthest, then on more of them.
+	end := f.n
+	if f.nanIdx >= 0 {
+		end = f.nanIdx
+	}
+	w := finalWindow(end)
+	late := 0
+	for _, i := range f.recovered {
+		if i >= end-w {
+			late++
+		}
+	}
+	if late > 0 && len(f.recovered) > 1 {
+		s += fmt.Sprintf("; they keep coming to the end (%d in the last %d %ss): if they come more often as training goes on, an activation growing with the weights may be passing 65504 on the batches that push it furthest (a forward overflow appearing)", late, w, f.unit())
+	}
 	if st := f.r.Scales; st != nil && f.pinnedLow {
 		s += fmt.Sprintf("; the halvings stay: the scale is held at %s, where small gradients underflow", report.FormatScale(st.PinnedScale))
 	}
