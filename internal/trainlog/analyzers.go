@@ -255,11 +255,11 @@ func (f *Facts) nanAt() string {
 	return "at"
 }
 
-// nanWhat says what became non-finite first.
+// nanWhat says what became non-finite at the failing step.
 func (f *Facts) nanWhat() string {
 	switch r := f.r; {
-	case r.Losses != nil && r.Losses.FirstNonFiniteValue != "":
-		return "the loss became " + r.Losses.FirstNonFiniteValue
+	case r.Losses != nil && r.Losses.FailingValue != "":
+		return "the loss became " + r.Losses.FailingValue
 	case f.nanIdx >= 0:
 		return "every step's gradients became non-finite (inferred NaN loss)"
 	}
