@@ -11,8 +11,18 @@ import (
 // is removed or changes meaning; new fields may appear within a version.
 // v1.1 judges the telemetry's underflowing gradients by the mass they lose
 // when the log records it (telemetry.underflow, measure lost_mass) and
-// records the --checks selection; a v1 document reads as v1.1.
-const ScalesSchema = "fp16audit.scales/v1.1"
+// records the --checks selection. v1.2 tells the non-finite losses a run
+// recovered from (losses.recovered_nonfinite, the recovered-nan verdict)
+// from the failing one the NaN verdicts and scales.scale_at_first_nan are
+// about (losses.failing_step), judges a collapse by the backoffs of finite
+// losses whenever the NaN comes, pins a scale held down to the end of the
+// run (scales.pinned_since) and lists the captures the log points to;
+// v1 and v1.1 documents read as v1.2.
+const ScalesSchema = "fp16audit.scales/v1.2"
+
+// ScalesSchemaV11 is the version before ScalesSchema, which `fp16audit
+// render` still reads.
+const ScalesSchemaV11 = "fp16audit.scales/v1.1"
 
 // ScalesSchemaV1 is the first version of ScalesSchema, which `fp16audit
 // render` still reads.
@@ -22,12 +32,14 @@ const ScalesSchemaV1 = "fp16audit.scales/v1"
 // them. They are
 // stable: scripts may branch on them.
 const (
-	// ScalesEarlyNaN: the loss is NaN/Inf within the first epoch (or the
-	// first EarlySteps steps): a forward overflow or poisoned data (FP5001).
-	ScalesEarlyNaN = "early-nan"
-	// ScalesGradientOverflowNaN: NaN mid-training right after the loss
-	// scale collapsed: chronic gradient overflow, divergence (FP5002).
+	// ScalesGradientOverflowNaN: the loss went NaN after the loss scale
+	// collapsed, whenever that happens: chronic gradient overflow,
+	// divergence (FP5002).
 	ScalesGradientOverflowNaN = "gradient-overflow-nan"
+	// ScalesEarlyNaN: the loss went NaN/Inf within the first epoch (or the
+	// first EarlySteps steps) without a collapse before it: a forward
+	// overflow or poisoned data (FP5001).
+	ScalesEarlyNaN = "early-nan"
 	// ScalesForwardOverflowNaN: NaN mid-training with a healthy scale: the
 	// forward pass began to overflow as the weights grew (FP5003).
 	ScalesForwardOverflowNaN = "forward-overflow-nan"
@@ -40,6 +52,10 @@ const (
 	// ScalesPlateauUnexplained: the run ends above the fp32 baseline
 	// beyond the tolerance, but the scale history is clean (FP5006).
 	ScalesPlateauUnexplained = "plateau-unexplained"
+	// ScalesRecoveredNaN: some losses were NaN/Inf, but the run went on
+	// with finite losses after them: the scaler skipped those steps, and
+	// their batches are the suspects (FP5012).
+	ScalesRecoveredNaN = "recovered-nan"
 	// ScalesWastedWarmup: the first steps were all skipped while the scale
 	// came down from init_scale (FP5008).
 	ScalesWastedWarmup = "wasted-warmup"
@@ -89,6 +105,9 @@ type ScalesReport struct {
 	// (python/README.md) says about the modules whose gradients overflow
 	// or underflow; absent when the log carries none.
 	Telemetry *TelemetryStats `json:"telemetry,omitempty"`
+	// Captures are the capture folders the log points to (its capture
+	// lines, docs/capture.md), in log order; absent when it has none.
+	Captures []Capture `json:"captures,omitempty"`
 	// NotDerived names what the log did not allow to derive, and why.
 	NotDerived []string `json:"not_derived"`
 	// Notes are facts about how the log was read that a reader must know.
@@ -160,30 +179,42 @@ type ScaleStats struct {
 	MaxScale               float64 `json:"max_scale"`
 	FinalScale             float64 `json:"final_scale"`
 	Growths                int     `json:"growths"`
-	// LongestNoGrowth is the longest stretch before the first NaN without a
-	// growth of the scale, with its start and the backoffs inside it.
+	// LongestNoGrowth is the longest stretch before the failing NaN
+	// without a growth of the scale, with its start and the backoffs
+	// inside it.
 	LongestNoGrowth         int `json:"longest_no_growth_steps"`
 	LongestNoGrowthStart    int `json:"longest_no_growth_start"`
 	LongestNoGrowthBackoffs int `json:"longest_no_growth_backoffs"`
 	// Pinned is set when that stretch spans PinnedIntervals growth
-	// intervals with at least as many backoffs; PinnedScale is the scale at
-	// its end.
+	// intervals with at least as many backoffs (PinnedScale: the scale at
+	// its end), or when the scale is held down: it fell CollapseBits or
+	// more below its highest value after the warm-up, to at most LowScale,
+	// and stayed there from PinnedSince to the end of the judged steps,
+	// for at least the final window, without growing back (GradScaler
+	// regains one growth per growth interval of clean steps).
 	Pinned      bool    `json:"pinned"`
 	PinnedScale float64 `json:"pinned_scale,omitempty"`
+	PinnedSince *int    `json:"pinned_since,omitempty"`
 	// InferredNaNStep is set for a log without losses whose last steps
 	// were all skipped (at least eight): non-finite gradients on every
 	// step, which is what a NaN loss does. The diagnosis takes it as the
 	// first NaN.
 	InferredNaNStep *int `json:"inferred_nan_step,omitempty"`
-	// ScaleAtFirstNaN is the scale in effect at the step of the first
-	// non-finite loss (the scale after the previous step's update).
+	// ScaleAtFirstNaN is the scale in effect at the failing step
+	// (LossStats.FailingStep: the non-finite loss the run did not recover
+	// from), the scale after the previous step's update.
 	ScaleAtFirstNaN *float64 `json:"scale_at_first_nan,omitempty"`
 	// CollapseBits is how far the scale fell, in powers of two, from its
-	// highest value in the window before the first NaN to ScaleAtFirstNaN;
-	// BackoffsBeforeNaN counts the skipped steps in that window.
-	CollapseBits      *float64 `json:"collapse_bits,omitempty"`
-	CollapseWindow    int      `json:"collapse_window,omitempty"`
-	BackoffsBeforeNaN int      `json:"backoffs_before_nan,omitempty"`
+	// highest value in the window before the failing step (after the
+	// warm-up) to ScaleAtFirstNaN; BackoffsBeforeNaN counts the skipped
+	// steps in that window and GradientBackoffsBeforeNaN those of them
+	// whose loss was finite: gradients that overflowed while the forward
+	// pass did not (all of them in a log without losses). A collapse is
+	// CollapseBits of fall with as many halvings from such backoffs.
+	CollapseBits              *float64 `json:"collapse_bits,omitempty"`
+	CollapseWindow            int      `json:"collapse_window,omitempty"`
+	BackoffsBeforeNaN         int      `json:"backoffs_before_nan,omitempty"`
+	GradientBackoffsBeforeNaN int      `json:"gradient_backoffs_before_nan,omitempty"`
 }
 
 // LossStats summarizes the loss series.
@@ -199,9 +230,21 @@ type LossStats struct {
 	FirstNonFiniteStep  *int   `json:"first_nonfinite_step,omitempty"`
 	FirstNonFiniteValue string `json:"first_nonfinite_value,omitempty"`
 	Inferred            bool   `json:"inferred,omitempty"`
+	// FailingStep is where the loss went NaN/Inf for good: the log ends
+	// with a non-finite loss, and this is the first step of the shortest
+	// final stretch in which at least half the losses are non-finite (a
+	// failure that begins on some batches and then takes all is one).
+	// Absent when the last loss is finite. FailingValue is its loss.
+	FailingStep  *int   `json:"failing_step,omitempty"`
+	FailingValue string `json:"failing_value,omitempty"`
+	// Recovered counts the non-finite losses before FailingStep (all of
+	// them when it is absent): steps the run went on from with finite
+	// losses. RecoveredAt lists their steps, at most 1000.
+	Recovered   int   `json:"recovered_nonfinite,omitempty"`
+	RecoveredAt []int `json:"recovered_nonfinite_steps,omitempty"`
 	// FirstLoss and FinalLoss are means of the first and last windows of
-	// finite losses (FinalWindow steps, before any NaN); FirstSteps and
-	// FinalSteps are the steps those windows span.
+	// finite losses (FinalWindow steps, before FailingStep); FirstSteps
+	// and FinalSteps are the steps those windows span.
 	FirstLoss   *float64   `json:"first_loss,omitempty"`
 	FinalLoss   *float64   `json:"final_loss,omitempty"`
 	FinalWindow int        `json:"final_window"`
@@ -269,10 +312,13 @@ type TelemetryStats struct {
 	// Modules is the number of modules the companion watched.
 	Modules int `json:"modules"`
 	// OverflowFrom and OverflowTo bound the steps whose skipped-step lines
-	// Overflow counts: after the warm-up, before the first NaN (when the
-	// run has a collapse, its window before the NaN).
-	OverflowFrom int `json:"overflow_from"`
-	OverflowTo   int `json:"overflow_to"`
+	// Overflow counts: after the warm-up, before the failing NaN (when the
+	// run has a collapse, its window before the NaN). OverflowLines counts
+	// those lines; a skipped step whose loss was non-finite is not one
+	// (every gradient of a non-finite loss is non-finite).
+	OverflowFrom  int `json:"overflow_from"`
+	OverflowTo    int `json:"overflow_to"`
+	OverflowLines int `json:"overflow_lines"`
 	// Overflow lists the modules where the overflows of those skipped steps
 	// began, most often first.
 	Overflow []ModuleOverflow `json:"overflow"`
@@ -282,6 +328,28 @@ type TelemetryStats struct {
 	// it, most first, then by the share of their elements flushed (at or
 	// above underflow_fraction), most first.
 	Underflow []ModuleUnderflow `json:"underflow"`
+}
+
+// Capture is a capture folder the recorder wrote during the run (a capture
+// line of the companion's log, docs/capture.md): the state of one training
+// step that `fp16audit replay` replays.
+type Capture struct {
+	Step int `json:"step"`
+	// Trigger is what made the recorder capture: nonfinite-loss,
+	// scale-collapse, pinned-plateau, loss-spike or request.
+	Trigger string `json:"trigger"`
+	// Path is the folder as the recorder was given it (relative to the
+	// directory the run was started in, or absolute); empty when the
+	// capture failed to write, and Error then says why.
+	Path  string `json:"path,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Replay is the command that replays it: fp16audit replay PATH.
+	Replay string `json:"replay,omitempty"`
+	// Decides is set on the capture of the failure the verdict names: its
+	// replay, not the log, decides that failure's class (the verdict says
+	// so). A capture of that failure that failed to write is marked too,
+	// with its Error, and the log's verdict stands.
+	Decides bool `json:"decides,omitempty"`
 }
 
 // ModuleOverflow is one module named as the origin of overflows: the first

@@ -103,7 +103,7 @@ func readDocument(path string) (report.Document, error) {
 	case head.Schema == nil:
 	case *head.Schema == report.ReportSchema || *head.Schema == report.ReportSchemaV11 || *head.Schema == report.ReportSchemaV1:
 		doc = &report.Report{}
-	case *head.Schema == report.ScalesSchema || *head.Schema == report.ScalesSchemaV1:
+	case *head.Schema == report.ScalesSchema || *head.Schema == report.ScalesSchemaV11 || *head.Schema == report.ScalesSchemaV1:
 		doc = &report.ScalesReport{}
 	case *head.Schema == report.LintSchema:
 		doc = &report.LintReport{}

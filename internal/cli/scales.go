@@ -44,7 +44,8 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 			"RUN is the loss and GradScaler scale of every optimizer step (or every N steps), as\n"+
 			"fp16audit's JSON or CSV, a CSV/TSV/JSON/JSON Lines table whose columns are recognised by\n"+
 			"name, a plain list of numbers (.npy, JSON array, one per line), a TensorBoard event file or\n"+
-			"log directory, fastai's history.csv, or the Python companion's log (python/README.md).\n"+
+			"log directory, fastai's history.csv, or the Python companion's log (python/README.md),\n"+
+			"whose capture lines (docs/capture.md) are named with their 'fp16audit replay' command.\n"+
 			"See docs/scales.md.", stdout)
 	fs.StringVar(&o.baseline, "baseline", "", "log of the same training in fp32 (losses), to tell a plateau from noise")
 	fs.StringVar(&o.columns, "columns", "", "name the columns (or JSON fields) of a table: step=COL,loss=COL,scale=COL,skipped=COL,epoch=COL")
@@ -60,7 +61,7 @@ func cmdScales(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.opt.SkipRate, "skip-rate", o.opt.SkipRate, "lowest skip rate reported as high (never below two skips per growth interval)")
 	fs.Float64Var(&o.opt.LowScale, "low-scale", o.opt.LowScale, "a pinned scale at or below this is low")
 	fs.IntVar(&o.opt.PinnedIntervals, "pinned-intervals", o.opt.PinnedIntervals, "growth intervals without growth that make a pinned scale")
-	fs.Float64Var(&o.opt.CollapseBits, "collapse-bits", o.opt.CollapseBits, "fall of the scale, in powers of two, before a NaN that makes a collapse")
+	fs.Float64Var(&o.opt.CollapseBits, "collapse-bits", o.opt.CollapseBits, "fall of the scale, in powers of two, that makes a collapse before a NaN (with as many halvings on finite losses) or, to --low-scale, holds the scale down")
 	fs.IntVar(&o.opt.WarmupSkips, "warmup-skips", o.opt.WarmupSkips, "skipped steps at the start reported as wasted warm-up")
 	fs.Float64Var(&o.opt.LostMassTolerance, "lost-mass-tolerance", o.opt.LostMassTolerance, "with gradient telemetry: a module whose gradient loses this share of its mass (L2 norm) to fp16 is named")
 	fs.Float64Var(&o.opt.UnderflowFraction, "underflow-fraction", o.opt.UnderflowFraction, "with gradient telemetry recorded before lost_mass: a module whose gradient loses this fraction of its nonzero elements to fp16 underflow is named")

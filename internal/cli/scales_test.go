@@ -98,7 +98,7 @@ func TestScalesJSONShape(t *testing.T) {
 			t.Errorf("JSON report lacks %q", key)
 		}
 	}
-	if doc["schema"] != "fp16audit.scales/v1.1" || doc["verdict"] != "gradient-overflow-nan" {
+	if doc["schema"] != "fp16audit.scales/v1.2" || doc["verdict"] != "gradient-overflow-nan" {
 		t.Errorf("schema %v verdict %v", doc["schema"], doc["verdict"])
 	}
 	scales := doc["scales"].(map[string]any)

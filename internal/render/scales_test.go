@@ -149,8 +149,8 @@ func TestScalesNaNTail(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{
-		"last before the first NaN/Inf 2.62 (at step 4)",
-		"595 NaN/Inf, the first (NaN) at step 5; every loss from then on is NaN/Inf: the last 595 steps (5–599)",
+		"last before the loss went NaN/Inf 2.62 (at step 4)",
+		"595 NaN/Inf, the first (NaN) at step 5; every loss from step 5 on is NaN/Inf: the last 595 steps (5–599)",
 		"(! holds NaN/Inf: every column does)",
 	} {
 		if !strings.Contains(out, want) {

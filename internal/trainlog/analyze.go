@@ -3,6 +3,7 @@ package trainlog
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"fp16audit/checks"
@@ -149,14 +150,23 @@ type Facts struct {
 
 	cfg  report.ScalerConfig
 	kind []stepKind
-	// nanIdx is the index of the first non-finite loss (or the inferred
-	// one), -1 when none.
-	nanIdx int
+	// nanIdx is the index of the failing non-finite loss (the first of
+	// the stretch the run did not recover from, or the inferred one), -1
+	// when none; recovered holds the indices of the non-finite losses
+	// before it (all of them when there is none): steps the run went on
+	// from.
+	nanIdx    int
+	recovered []int
 	// warmup is the number of leading skipped steps.
 	warmup int
 
+	// collapse: the scale fell CollapseBits before the failing NaN, with
+	// as many halvings from backoffs of finite losses (gradient overflow).
 	highSkip, pinnedLow, collapse bool
-	skipThreshold                 float64
+	// heldFrom is the highest scale after the warm-up, which a scale held
+	// down (ScaleStats.PinnedSince) fell from.
+	heldFrom      float64
+	skipThreshold float64
 
 	// What judge settles for the analyzers: a NaN within the early limit
 	// (limitText says which), a final loss beyond the tolerance above the
@@ -167,7 +177,7 @@ type Facts struct {
 	// steps is the number of steps the log spans (entries for a log with
 	// one entry per step).
 	steps int
-	// nanStep is the step of the first NaN (nanIdx's step, or the step
+	// nanStep is the step of the failing NaN (nanIdx's step, or the step
 	// a log without losses implies), -1 when none.
 	nanStep int
 	// skips holds, per entry, the skipped steps the scales prove since
@@ -248,16 +258,29 @@ func (f *Facts) losses() {
 		return
 	}
 	st := &report.LossStats{}
+	var nonfinite []int
 	for i, v := range ls {
 		if !isFinite(v) {
-			st.NonFinite++
-			if f.nanIdx < 0 {
-				f.nanIdx = i
-				s := f.step(i)
-				st.FirstNonFiniteStep = &s
-				st.FirstNonFiniteValue = describeFloat(v)
-			}
+			nonfinite = append(nonfinite, i)
 		}
+	}
+	st.NonFinite = len(nonfinite)
+	if len(nonfinite) > 0 {
+		s := f.step(nonfinite[0])
+		st.FirstNonFiniteStep = &s
+		st.FirstNonFiniteValue = describeFloat(ls[nonfinite[0]])
+	}
+	f.nanIdx = failingIndex(ls)
+	f.recovered = nonfinite
+	if f.nanIdx >= 0 {
+		s := f.step(f.nanIdx)
+		st.FailingStep = &s
+		st.FailingValue = describeFloat(ls[f.nanIdx])
+		f.recovered = nonfinite[:slices.Index(nonfinite, f.nanIdx)]
+	}
+	st.Recovered = len(f.recovered)
+	for _, i := range f.recovered[:min(len(f.recovered), MaxListedSteps)] {
+		st.RecoveredAt = append(st.RecoveredAt, f.step(i))
 	}
 	end := len(ls)
 	if f.nanIdx >= 0 {
@@ -282,6 +305,28 @@ func (f *Facts) losses() {
 		st.LastFiniteStep = &s
 	}
 	f.r.Losses = st
+}
+
+// failingIndex is where the loss went NaN/Inf for good, -1 when the last
+// loss is finite: the first entry of the shortest final stretch in which
+// at least half the losses are non-finite. A forward overflow that begins
+// on a few batches and then takes every one is one failure from its first
+// non-finite loss; a non-finite loss followed by a run of finite ones is
+// a step the run recovered from, whatever came later.
+func failingIndex(ls []float64) int {
+	if len(ls) == 0 || isFinite(ls[len(ls)-1]) {
+		return -1
+	}
+	at, bad := -1, 0
+	for i := len(ls) - 1; i >= 0; i-- {
+		if !isFinite(ls[i]) {
+			bad++
+			if 2*bad >= len(ls)-i {
+				at = i
+			}
+		}
+	}
+	return at
 }
 
 // finalWindow is how many final steps are averaged into a final loss: a
@@ -509,7 +554,60 @@ func (f *Facts) scales() {
 	}
 	flush(cut)
 	f.pinnedLow = st.Pinned && st.PinnedScale <= f.opt.LowScale
+	if !f.pinnedLow {
+		pts := make([]scalePoint, 0, cut-f.warmup)
+		for i := f.warmup; i < cut; i++ {
+			pts = append(pts, scalePoint{f.step(i), sc[i]})
+		}
+		f.heldDown(st, pts, cut)
+	}
 	f.r.Scales = st
+}
+
+// scalePoint is the scale after the step of a log entry.
+type scalePoint struct {
+	step  int
+	scale float64
+}
+
+// heldDown pins a scale that fell and stayed down: pts are the scales
+// after the warm-up up to the failing NaN, which lies span steps after
+// the log's first.
+// The scale is held down when it fell CollapseBits or more below the
+// scale it settled at after the warm-up (or a later, higher one), to at
+// most LowScale, ends the stretch at its lowest, and stayed at or below
+// LowScale for at least the final window the comparison with a baseline
+// reads. GradScaler regains one growth per growth interval of clean
+// steps, so a scale that many halvings below where it was cannot climb
+// back in a short run (with the default 2000 steps per growth, in no run
+// shorter than tens of thousands of steps): whatever the growth interval,
+// the small gradients train at that scale.
+func (f *Facts) heldDown(st *report.ScaleStats, pts []scalePoint, span int) {
+	if len(pts) == 0 {
+		return
+	}
+	peak := f.cfg.InitScale
+	if st.WarmupScale > 0 {
+		peak = st.WarmupScale
+	}
+	low := pts[0].scale
+	for _, p := range pts {
+		peak, low = max(peak, p.scale), min(low, p.scale)
+	}
+	final := pts[len(pts)-1].scale
+	if final > f.opt.LowScale || final > low || collapseBits(peak, final) < f.opt.CollapseBits {
+		return
+	}
+	since := len(pts) - 1
+	for since > 0 && pts[since-1].scale <= f.opt.LowScale {
+		since--
+	}
+	if pts[len(pts)-1].step-pts[since].step+1 < finalWindow(span) {
+		return
+	}
+	s := pts[since].step
+	st.Pinned, st.PinnedScale, st.PinnedSince = true, final, &s
+	f.pinnedLow, f.heldFrom = true, peak
 }
 
 // collapseWindow measures how far the scale fell before the first NaN: from
@@ -530,13 +628,19 @@ func (f *Facts) collapseWindow(st *report.ScaleStats, cut int) {
 		top = max(top, sc[i])
 		if f.kind[i] == stepBackoff {
 			st.BackoffsBeforeNaN++
+			// A backoff of a non-finite loss is the forward pass's (or
+			// the batch's): only those of finite losses show gradients
+			// overflowing fp16.
+			if f.run.Losses == nil || isFinite(f.run.Losses[i]) {
+				st.GradientBackoffsBeforeNaN++
+			}
 		}
 	}
 	at := *st.ScaleAtFirstNaN
 	bits := collapseBits(top, at)
 	st.CollapseBits = &bits
 	st.CollapseWindow = cut - from
-	f.collapse = bits >= f.opt.CollapseBits
+	f.collapse = bits >= f.opt.CollapseBits && float64(st.GradientBackoffsBeforeNaN)*math.Log2(1/f.cfg.BackoffFactor) >= f.opt.CollapseBits
 }
 
 func (f *Facts) compare(baseline *Log) {
@@ -552,7 +656,15 @@ func (f *Facts) compare(baseline *Log) {
 		f.notDerived("the gap to the fp32 baseline: the run has no losses")
 		return
 	case f.nanIdx >= 0:
-		f.notDerived("the gap to the fp32 baseline: the run's loss became NaN")
+		f.notDerived("the gap to the fp32 baseline: the run's loss went NaN")
+		return
+	}
+	if i := failingIndex(baseline.Losses); i >= 0 {
+		what := ""
+		if len(f.recovered) > 0 {
+			what = " (a batch that GradScaler skipped in the fp16 run can ruin fp32)"
+		}
+		f.notDerived("the gap to the fp32 baseline: the baseline's loss went NaN/Inf for good at %s %d%s; give a baseline that ran to the end", f.unit(), baseline.Step(i), what)
 		return
 	}
 	if f.run.PerEpoch != baseline.PerEpoch {

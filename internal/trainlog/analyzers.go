@@ -11,9 +11,9 @@ import (
 // Analyzer is one training-log check over the facts of one log.
 type Analyzer = checks.Analyzer[*Facts]
 
-// Analyzers returns every training-log check: the NaN classes first (one
-// of them at most applies), then the comparison with the baseline, then
-// the evidence any run may show. Each finds its condition in the facts
+// Analyzers returns every training-log check: the classes of the failing
+// NaN first (one of them at most applies), then the comparison with the
+// baseline, then the evidence any run may show. Each finds its condition in the facts
 // newFacts computed; none changes them, so switching one off changes
 // nothing but its finding and the verdict it would decide.
 func Analyzers() []*Analyzer {
@@ -29,6 +29,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkSkipRate, Requires: []*Requirement{needScales}, Run: runSkipRate},
 		{Check: checkPinnedLow, Requires: []*Requirement{needScales}, Run: runPinnedLow},
 		{Check: checkMassLost, Requires: []*Requirement{needTelemetry}, Run: runMassLost},
+		{Check: checkRecoveredNaN, Requires: []*Requirement{needLosses}, Run: runRecoveredNaN},
 	}
 }
 
@@ -50,11 +51,16 @@ func one(c *checks.Check, format string, args ...any) ([]checks.Finding, error) 
 	return []checks.Finding{c.Finding(fmt.Sprintf(format, args...))}, nil
 }
 
-// lateNaN reports whether the loss became NaN after the early limit.
+// lateNaN reports whether the loss went NaN after the early limit.
 func (f *Facts) lateNaN() bool { return f.nanIdx >= 0 && !f.early }
 
+// A collapse before the failing NaN decides its class whenever the NaN
+// comes: gradients that overflowed fp16 step after step while the loss
+// stayed finite are chronic gradient overflow, in the first epoch too.
+// The early and late classes are for a NaN without one.
+
 func runEarlyNaN(f *Facts) ([]checks.Finding, error) {
-	if !f.early {
+	if !f.early || f.collapse {
 		return nil, nil
 	}
 	return one(checkEarlyNaN, "%s %s %s %d, within %s%s. The loss scaler cannot cause this; audit the exported model with 'fp16audit run model.onnx -i batch.npy'",
@@ -70,7 +76,7 @@ func runLateNaN(f *Facts) ([]checks.Finding, error) {
 }
 
 func runGradOverflowNaN(f *Facts) ([]checks.Finding, error) {
-	if !f.lateNaN() || !f.collapse {
+	if f.nanIdx < 0 || !f.collapse {
 		return nil, nil
 	}
 	fd := checkGradOverflowNaN.Finding(fmt.Sprintf("%s %s step %d%s: the gradients kept overflowing as training diverged. Lower the learning rate, clip gradients, or use to_bf16()/fp32",
@@ -88,6 +94,14 @@ func runForwardOverflowNaN(f *Facts) ([]checks.Finding, error) {
 	}
 	return one(checkForwardOverflowNaN, "%s %s step %d%s: the gradients fitted fp16, the forward pass did not. Audit a checkpoint from just before step %d with 'fp16audit run'",
 		f.nanWhat(), f.nanAt(), f.nanStep, f.scaleAtNaN(), f.nanStep)
+}
+
+func runRecoveredNaN(f *Facts) ([]checks.Finding, error) {
+	if len(f.recovered) == 0 {
+		return nil, nil
+	}
+	s := f.recoveredSuspect()
+	return one(checkRecoveredNaN, "%s. %s", f.recoveredText(), strings.ToUpper(s[:1])+s[1:])
 }
 
 func runPlateauUnderflow(f *Facts) ([]checks.Finding, error) {
@@ -149,6 +163,16 @@ func runPinnedLow(f *Facts) ([]checks.Finding, error) {
 		return nil, nil
 	}
 	st := f.r.Scales
+	if st.PinnedSince != nil {
+		end := "to the end"
+		if f.nanIdx >= 0 {
+			end = fmt.Sprintf("until the loss went NaN at step %d", f.nanStep)
+		}
+		fd := checkPinnedLow.Finding(fmt.Sprintf("the scale fell to %s, %.0f halvings below its %s after the warm-up, and stayed at or below %s (threshold) from step %d %s: GradScaler grows it back one doubling per %d clean steps",
+			report.FormatScale(st.PinnedScale), collapseBits(f.heldFrom, st.PinnedScale), report.FormatScale(f.heldFrom), report.FormatScale(f.opt.LowScale), *st.PinnedSince, end, f.cfg.GrowthInterval))
+		f.nameUnderflow(&fd)
+		return []checks.Finding{fd}, nil
+	}
 	fd := checkPinnedLow.Finding(fmt.Sprintf("the scale did not grow for %d steps (%.1f growth intervals of %d) from step %d, with %d backoffs, and ended that stretch at %s (threshold %s)",
 		st.LongestNoGrowth, float64(st.LongestNoGrowth)/float64(f.cfg.GrowthInterval), f.cfg.GrowthInterval,
 		st.LongestNoGrowthStart, st.LongestNoGrowthBackoffs, report.FormatScale(st.PinnedScale), report.FormatScale(f.opt.LowScale)))
@@ -195,7 +219,8 @@ func (f *Facts) judge() {
 }
 
 // earlyLimit is the number of steps in which a NaN counts as early: the
-// first epoch when known, else EarlySteps.
+// first epoch when known (where the epochs change, else the log's
+// steps_per_epoch), else EarlySteps.
 func (f *Facts) earlyLimit() (int, string) {
 	if f.run.PerEpoch {
 		return 1, "the first epoch"
@@ -210,12 +235,16 @@ func (f *Facts) earlyLimit() (int, string) {
 			return steps, fmt.Sprintf("the first epoch (%d steps)", steps)
 		}
 	}
+	if spe := f.run.StepsPerEpoch; spe > 0 {
+		return spe, fmt.Sprintf("the first epoch (%d steps)", spe)
+	}
 	return f.opt.EarlySteps, fmt.Sprintf("the first %d steps", f.opt.EarlySteps)
 }
 
-// signs reports whether the scale history shows trouble: many skipped
-// steps or a scale pinned low.
-func (f *Facts) signs() bool { return f.highSkip || f.pinnedLow }
+// signs reports whether the log shows underflow's trouble: many skipped
+// steps, a scale pinned low, or telemetry of gradients losing mass to
+// fp16.
+func (f *Facts) signs() bool { return f.highSkip || f.pinnedLow || f.massLost() }
 
 // nanAt is "at", or "by" where the NaN lies between the sample that shows
 // it and the one before.
@@ -226,11 +255,11 @@ func (f *Facts) nanAt() string {
 	return "at"
 }
 
-// nanWhat says what became non-finite first.
+// nanWhat says what became non-finite at the failing step.
 func (f *Facts) nanWhat() string {
 	switch r := f.r; {
-	case r.Losses != nil && r.Losses.FirstNonFiniteValue != "":
-		return "the loss became " + r.Losses.FirstNonFiniteValue
+	case r.Losses != nil && r.Losses.FailingValue != "":
+		return "the loss became " + r.Losses.FailingValue
 	case f.nanIdx >= 0:
 		return "every step's gradients became non-finite (inferred NaN loss)"
 	}
@@ -254,7 +283,7 @@ func (f *Facts) scaleAtNaN() string {
 
 func beforeNaN(nan bool) string {
 	if nan {
-		return " and before the first NaN"
+		return " and before the loss went NaN"
 	}
 	return ""
 }
@@ -265,8 +294,14 @@ func (f *Facts) signsText() string {
 	if f.highSkip {
 		parts = append(parts, fmt.Sprintf("%s%.1f%% of the steps after the warm-up skipped (%d)", f.atLeast(), 100*st.SkipRateAfterWarmup, f.judgedSkips))
 	}
-	if f.pinnedLow {
+	switch {
+	case f.pinnedLow && st.PinnedSince != nil:
+		parts = append(parts, fmt.Sprintf("the scale held down at %s from step %d to the end", report.FormatScale(st.PinnedScale), *st.PinnedSince))
+	case f.pinnedLow:
 		parts = append(parts, fmt.Sprintf("the scale pinned at %s for %d steps without growth", report.FormatScale(st.PinnedScale), st.LongestNoGrowth))
+	}
+	if u := f.underflowModules(); len(parts) == 0 && len(u) > 0 {
+		parts = append(parts, "gradients losing mass to fp16 (module "+u[0].Module+")")
 	}
 	return strings.Join(parts, " and ")
 }

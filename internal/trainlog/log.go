@@ -7,11 +7,15 @@
 // the FP5xxx checks as analyzers over those facts (checks.RunAnalyzers:
 // --checks switches them off) and takes the one verdict their findings
 // decide; with telemetry it names the modules whose gradients overflow or
-// lose mass to fp16. The failure classes are those of the
-// table in DESIGN.md: early NaN (forward overflow), mid-training NaN after
-// a collapsing scale (gradient overflow), mid-training NaN with a healthy
-// scale (the forward pass began to overflow), a plateau above the fp32
-// baseline (underflow, skipped steps), wasted warm-up steps, healthy.
+// lose mass to fp16. The failure classes are those of the table in
+// DESIGN.md, decided by the evidence rather than by when the loss went
+// NaN: a NaN after a collapsing scale (gradient overflow, whenever it
+// comes), an early NaN without one (a forward overflow or poisoned data),
+// a later NaN with a healthy scale (the forward pass began to overflow), a
+// plateau above the fp32 baseline (underflow at a pinned scale, skipped
+// steps), non-finite losses the run recovered from (a batch is the
+// suspect), wasted warm-up steps, healthy. A log that points to captures
+// of the failing step defers that failure's class to their replay.
 package trainlog
 
 import "fp16audit/report"
@@ -62,6 +66,10 @@ type Log struct {
 	// number of modules its header says were watched (0: no telemetry).
 	Telemetry        []TelemetryLine
 	TelemetryModules int
+	// Captures are the capture lines of the companion's log
+	// (docs/capture.md): the capture folders the recorder wrote, or
+	// failed to write, during the run, in file order.
+	Captures []Capture
 	// Notes and NotDerived are facts the reader learned about the log
 	// (columns it recognised, a run that stopped early) and what the form
 	// of the log cannot tell; the report carries them.
@@ -87,6 +95,17 @@ type TelemetryLine struct {
 	// Modules are in backward order: the order their first gradient
 	// arrived in.
 	Modules []ModuleGrads
+}
+
+// Capture is one capture line of the companion's log: the recorder wrote
+// the state of step Step to the folder Path when Trigger fired, or failed
+// to and left Error.
+type Capture struct {
+	// Line is the line of the file, for messages.
+	Line        int
+	Step        int
+	Trigger     string
+	Path, Error string
 }
 
 // ModuleGrads is one module's entry in a telemetry line; Output and Params

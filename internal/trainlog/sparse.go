@@ -211,6 +211,15 @@ func (f *Facts) sparseScales() {
 		flush(lastStep, lastScale)
 	}
 	f.pinnedLow = st.Pinned && st.PinnedScale <= f.opt.LowScale
+	if !f.pinnedLow {
+		var pts []scalePoint
+		for _, g := range gaps {
+			if g.to >= f.warmupEnd && g.to < cutStep {
+				pts = append(pts, scalePoint{g.to, g.scale})
+			}
+		}
+		f.heldDown(st, pts, cutStep-startStep)
+	}
 
 	f.r.Scales = st
 	f.notDerived("which steps were skipped and how many exactly: the log holds one step in %d (%d samples over %d steps); the scale ratios between samples prove at least %d skipped steps, and growth_interval %d (%s) allows at most %d",
@@ -218,7 +227,7 @@ func (f *Facts) sparseScales() {
 	f.notDerived("growths that a backoff undid before the next sample: they leave the scale unchanged, so the growths (%d) and the stretches without growth are those the samples show; the minimum and maximum scale are the samples'", st.Growths)
 }
 
-// sampledNaN settles the first NaN of a sampled log: the loss's, placed
+// sampledNaN settles the failing NaN of a sampled log: the loss's, placed
 // between two samples, or, without losses, the start of the gaps skipped
 // throughout that reach the end of the log (at least eight steps: NaN
 // gradients overflow at every scale). It then measures how far the scale
@@ -239,7 +248,7 @@ func (f *Facts) sampledNaN(st *report.ScaleStats, gaps []gap) {
 				g.from+1, total, total, g.from+1)
 		}
 	} else if f.nanIdx > 0 && f.run.Sampled() {
-		f.note("the first NaN/Inf loss is at step %d or before, after step %d: the log holds one step in %d", f.nanStep, f.step(f.nanIdx-1), f.r.Run.SampleEvery)
+		f.note("the loss went NaN/Inf for good at step %d or before, after step %d: the log holds one step in %d", f.nanStep, f.step(f.nanIdx-1), f.r.Run.SampleEvery)
 	}
 	if f.nanStep < 0 {
 		return
@@ -258,6 +267,12 @@ func (f *Facts) sampledNaN(st *report.ScaleStats, gaps []gap) {
 		if g.to >= from && g.to < f.nanStep {
 			top = max(top, g.scale)
 			st.BackoffsBeforeNaN += g.kmin
+			// The backoffs of a gap whose sample holds a non-finite loss
+			// may be that loss's; only the others surely show
+			// gradients overflowing.
+			if f.run.Losses == nil || isFinite(f.run.Losses[g.entry]) {
+				st.GradientBackoffsBeforeNaN += g.kmin
+			}
 			seen = true
 		}
 	}
@@ -268,7 +283,7 @@ func (f *Facts) sampledNaN(st *report.ScaleStats, gaps []gap) {
 	bits := collapseBits(top, at)
 	st.CollapseBits = &bits
 	st.CollapseWindow = f.nanStep - from
-	f.collapse = bits >= f.opt.CollapseBits
+	f.collapse = bits >= f.opt.CollapseBits && float64(st.GradientBackoffsBeforeNaN)*math.Log2(1/f.cfg.BackoffFactor) >= f.opt.CollapseBits
 }
 
 // resolveSampledScaler settles the configuration of a sampled log: the

@@ -15,9 +15,11 @@ import (
 const maxUnderflowModules = 10
 
 // telemetry reads the companion's per-module gradient telemetry: on the
-// skipped steps after the warm-up and before the first NaN (the collapse
-// window, when the scale collapsed), which module's gradient overflowed
-// fp16 first; on the fully measured lines, which modules lose their
+// skipped steps after the warm-up and before the failing NaN (the
+// collapse window, when the scale collapsed) whose loss was finite, which
+// module's gradient overflowed fp16 first (a non-finite loss makes every
+// gradient non-finite: its step says nothing of where gradients
+// overflow); on the fully measured lines, which modules lose their
 // gradient to fp16 underflow. The analyzers name those modules in the
 // findings they explain.
 func (f *Facts) telemetry() {
@@ -48,11 +50,15 @@ func (f *Facts) telemetry() {
 	}
 	ts.OverflowFrom, ts.OverflowTo = from, end
 
+	nonfiniteLoss := map[int]bool{}
+	for _, i := range f.recovered {
+		nonfiniteLoss[f.step(i)] = true
+	}
 	byName := map[string]*report.ModuleOverflow{}
 	var order []string
 	skipped := 0
 	for _, t := range l.Telemetry {
-		if !t.Skip || t.Step < from || t.Step > end {
+		if !t.Skip || t.Step < from || t.Step > end || nonfiniteLoss[t.Step] {
 			continue
 		}
 		skipped++
@@ -78,6 +84,7 @@ func (f *Facts) telemetry() {
 			}
 		}
 	}
+	ts.OverflowLines = skipped
 	for _, name := range order {
 		mo := byName[name]
 		mo.OfSteps, mo.Via = skipped, "params"

@@ -16,7 +16,7 @@ import (
 // HTML writes the training-log diagnosis as one self-contained page,
 // like the audit report: the verdict card, log2(scale) over the steps with
 // the skipped steps (each one a backoff of the scale), the warm-up, a
-// pinned stretch and the first NaN marked, the loss against the fp32
+// pinned stretch and where the loss went NaN for good marked, the loss against the fp32
 // baseline, the reconstruction, the findings and what the log could not
 // tell. It loads nothing from the network; a small inline script shows a
 // bucket's numbers under the mouse.
@@ -125,12 +125,13 @@ func (a stepAxis) xTicks(b *strings.Builder, y float64) {
 	fmt.Fprintf(b, `<text x="%s" y="%s" class="xl">step</text></g>`, markup.Coord(sRight+12), markup.Coord(y+18))
 }
 
-// nanStep is the step of the first NaN/Inf loss, read or inferred, and
-// what to call it.
+// nanStep is the step where the loss went NaN/Inf for good, read or
+// inferred, and what to call it; the NaN/Inf losses the run went on from
+// show in the loss chart's buckets.
 func nanStep(r *report.ScalesReport) (step int, label string, ok bool) {
 	switch {
-	case r.Losses != nil && r.Losses.FirstNonFiniteStep != nil:
-		return *r.Losses.FirstNonFiniteStep, fmt.Sprintf("first NaN/Inf loss, step %d", *r.Losses.FirstNonFiniteStep), true
+	case r.Losses != nil && failing(r.Losses) != nil:
+		return *failing(r.Losses), fmt.Sprintf("loss NaN/Inf for good, step %d", *failing(r.Losses)), true
 	case r.Scales != nil && r.Scales.InferredNaNStep != nil:
 		return *r.Scales.InferredNaNStep, fmt.Sprintf("NaN inferred from the scale, step %d", *r.Scales.InferredNaNStep), true
 	}
@@ -152,7 +153,7 @@ func span(b *strings.Builder, ax stepAxis, from, to int, top, height float64, cl
 	return fmt.Sprintf(`<text class="%s-l" x="%s" y="%s" text-anchor="%s">%s</text>`, class, markup.Coord(x), markup.Coord(top+14+15*float64(line)), anchor, template.HTMLEscapeString(label))
 }
 
-// nanLine draws the first NaN across a plot, labelled at labelY.
+// nanLine draws where the loss went NaN for good across a plot, labelled at labelY.
 func nanLine(b *strings.Builder, r *report.ScalesReport, ax stepAxis, top, bottom, labelY float64) {
 	step, label, ok := nanStep(r)
 	if !ok {
@@ -181,7 +182,7 @@ func legend(b *strings.Builder, y float64, entries ...[2]string) {
 // scaleChartSVG draws log2(scale) over the steps: the lowest scale of each
 // bucket as a step line, the range within the bucket as a band, a tick
 // under the plot for every skipped step, the warm-up and a pinned stretch
-// shaded, and the first NaN.
+// shaded, and where the loss went NaN for good.
 func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, bk := range r.Series {
@@ -205,7 +206,7 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 		{`<rect y="-5" width="24" height="10" class="band"/>`, "range in the bucket"},
 		{`<line x1="12" x2="12" y1="-7" y2="7" class="skip"/>`, "skipped step (the scale backed off)"}}
 	if _, _, ok := nanStep(r); ok {
-		entries = append(entries, [2]string{`<line x2="24" class="nan"/>`, "first NaN"})
+		entries = append(entries, [2]string{`<line x2="24" class="nan"/>`, "NaN for good"})
 	}
 	legend(&b, 18, entries...)
 
@@ -227,7 +228,16 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 			// Below the top line, where the scale starts.
 			labels.WriteString(span(&b, ax, r.Run.FirstStep, r.Run.FirstStep+s.WarmupSkipped-1, sTop, sPlotH, "warmup", fmt.Sprintf("warm-up: %d skipped", s.WarmupSkipped), false, 2))
 		}
-		if s.Pinned {
+		switch {
+		case s.PinnedSince != nil:
+			// Held down from PinnedSince to the end of the judged steps.
+			end := r.Run.FirstStep + r.Run.Steps - 1
+			if l := r.Losses; l != nil && l.FailingStep != nil {
+				end = *l.FailingStep - 1
+			}
+			labels.WriteString(span(&b, ax, *s.PinnedSince, end, sTop, sPlotH, "pinned",
+				"held down at "+report.FormatScale(s.PinnedScale)+" from step "+strconv.Itoa(*s.PinnedSince), true, 0))
+		case s.Pinned:
 			labels.WriteString(span(&b, ax, s.LongestNoGrowthStart, s.LongestNoGrowthStart+s.LongestNoGrowth-1, sTop, sPlotH, "pinned",
 				"pinned at "+report.FormatScale(s.PinnedScale)+", no growth for "+strconv.Itoa(s.LongestNoGrowth)+" steps", true, 0))
 		}
@@ -290,7 +300,7 @@ func scaleChartSVG(r *report.ScalesReport, ax stepAxis) string {
 
 // lossChartSVG draws the mean of the finite losses per bucket and the fp32
 // baseline's on one scale, marks the buckets that hold NaN/Inf, shades the
-// window the final losses were compared over, and the first NaN.
+// window the final losses were compared over, and where the loss went NaN for good.
 func lossChartSVG(r *report.ScalesReport, ax stepAxis) string {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, bk := range r.Series {
@@ -408,7 +418,7 @@ var scalesPage = markup.Page("scales", scalesFuncs, `fp16audit scales: {{.R.Verd
 	`<section id="verdict" class="card {{.Class}}">
 <h2><span class="badge">{{.Badge}}</span> <span id="verdict-id">{{.R.Verdict}}</span></h2>
 <p class="vtext">{{.R.VerdictText}}</p>
-{{with .R.Fix}}<p><b>Fix:</b> {{.}}</p>{{end}}
+{{with .R.Fix}}<p><b>Fix:</b> {{.}}</p>{{end}}{{with .R.Captures}}<ul class="captures">{{range .}}<li>{{if .Decides}}<b>{{end}}capture of step {{.Step}} ({{.Trigger}}){{if .Decides}}</b>{{end}}: {{if .Replay}}<code>{{.Replay}}</code>{{else}}failed to write: {{.Error}}{{end}}</li>{{end}}</ul>{{end}}
 {{with .Loss}}<p class="small">{{.}}.</p>{{end}}
 {{with .Comparison}}<p class="small">Against the fp32 baseline: {{.}}.</p>{{end}}
 </section>

@@ -28,6 +28,12 @@ func Markdown(w io.Writer, r *report.ScalesReport) error {
 	if r.Fix != "" {
 		fmt.Fprintf(&b, "\n**Fix:** %s\n", markup.MDText(r.Fix))
 	}
+	if lines := captureLines(r); len(lines) > 0 {
+		b.WriteString("\n**Captures:**\n\n")
+		for _, l := range lines {
+			fmt.Fprintf(&b, "- %s\n", markup.MDText(l))
+		}
+	}
 	fmt.Fprintf(&b, "\nLog %s: %s.", markup.MDCode(r.Run.Path), markup.MDText(describeRun(r.Run)))
 	if bl := r.Baseline; bl != nil {
 		fmt.Fprintf(&b, " fp32 baseline %s: %s.", markup.MDCode(bl.Path), markup.MDText(describeRun(*bl)))

@@ -34,7 +34,7 @@ func telemetryText(p *markup.Writer, r *report.ScalesReport) {
 	}
 	p.Printf("\ngradient telemetry: %d lines (%d measured in full, %d of skipped steps), %d modules watched\n",
 		t.Lines, t.FullLines, t.SkippedLines, t.Modules)
-	if len(t.Overflow) == 0 {
+	if len(t.Overflow) == 0 && t.OverflowLines > 0 {
 		p.Printf("  overflow begins in   no module, in the skipped steps %d–%d\n", t.OverflowFrom, t.OverflowTo)
 	}
 	for i, o := range t.Overflow {

@@ -45,6 +45,13 @@ func Text(w io.Writer, r *report.ScalesReport, color bool) error {
 	if r.Fix != "" {
 		p.Printf("%s %s\n", p.Style(markup.Bold, "fix:"), r.Fix)
 	}
+	for i, line := range captureLines(r) {
+		head := "captures:"
+		if i > 0 {
+			head = "         "
+		}
+		p.Printf("%s %s\n", p.Style(markup.Bold, head), line)
+	}
 
 	if lines := historyLines(r, p.Style(markup.Red, "!")); len(lines) > 0 {
 		p.Printf("\n%s\n", strings.Join(lines, "\n"))
@@ -97,14 +104,37 @@ func Text(w io.Writer, r *report.ScalesReport, color bool) error {
 	return p.Err()
 }
 
+// captureLines are the captures the log points to, one a line: the step,
+// the trigger and the command that replays it, or why it failed to write.
+func captureLines(r *report.ScalesReport) []string {
+	var lines []string
+	for _, c := range r.Captures {
+		s := fmt.Sprintf("step %d (%s): ", c.Step, c.Trigger)
+		if c.Replay != "" {
+			s += c.Replay
+		} else {
+			s += "failed to write: " + c.Error
+		}
+		if c.Decides {
+			s += " — holds the failure"
+		}
+		lines = append(lines, s)
+	}
+	return lines
+}
+
 // scaleRows are the facts of the scale reconstruction, as label and value.
 func scaleRows(r *report.ScalesReport) [][2]string {
 	s := r.Scales
 	if s == nil {
 		return nil
 	}
-	rows := [][2]string{{"skipped steps", fmt.Sprintf("%d of %d (%.2f%%); %.2f%% after the warm-up and before any NaN",
-		s.Skipped, r.Run.Steps, 100*s.SkipRate, 100*s.SkipRateAfterWarmup)}}
+	judged := "after the warm-up"
+	if l := r.Losses; l != nil && l.FailingStep != nil {
+		judged = fmt.Sprintf("after the warm-up and before the failing step %d", *l.FailingStep)
+	}
+	rows := [][2]string{{"skipped steps", fmt.Sprintf("%d of %d (%.2f%%); %.2f%% %s",
+		s.Skipped, r.Run.Steps, 100*s.SkipRate, 100*s.SkipRateAfterWarmup, judged)}}
 	if s.WarmupSkipped > 0 {
 		rows = append(rows, [2]string{"warm-up", fmt.Sprintf("first %d steps skipped, down to %s", s.WarmupSkipped, report.FormatScale(s.WarmupScale))})
 	}
@@ -114,7 +144,10 @@ func scaleRows(r *report.ScalesReport) [][2]string {
 	rows = append(rows, [2]string{"scale", fmt.Sprintf("min %s at step %d, max %s, final %s",
 		report.FormatScale(s.MinScale), s.MinScaleStep, report.FormatScale(s.MaxScale), report.FormatScale(s.FinalScale))})
 	pinned := ""
-	if s.Pinned {
+	switch {
+	case s.PinnedSince != nil:
+		pinned = fmt.Sprintf("; held down at %s from step %d", report.FormatScale(s.PinnedScale), *s.PinnedSince)
+	case s.Pinned:
 		pinned = fmt.Sprintf(": pinned at %s", report.FormatScale(s.PinnedScale))
 	}
 	rows = append(rows, [2]string{"growths", fmt.Sprintf("%d; longest stretch without growth %d steps from step %d, %d backoffs%s",
@@ -122,9 +155,13 @@ func scaleRows(r *report.ScalesReport) [][2]string {
 	if s.ScaleAtFirstNaN != nil {
 		v := report.FormatScale(*s.ScaleAtFirstNaN)
 		if s.CollapseBits != nil {
-			v += fmt.Sprintf(", %.1f bits below its peak in the %d steps before (%d skipped)", *s.CollapseBits, s.CollapseWindow, s.BackoffsBeforeNaN)
+			v += fmt.Sprintf(", %.1f bits below its peak in the %d steps before (%d skipped", *s.CollapseBits, s.CollapseWindow, s.BackoffsBeforeNaN)
+			if s.BackoffsBeforeNaN > 0 {
+				v += fmt.Sprintf(", %d of them with a finite loss", s.GradientBackoffsBeforeNaN)
+			}
+			v += ")"
 		}
-		rows = append(rows, [2]string{"scale at first NaN", v})
+		rows = append(rows, [2]string{"scale at failing NaN", v})
 	}
 	return rows
 }
@@ -222,6 +259,8 @@ func describeRun(ri report.RunInfo) string {
 	var parts []string
 	parts = append(parts, fmt.Sprintf("%d steps (%d–%d)", ri.Steps, ri.FirstStep, ri.FirstStep+ri.Steps-1))
 	switch {
+	case ri.StepsPerEpoch > 0 && ri.Epochs == 1:
+		parts = append(parts, fmt.Sprintf("1 epoch of %d steps", ri.StepsPerEpoch))
 	case ri.StepsPerEpoch > 0:
 		parts = append(parts, fmt.Sprintf("%d epochs of %d steps", ri.Epochs, ri.StepsPerEpoch))
 	case ri.Epochs == 1:
@@ -353,15 +392,16 @@ func steps(sr *report.StepRange) string {
 }
 
 // lossSummary says what the loss did: the first and final windows with the
-// steps they span, the NaN/Inf losses, and — so that a run which ended in
+// steps they span, the NaN/Inf losses (those the run went on from apart
+// from where it went NaN for good), and — so that a run which ended in
 // NaN does not read as ending at its final window — how many of the last
 // steps are NaN/Inf and where the last finite loss is.
 func lossSummary(run report.RunInfo, l *report.LossStats) string {
 	var parts []string
 	if l.FirstLoss != nil && l.FinalLoss != nil && l.FirstSteps != nil && l.FinalSteps != nil {
 		final := fmt.Sprintf("final %.4g (%s)", *l.FinalLoss, windowText(l.FinalSteps))
-		if l.FirstNonFiniteStep != nil {
-			final = fmt.Sprintf("last before the first NaN/Inf %.4g (%s)", *l.FinalLoss, windowText(l.FinalSteps))
+		if failing(l) != nil {
+			final = fmt.Sprintf("last before the loss went NaN/Inf %.4g (%s)", *l.FinalLoss, windowText(l.FinalSteps))
 		}
 		parts = append(parts, fmt.Sprintf("first %.4g (%s), %s", *l.FirstLoss, windowText(l.FirstSteps), final))
 	} else if l.FirstLoss != nil && l.FinalLoss != nil {
@@ -372,18 +412,34 @@ func lossSummary(run report.RunInfo, l *report.LossStats) string {
 		return strings.Join(append(parts, "no NaN/Inf"), "; ")
 	}
 	parts = append(parts, fmt.Sprintf("%d NaN/Inf, the first (%s) at step %d", l.NonFinite, l.FirstNonFiniteValue, *l.FirstNonFiniteStep))
+	if l.Recovered > 0 {
+		parts = append(parts, fmt.Sprintf("%d the run went on from", l.Recovered))
+	}
+	fail := failing(l)
 	last := run.FirstStep + run.Steps - 1
 	switch {
 	case l.LastFiniteStep == nil && run.Steps > 0:
 		parts = append(parts, "no loss is finite")
-	case l.TrailingNonFinite > 0 && l.TrailingNonFinite == last-*l.FirstNonFiniteStep+1:
-		parts = append(parts, fmt.Sprintf("every loss from then on is NaN/Inf: the last %d steps (%d–%d)", l.TrailingNonFinite, *l.FirstNonFiniteStep, last))
+	case fail != nil && l.TrailingNonFinite > 0 && l.TrailingNonFinite == last-*fail+1:
+		parts = append(parts, fmt.Sprintf("every loss from step %d on is NaN/Inf: the last %d steps (%d–%d)", *fail, l.TrailingNonFinite, *fail, last))
+	case fail != nil:
+		parts = append(parts, fmt.Sprintf("it went NaN/Inf for good at step %d: most losses from there on are NaN/Inf, the last %d steps (%d–%d) all", *fail, l.TrailingNonFinite, last-l.TrailingNonFinite+1, last))
 	case l.TrailingNonFinite > 0:
 		parts = append(parts, fmt.Sprintf("the last %d steps (%d–%d) are NaN/Inf; the last finite loss is at step %d", l.TrailingNonFinite, last-l.TrailingNonFinite+1, last, *l.LastFiniteStep))
 	case l.LastFiniteStep != nil:
 		parts = append(parts, fmt.Sprintf("finite again at the end of the log (step %d)", *l.LastFiniteStep))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// failing is the step where the loss went NaN/Inf for good. A report
+// written before v1.2 has no failing step: there, as then, the first
+// NaN/Inf was the failure whenever the log ended in NaN/Inf.
+func failing(l *report.LossStats) *int {
+	if l.FailingStep != nil || l.Recovered > 0 || l.TrailingNonFinite == 0 {
+		return l.FailingStep
+	}
+	return l.FirstNonFiniteStep
 }
 
 // windowText writes a loss window: "at step 4" or "mean of steps 30–39".

@@ -76,6 +76,12 @@ type (
 		SumSq        rawValue `json:"sumsq"`
 		LostSumSq    rawValue `json:"lost_sumsq"`
 	}
+	tlCapture struct {
+		Step    *int   `json:"step"`
+		Trigger string `json:"trigger"`
+		Path    string `json:"path"`
+		Error   string `json:"error"`
+	}
 	tlEnd struct {
 		Steps   *int `json:"steps"`
 		Skipped *int `json:"skipped"`
@@ -100,9 +106,10 @@ func (v rawValue) float() (float64, bool, error) {
 }
 
 // parseTrainlog reads the companion's JSON Lines log: a header, a step line
-// per optimizer step with its telemetry line after it, an end line when
-// the run finished. Unknown kinds and fields are ignored, as the format
-// asks of readers.
+// per optimizer step with its telemetry line after it, a capture line
+// after the step line of a step the recorder captured (docs/capture.md),
+// an end line when the run finished. Unknown kinds and fields are ignored,
+// as the format asks of readers.
 func parseTrainlog(path string, data []byte) (*trainlog.Log, error) {
 	perr := func(line int, format string, args ...any) error {
 		return &ParseError{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
@@ -248,6 +255,18 @@ func parseTrainlog(path string, data []byte) (*trainlog.Log, error) {
 				return nil, perr(n, "telemetry line: %v", err)
 			}
 			l.Telemetry = append(l.Telemetry, tl)
+		case "capture":
+			var c tlCapture
+			if err := json.Unmarshal(q, &c); err != nil {
+				return nil, perr(n, "capture line: %s", strings.TrimPrefix(err.Error(), "json: "))
+			}
+			if c.Step == nil {
+				return nil, perr(n, `capture line: want the captured step ({"kind": "capture", "step": N, "trigger": ..., "path": ...}, docs/capture.md), found none`)
+			}
+			if c.Path == "" && c.Error == "" {
+				return nil, perr(n, "capture line of step %d: want the capture folder (path) or why it failed (error), found neither", *c.Step)
+			}
+			l.Captures = append(l.Captures, trainlog.Capture{Line: n, Step: *c.Step, Trigger: c.Trigger, Path: c.Path, Error: c.Error})
 		case "end":
 			var e tlEnd
 			if err := json.Unmarshal(q, &e); err != nil {
