@@ -1,6 +1,7 @@
 package audit_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"fp16audit/internal/audit"
+	"fp16audit/internal/render"
 	"fp16audit/internal/testutil/ortinit"
 	"fp16audit/report"
 )
@@ -129,6 +131,7 @@ func TestReplayRuns(t *testing.T) {
 				if r.Timeline == nil || len(r.Timeline.Steps) == 0 {
 					t.Errorf("no timeline from the capture's log")
 				}
+				renderReplay(t, r)
 			})
 		}
 	}
@@ -160,6 +163,34 @@ func TestHealthyRunNoCapture(t *testing.T) {
 	}
 	if !strings.Contains(string(log), `"skipped":true`) {
 		t.Errorf("the healthy run's log has no warm-up skip: it does not test that warm-up raises no alarm")
+	}
+}
+
+// renderReplay renders r in every format and reads its JSON back.
+func renderReplay(t *testing.T, r *report.ReplayReport) {
+	t.Helper()
+	for _, format := range render.Formats(report.KindReplay) {
+		f, err := render.New(format, report.KindReplay, render.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := f.Render(&b, r); err != nil {
+			t.Fatalf("%s: %v", format, err)
+		}
+		out := b.String()
+		if !strings.Contains(out, r.Verdict) {
+			t.Errorf("%s rendering does not say the verdict %s", format, r.Verdict)
+		}
+		if format == "json" {
+			var back report.ReplayReport
+			if err := json.Unmarshal(b.Bytes(), &back); err != nil || back.Verdict != r.Verdict || back.Schema != report.ReplaySchema {
+				t.Errorf("json: read back %v (%v)", back.Verdict, err)
+			}
+		}
+		if format == "html" && (!strings.Contains(out, "<svg") || !strings.Contains(out, "srcdoc=")) {
+			t.Errorf("html: no timeline chart or no training audit")
+		}
 	}
 }
 

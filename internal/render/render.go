@@ -6,7 +6,7 @@
 //
 // This package holds the Formatter registry: which format renders which
 // document kind, and JSON for all of them. The renderers live in one
-// package per document (audit, lint, scales) and share the helpers of
+// package per document (audit, lint, scales, replay) and share the helpers of
 // package markup. Renderers compute nothing: everything they show is in
 // the document. They import only report, checks and markup, and this
 // package only them, so rendering a saved report needs neither cgo nor
@@ -67,10 +67,12 @@ var formats = []*format{
 		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return writeJSON(w, r) }},
 	{name: "markdown",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.Markdown(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.Markdown(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.Markdown(w, r) },
+		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return replay.Markdown(w, r) }},
 	{name: "html",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.HTML(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.HTML(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.HTML(w, r) },
+		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return replay.HTML(w, r) }},
 	{name: "sarif",
 		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lint.SARIF(w, r) }},
 }

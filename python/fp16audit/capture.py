@@ -619,8 +619,9 @@ class CaptureCore:
             return None
         fired = None
         if after > used or (st.since_growth is None and not skipped):
-            # the scale grew (or the warm-up ended): the pinned stretch restarts
-            st.since_growth = step
+            # the scale grew (or the warm-up ended): the pinned stretch
+            # restarts with the next step, the first at the new scale
+            st.since_growth = step + 1
             st.losses.clear()
         if not skipped:
             st.settled = True
