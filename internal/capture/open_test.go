@@ -175,7 +175,9 @@ func TestRefusals(t *testing.T) {
 			"manifest.json", "not a capture folder, or a capture interrupted"},
 		{"newer format", func(t *testing.T, dir string) { editManifest(t, dir, func(m map[string]any) { m["version"] = "2.0" }) },
 			"manifest.json", "capture format 2.0 is newer than this fp16audit reads (1.x)"},
-		{"another format", func(t *testing.T, dir string) { editManifest(t, dir, func(m map[string]any) { m["format"] = "something" }) },
+		{"another format", func(t *testing.T, dir string) {
+			editManifest(t, dir, func(m map[string]any) { m["format"] = "something" })
+		},
 			"manifest.json", "not an fp16audit capture"},
 		{"incomplete", func(t *testing.T, dir string) {
 			editManifest(t, dir, func(m map[string]any) { delete(m["model"].(map[string]any), "path") })
