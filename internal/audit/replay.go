@@ -139,10 +139,9 @@ func replayConfig(rc ReplayConfig, c *capture.Capture) (Config, replay.Input, er
 	if cfg.AutocastDevice == "" {
 		cfg.AutocastDevice = "cuda"
 	}
-	if m.Precision.Policy != "autocast-bf16" && m.Precision.Policy != "fp32" {
-		// the replay always asks how bf16 would have done at this step
-		cfg.Passes = []string{report.PassBF16}
-	}
+	// bf16 is asked where the step fails: the forward's bf16 pass runs
+	// when the policy's forward fails (PassesAuto), the bf16 backward
+	// when the captured scale fails (VerifyBF16).
 	scale := 1.0
 	if s, ok := m.Scale(); ok {
 		scale = s

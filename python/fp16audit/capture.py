@@ -700,11 +700,11 @@ class CaptureCore:
         names = _input_names(self.model, len(xs), keys)
         # the state first: the copy the export runs is made from the same weights
         os.mkdir(os.path.join(tmp, "state"))
-        _put(tmp, "state/model.safetensors", files, lambda f: _safetensors.write(f, self.model.state_dict()))
+        _put(tmp, "state/model.safetensors", files, lambda f: _safetensors.write(f, self.model.state_dict()), stream=True)
         opt_doc = None
         if self.optimizer is not None:
             opt_doc, opt_tensors = _optimizer_entry(self.optimizer, self.model)
-            _put(tmp, "state/optimizer.safetensors", files, lambda f: _safetensors.write(f, opt_tensors))
+            _put(tmp, "state/optimizer.safetensors", files, lambda f: _safetensors.write(f, opt_tensors), stream=True)
             opt_doc["tensors"] = "state/optimizer.safetensors"
             _put_json(tmp, "state/optimizer.json", opt_doc, files)
         _put_json(tmp, "state/rng.json", _rng_states(), files)
@@ -728,7 +728,7 @@ class CaptureCore:
         # the log so far
         log = None
         if self.log_path and os.path.isfile(self.log_path):
-            _put(tmp, "log.jsonl", files, lambda f: _copy_into(self.log_path, f))
+            _put(tmp, "log.jsonl", files, lambda f: _copy_into(self.log_path, f), stream=True)
             log = "log.jsonl"
         # the model, exported at these weights in train mode from a CPU copy
         dup = _cpu_copy(self.model)
@@ -821,14 +821,34 @@ def _copy_into(src: str, f) -> None:
         shutil.copyfileobj(s, f)
 
 
-def _put(tmp: str, rel: str, files: Dict[str, Dict[str, Any]], write: Callable[[Any], Any]) -> None:
-    """Write one file of the capture, flushed to the disk, and note its size and sha256 (read back: a writer such as
-    numpy's zip may seek)."""
+class _Hashing:
+    """A binary file written front to back that hashes what goes through it (no second read of a large file)."""
+
+    def __init__(self, f) -> None:
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        m = memoryview(b).cast("B")
+        self.h.update(m)
+        self.n += m.nbytes
+        return self.f.write(m)
+
+
+def _put(tmp: str, rel: str, files: Dict[str, Dict[str, Any]], write: Callable[[Any], Any], stream: bool = False) -> None:
+    """Write one file of the capture, flushed to the disk, and note its size and sha256: hashed as it is written when
+    the writer goes front to back (stream), else read back (numpy's zip writer seeks)."""
     path = os.path.join(tmp, *rel.split("/"))
     with open(path, "wb") as f:
-        write(f)
+        if stream:
+            hf = _Hashing(f)
+            write(hf)
+        else:
+            write(f)
         f.flush()
         os.fsync(f.fileno())
+    if stream:
+        files[rel] = {"bytes": hf.n, "sha256": hf.h.hexdigest()}
+        return
     n, h = _hash_file(path)
     files[rel] = {"bytes": n, "sha256": h}
 
@@ -836,7 +856,7 @@ def _put(tmp: str, rel: str, files: Dict[str, Dict[str, Any]], write: Callable[[
 def _put_json(tmp: str, rel: str, obj: Any, files: Optional[Dict[str, Dict[str, Any]]]) -> None:
     data = (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode("utf-8")
     sink: Dict[str, Dict[str, Any]] = {} if files is None else files
-    _put(tmp, rel, sink, lambda f: f.write(data))
+    _put(tmp, rel, sink, lambda f: f.write(data), stream=True)
 
 
 def _fsync_dir(path: str) -> None:

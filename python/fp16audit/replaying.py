@@ -211,6 +211,29 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _verified(capture: str, manifest: Dict[str, Any], rel: Optional[str]) -> Optional[str]:
+    """The path of a state file the continuations read, after its size and sha256 are checked against the manifest
+    (the binary checks only the sizes and headers of the files it does not read)."""
+    import hashlib
+
+    path = _inside(capture, rel)
+    if path is None:
+        return None
+    want = (manifest.get("files") or {}).get(rel)
+    if want is None:
+        raise ReplayError("fp16audit.replay: %s is not listed in the capture's manifest: refused" % rel)
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+            n += len(block)
+    if n != want.get("bytes") or h.hexdigest() != want.get("sha256"):
+        raise ReplayError("fp16audit.replay: %s differs from the capture's manifest (size or sha256): the file changed after "
+                          "the capture was written; capture the step again" % rel)
+    return path
+
+
 def _inside(capture: str, rel: Optional[str]) -> Optional[str]:
     """The path of a manifest entry, refused unless it stays inside the folder (the binary checked the whole
     capture before this runs; this is the Python side's own guard)."""
@@ -284,13 +307,13 @@ def _optimizer(manifest, capture, dup, factory, lr_mult):
     torch = _torch()
     from . import _safetensors
 
-    path = _inside(capture, (manifest.get("optimizer") or {}).get("state"))
+    path = _verified(capture, manifest, (manifest.get("optimizer") or {}).get("state"))
     if path is None:
         raise ReplayError("fp16audit.replay: the capture holds no optimizer state (the recorder was given no optimizer): "
                           "pass optimizer_factory=")
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
-    tensors, _ = _safetensors.read(_inside(capture, doc["tensors"]))
+    tensors, _ = _safetensors.read(_verified(capture, manifest, doc["tensors"]))
     params = dict(dup.named_parameters())
     groups = []
     for g in doc["param_groups"]:
@@ -425,7 +448,7 @@ def continue_from(capture: "os.PathLike[str] | str", model: Any, loader: Any, *,
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     dtype_name = manifest.get("precision", {}).get("dtype")
     policy = manifest.get("precision", {}).get("policy")
-    state, _ = _safetensors.read(_inside(capture, manifest["model"]["state"]))
+    state, _ = _safetensors.read(_verified(capture, manifest, manifest["model"]["state"]))
     loss = loss_func if loss_func is not None else _loss_by_name(manifest.get("loss") or {})
     rng = None
     rng_path = _inside(capture, manifest.get("rng"))
