@@ -45,6 +45,7 @@ import platform
 import random
 import shutil
 import sys
+import time
 import warnings
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -655,8 +656,14 @@ class CaptureCore:
         kind, detail = fired
         self._fired.add(kind)
         path, error = None, None
+        # a large model takes seconds to export and write: say why the run pauses
+        print("fp16audit: step %d: %s (%s): capturing the step into %s" % (step, kind, detail, self.capture.directory),
+              file=sys.stderr, flush=True)
+        t0 = time.monotonic()
         try:
             path = self.write(kind, step, detail, value, scale, epoch, iter, step_applied)
+            print("fp16audit: captured in %.1f s: %s (replay it: fp16audit replay %s)" % (time.monotonic() - t0, path, path),
+                  file=sys.stderr, flush=True)
         except Exception as e:  # noqa: BLE001 - a capture never breaks the run
             error = "%s: %s" % (type(e).__name__, e)
             warnings.warn("fp16audit: %s at step %d: the capture failed (%s); training goes on%s" % (

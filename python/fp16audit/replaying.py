@@ -140,9 +140,10 @@ def replay(capture: "os.PathLike[str] | str", *, model: Any = None, loader: Any 
     data, loss and optimizer function) turn on the continuations: `steps`
     steps from the captured state for each of `fixes` (fp32, bf16, clip,
     lower-lr) and the run as it was. loss_func is the loss (default: the
-    capture's loss by name); optimizer_factory(param_groups) builds the
-    optimizer (default: the captured torch.optim class with its
-    hyperparameters; fastai's opt_func with learn). n_inp: how many
+    capture's loss by name); optimizer_factory(param_groups, lr) builds
+    the optimizer over the copy's parameter groups (default: the captured
+    torch.optim class with its hyperparameters; fastai's opt_func with
+    learn); the captured per-parameter state is loaded into it. n_inp: how many
     leading elements of a batch from the loader are inputs.
     """
     capture = os.fspath(capture)

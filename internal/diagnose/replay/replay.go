@@ -142,7 +142,7 @@ func fp32Origins(a *report.Report) []report.Origin {
 
 // classify decides the verdict, in the order of the Replay* constants.
 func (d *diag) classify() {
-	in, r := d.in, d.r
+	in := d.in
 	samples := perSample(in.Failing)
 	if s := firstNonFinite(samples); s != nil {
 		d.dataNonFinite(s)
@@ -176,7 +176,6 @@ func (d *diag) classify() {
 		return
 	}
 	d.notReproduced(b)
-	_ = r
 }
 
 // -- the data ----------------------------------------------------------------
