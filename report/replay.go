@@ -49,6 +49,9 @@ const (
 	FixClip      = "clip"
 	FixLowerLR   = "lower-lr"
 	FixFP32      = "fp32"
+	// FixInitScale: start the GradScaler at a scale the backward audit
+	// found clean (ReplayFix.Scale).
+	FixInitScale = "init-scale"
 )
 
 // How a replay fix was verified (ReplayFix.Verified).
@@ -260,9 +263,10 @@ type ReplayFix struct {
 	// Modules are the modules a keep-fp32 fix keeps.
 	Modules []string `json:"modules,omitempty"`
 	// ClipNorm and LR are a clipping fix's max_norm and a lower
-	// learning rate.
+	// learning rate; Scale an init-scale fix's scale.
 	ClipNorm *float64 `json:"clip_norm,omitempty"`
 	LR       *float64 `json:"lr,omitempty"`
+	Scale    *float64 `json:"scale,omitempty"`
 }
 
 // ContinuationsReport is the short runs from the captured state, judged

@@ -552,6 +552,16 @@ func (d *diag) underflow(b *report.BackwardReport) {
 	r.VerdictText = fmt.Sprintf("underflow at step %d: at the captured scale %s fp16 loses more than %.0f%% of the gradient norm of %s (the share of the norm lost): these modules barely train, and the loss stays above fp32's%s",
 		d.step(), scale, 100*b.Tolerance, strings.Join(parts, ", "), window)
 	d.backwardFixes(b)
+	if w := b.Window; w != nil {
+		// the backward measured these scales clean: GradScaler's own
+		// default 2^16 where it lies in the window, else the window's end
+		// nearest to it
+		e := min(max(16, w.From), w.To)
+		s := math.Ldexp(1, e)
+		works := true
+		d.addFix(report.ReplayFix{Kind: report.FixInitScale, Verified: report.VerifiedOneStep, Works: &works, Scale: &s,
+			Summary: fmt.Sprintf("at the scales 2^%d to 2^%d the captured step loses at most %.0f%% of any gradient's norm and nothing overflows: start the GradScaler at 2^%d instead of the captured 2^%d", w.From, w.To, 100*b.Tolerance, e, exp)}, nil)
+	}
 	var names []string
 	for _, m := range mods {
 		names = append(names, m.Module)
@@ -614,6 +624,9 @@ func (d *diag) notReproduced(b *report.BackwardReport) {
 
 func (d *diag) addFix(f report.ReplayFix, modules []string) {
 	f.Fastai, f.Torch = d.words.say(f.Kind, modules, f.ClipNorm, f.LR)
+	if f.Kind == report.FixInitScale && f.Scale != nil {
+		f.Fastai, f.Torch = d.words.initScale(*f.Scale)
+	}
 	d.r.Fixes = append(d.r.Fixes, f)
 }
 

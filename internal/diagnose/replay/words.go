@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"fp16audit/report"
@@ -55,4 +56,16 @@ func (w words) say(kind string, modules []string, clip, lr *float64) (string, st
 			fmt.Sprintf("for g in optimizer.param_groups: g[\"lr\"] = %s", l)
 	}
 	return "", ""
+}
+
+// initScale says starting the GradScaler at scale s.
+func (w words) initScale(s float64) (string, string) {
+	e := fmt.Sprintf("2**%d", exponentOf(s))
+	return fmt.Sprintf("learn.to_fp16(init_scale=%s)", e),
+		fmt.Sprintf("torch.amp.GradScaler(%q, init_scale=%s)", w.device, e)
+}
+
+func exponentOf(s float64) int {
+	_, e := math.Frexp(s)
+	return e - 1
 }
