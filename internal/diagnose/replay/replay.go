@@ -534,12 +534,12 @@ func (d *diag) underflow(b *report.BackwardReport) {
 	r.Underflow = u
 	if len(mods) > 0 {
 		m := mods[0]
-		r.Culprit = &report.Culprit{Kind: report.CulpritGradient, Module: m.Module, Value: m.Parameter, Batches: []string{"failing"}}
+		r.Culprit = &report.Culprit{Kind: report.CulpritGradient, Module: m.Module, Value: m.Parameter}
 		r.Culprit.Earlier = d.earlier(r.Culprit)
 	}
 	var parts []string
 	for _, m := range limitMods(mods, 4) {
-		parts = append(parts, fmt.Sprintf("%s %.1f%%", m.Module, 100*m.LostMass))
+		parts = append(parts, fmt.Sprintf("%s: %.1f%%", m.Module, 100*m.LostMass))
 	}
 	scale := fmt.Sprintf("2^%d", exp)
 	if u.Pinned != nil {
@@ -549,7 +549,7 @@ func (d *diag) underflow(b *report.BackwardReport) {
 	if b.Window != nil {
 		window = fmt.Sprintf("; the scales 2^%d to 2^%d would keep them", b.Window.From, b.Window.To)
 	}
-	r.VerdictText = fmt.Sprintf("underflow at step %d: at the captured scale %s fp16 loses more than %.0f%% of the gradient norm of %s (the share of the norm lost): these modules barely train, and the loss stays above fp32's%s",
+	r.VerdictText = fmt.Sprintf("underflow at step %d: at the captured scale %s fp16 loses more than %.0f%% of these modules' gradient norm (module: share lost) %s: they barely train, and the loss stays above fp32's%s",
 		d.step(), scale, 100*b.Tolerance, strings.Join(parts, ", "), window)
 	d.backwardFixes(b)
 	if w := b.Window; w != nil {

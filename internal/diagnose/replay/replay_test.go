@@ -58,7 +58,7 @@ func TestVerdictOrder(t *testing.T) {
 		{"underflow", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: -20, SettledExp: ptrI(-20),
 			Tolerance: 0.01, LostMass: ptrF(0.9), Underflowing: []string{"fc"},
 			Parameters: []report.ParameterReport{{Name: "fc.weight", Module: "fc", LostMass: ptrF(0.9)}}})},
-			report.ReplayUnderflow, "fc 90.0%", "fc"},
+			report.ReplayUnderflow, "fc: 90.0%", "fc"},
 		{"clean", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: 16, LossValue: ptrF(0.5), LostMass: ptrF(0.001), Tolerance: 0.01})},
 			report.ReplayNotReproduced, "loss spike is in fp32 too", ""},
 	}

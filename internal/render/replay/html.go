@@ -234,7 +234,7 @@ func timelineSVG(t *report.Timeline, capStep int) string {
 	ls := log2s(t.Scale)
 	sa := span(ls)
 	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %d %d" role="img" aria-label="log2 of the loss scale">`, int(cw), int(ch))
-	frame(&b, xa, sa, "log2 scale", func(v float64) string { return fmt.Sprintf("%.0f", v) })
+	frame(&b, xa, sa, "log2 scale", func(v float64) string { return fmt.Sprintf("%.3g", v) })
 	capLine(&b, xa, capStep)
 	fmt.Fprintf(&b, `<path d="%s" stroke="%s"/>`, path(xs, ls, xa, sa), colorB)
 	for i, sk := range t.Skipped {
