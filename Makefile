@@ -175,12 +175,15 @@ demo: ort build
 # 100 MB model, then the audit against plain ONNX Runtime inference of the
 # same models and batches in the same run: time, peak memory, and a batch
 # over --max-memory (see docs/performance.md), then the training audit
-# against the forward audit of the same models.
+# against the forward audit of the same models, and the replay of the run
+# fixtures' captures against the training audit of the same step
+# (FP16AUDIT_BENCH_CAPTURE: a larger one, from python/bench_capture.py --keep).
 bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
 	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
 	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
+	$(GO) test -run '^$$' -bench 'Replay' -benchtime 3x ./internal/audit/
 	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
 
 # bench-peers runs fp16audit beside the tools a user would pick instead

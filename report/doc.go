@@ -1,7 +1,8 @@
 // Package report holds the documents fp16audit's commands produce — the
 // audit of `fp16audit run` (Report), the static findings of `fp16audit
 // lint` (LintReport) and the training-log diagnosis of `fp16audit scales`
-// (ScalesReport) — with their JSON schemas. It is a public API: a Go program
+// (ScalesReport), the replay of a captured training step of `fp16audit
+// replay` (ReplayReport) — with their JSON schemas. It is a public API: a Go program
 // can decode a saved JSON document into these types, and fp16audit's own
 // renderers read nothing else. The package computes nothing and imports
 // nothing of fp16audit but package checks, so reading or rendering a
@@ -21,6 +22,7 @@ const (
 	KindAudit  Kind = "audit"
 	KindLint   Kind = "lint"
 	KindScales Kind = "scales"
+	KindReplay Kind = "replay"
 )
 
 // Document is a finished result of one command, ready to render.

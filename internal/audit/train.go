@@ -53,6 +53,10 @@ type TrainConfig struct {
 	// more than this share of its L2 norm to fp16 (mass lost); 0 means
 	// DefaultGradMassTolerance.
 	Tolerance float64
+	// VerifyBF16 verifies the bf16 fix of the backward whenever the
+	// initial scale overflows or loses mass (the replay's question), not
+	// only when no fp16 scale is clean.
+	VerifyBF16 bool
 }
 
 // Defaults of the training audit: torch.amp's GradScaler starts at 2^16,
@@ -209,7 +213,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	}
 	initExp := exponent(c.InitScale)
 	b := &training.Backward{Loss: grad.Loss(c.Loss), Target: c.Target, InitExp: initExp,
-		MinExp: min(judgedMinExp, initExp), MaxExp: max(judgedMaxExp, initExp), Tolerance: c.Tolerance,
+		MinExp: min(judgedMinExp, initExp), MaxExp: max(judgedMaxExp, initExp), Tolerance: c.Tolerance, VerifyBF16: c.VerifyBF16,
 		Runs: map[int]*grad.Run{}}
 	if len(a.batches) > 1 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the backward audit ran on the first of %d batches, the one its target belongs to", len(a.batches)))

@@ -41,6 +41,7 @@ Usage:
   fp16audit explain ID           print what a check detects and how to fix it
   fp16audit render REPORT.json   re-render a saved JSON report as html, markdown or text
   fp16audit scales RUN [flags]   diagnose a training run from its loss and loss-scale log
+  fp16audit replay CAPTURE       replay a captured failing training step: what happened, which fix holds
   fp16audit version              print fp16audit's and ONNX Runtime's versions
   fp16audit help [COMMAND]       show help
 
@@ -76,6 +77,8 @@ func Main(args []string, stdout, stderr io.Writer) (code int) {
 		return cmdRender(args[1:], stdout, stderr)
 	case "scales":
 		return cmdScales(args[1:], stdout, stderr)
+	case "replay":
+		return cmdReplay(args[1:], stdout, stderr)
 	case "version", "--version":
 		return cmdVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

@@ -76,9 +76,11 @@ func cmdRender(args []string, stdout, stderr io.Writer) int {
 // diagnoses, in --help's order.
 func renderFormats() []string {
 	names := render.Formats(report.KindAudit)
-	for _, f := range render.Formats(report.KindScales) {
-		if !slices.Contains(names, f) {
-			names = append(names, f)
+	for _, k := range []report.Kind{report.KindScales, report.KindReplay} {
+		for _, f := range render.Formats(k) {
+			if !slices.Contains(names, f) {
+				names = append(names, f)
+			}
 		}
 	}
 	return names
@@ -107,14 +109,16 @@ func readDocument(path string) (report.Document, error) {
 		doc = &report.ScalesReport{}
 	case *head.Schema == report.LintSchema:
 		doc = &report.LintReport{}
+	case *head.Schema == report.ReplaySchema:
+		doc = &report.ReplayReport{}
 	}
 	if doc == nil {
 		found := "no schema field"
 		if head.Schema != nil {
 			found = fmt.Sprintf("schema %q", *head.Schema)
 		}
-		return nil, fmt.Errorf("read report %s: want schema %q (fp16audit run), %q (fp16audit scales) or %q (fp16audit lint), found %s; re-create it with this version's --format json",
-			path, report.ReportSchema, report.ScalesSchema, report.LintSchema, found)
+		return nil, fmt.Errorf("read report %s: want schema %q (fp16audit run), %q (fp16audit scales), %q (fp16audit replay) or %q (fp16audit lint), found %s; re-create it with this version's --format json",
+			path, report.ReportSchema, report.ScalesSchema, report.ReplaySchema, report.LintSchema, found)
 	}
 	if err := json.Unmarshal(data, doc); err != nil {
 		return nil, fmt.Errorf("read report %s: %w", path, err)

@@ -100,7 +100,7 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{[]string{"render"}, "want exactly one REPORT.json argument, got 0"},
 		{[]string{"render", savedReport, "--format", "pdf"}, `--format "pdf": want one of text, json, markdown, html`},
-		{[]string{"render", other}, `want schema "fp16audit.report/v1.2" (fp16audit run), "fp16audit.scales/v1.2" (fp16audit scales) or "fp16audit.lint/v1" (fp16audit lint), found schema "fp16audit.report/v0"; re-create it`},
+		{[]string{"render", other}, `want schema "fp16audit.report/v1.2" (fp16audit run), "fp16audit.scales/v1.2" (fp16audit scales), "fp16audit.replay/v1" (fp16audit replay) or "fp16audit.lint/v1" (fp16audit lint), found schema "fp16audit.report/v0"; re-create it`},
 		{[]string{"render", none}, `found no schema field`},
 		{[]string{"render", savedReport, "--format", "sarif"}, "format sarif has no audit rendering (want text, json, markdown, html)"},
 		{[]string{"render", broken}, "want a report written by 'fp16audit run --format json'"},

@@ -34,6 +34,7 @@ var documents = []document{
 	{"training", "fp16audit run --mode train (the report's \"training\" field)", report.TrainingSchema, reflect.TypeFor[report.TrainingReport]()},
 	{"lint", "fp16audit lint", report.LintSchema, reflect.TypeFor[report.LintReport]()},
 	{"scales", "fp16audit scales", report.ScalesSchema, reflect.TypeFor[report.ScalesReport]()},
+	{"replay", "fp16audit replay", report.ReplaySchema, reflect.TypeFor[report.ReplayReport]()},
 }
 
 // fieldDocs reads the doc comments of the struct fields and types of

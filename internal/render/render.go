@@ -6,7 +6,7 @@
 //
 // This package holds the Formatter registry: which format renders which
 // document kind, and JSON for all of them. The renderers live in one
-// package per document (audit, lint, scales) and share the helpers of
+// package per document (audit, lint, scales, replay) and share the helpers of
 // package markup. Renderers compute nothing: everything they show is in
 // the document. They import only report, checks and markup, and this
 // package only them, so rendering a saved report needs neither cgo nor
@@ -22,6 +22,7 @@ import (
 
 	"fp16audit/internal/render/audit"
 	"fp16audit/internal/render/lint"
+	"fp16audit/internal/render/replay"
 	"fp16audit/internal/render/scales"
 	"fp16audit/report"
 )
@@ -50,23 +51,28 @@ type format struct {
 	audit  func(io.Writer, *report.Report, Options) error
 	lint   func(io.Writer, *report.LintReport, Options) error
 	scales func(io.Writer, *report.ScalesReport, Options) error
+	replay func(io.Writer, *report.ReplayReport, Options) error
 }
 
 var formats = []*format{
 	{name: "text",
 		audit:  func(w io.Writer, r *report.Report, o Options) error { return audit.Text(w, r, o.Text) },
 		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return lint.Text(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, o Options) error { return scales.Text(w, r, o.Text.Color) }},
+		scales: func(w io.Writer, r *report.ScalesReport, o Options) error { return scales.Text(w, r, o.Text.Color) },
+		replay: func(w io.Writer, r *report.ReplayReport, o Options) error { return replay.Text(w, r, o.Text) }},
 	{name: "json",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return writeJSON(w, r) },
 		lint:   func(w io.Writer, r *report.LintReport, _ Options) error { return writeJSON(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return writeJSON(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return writeJSON(w, r) },
+		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return writeJSON(w, r) }},
 	{name: "markdown",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.Markdown(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.Markdown(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.Markdown(w, r) },
+		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return replay.Markdown(w, r) }},
 	{name: "html",
 		audit:  func(w io.Writer, r *report.Report, _ Options) error { return audit.HTML(w, r) },
-		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.HTML(w, r) }},
+		scales: func(w io.Writer, r *report.ScalesReport, _ Options) error { return scales.HTML(w, r) },
+		replay: func(w io.Writer, r *report.ReplayReport, _ Options) error { return replay.HTML(w, r) }},
 	{name: "sarif",
 		lint: func(w io.Writer, r *report.LintReport, _ Options) error { return lint.SARIF(w, r) }},
 }
@@ -79,6 +85,8 @@ func (f *format) supports(k report.Kind) bool {
 		return f.lint != nil
 	case report.KindScales:
 		return f.scales != nil
+	case report.KindReplay:
+		return f.replay != nil
 	}
 	return false
 }
@@ -128,6 +136,8 @@ func (x *formatter) Render(w io.Writer, doc report.Document) error {
 		return x.f.lint(w, d, x.opt)
 	case *report.ScalesReport:
 		return x.f.scales(w, d, x.opt)
+	case *report.ReplayReport:
+		return x.f.replay(w, d, x.opt)
 	}
 	return fmt.Errorf("render: unknown document type %T", doc)
 }

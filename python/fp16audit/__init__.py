@@ -4,6 +4,8 @@
 - fastai: learn.fp16audit() and the FP16Preflight callback (fp16audit.fastai), added to
   fastai's Learner by `import fp16audit` alone, whether fastai is imported before or after.
 - AmpRecorder: a plain PyTorch AMP loop (torch.cuda.amp.GradScaler).
+- Capture: the failing step kept as a folder (AmpRecorder(..., capture=...), Fp16AuditCallback(capture=...)).
+- replay(capture): what happened at a captured step and which fix holds (fp16audit replay, plus continuations).
 - fastai_callback.Fp16AuditCallback: fastai's learn.to_fp16().
 - GradTelemetry: per-module gradient telemetry from backward hooks.
 - EmulatedGradScaler: GradScaler's rules on a CPU, for tests and dry runs.
@@ -27,6 +29,8 @@ from .audit import AuditError, AuditFailure, BatchError, ExportError, ModelError
 from .logfile import FORMAT_NAME, FORMAT_VERSION, FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, LogWriter, read_log
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from .capture import Capture, CaptureEvent, CaptureStop
+    from .replaying import ReplayError, ReplayReport, replay
     from .recorder import AmpRecorder, scaler_config
     from .scaler import EmulatedGradScaler
     from .telemetry import GradTelemetry, default_modules, grad_stats
@@ -37,13 +41,15 @@ __version__ = "0.4.0"
 _LAZY = {
     "AmpRecorder": "recorder", "scaler_config": "recorder", "EmulatedGradScaler": "scaler",
     "GradTelemetry": "telemetry", "default_modules": "telemetry", "grad_stats": "telemetry",
+    "Capture": "capture", "CaptureStop": "capture", "CaptureEvent": "capture",
+    "replay": "replaying", "ReplayReport": "replaying", "ReplayError": "replaying",
 }
 
 __all__ = [
     "audit", "Report", "AuditError", "AuditFailure", "BatchError", "ExportError", "ModelError",
     "AmpRecorder", "EmulatedGradScaler", "GradTelemetry", "LogWriter", "read_log", "scaler_config",
     "default_modules", "grad_stats", "FORMAT_NAME", "FORMAT_VERSION", "FP16_MAX", "FP16_MIN_NORMAL",
-    "FP16_MIN_SUBNORMAL",
+    "FP16_MIN_SUBNORMAL", "Capture", "CaptureStop", "CaptureEvent", "replay", "ReplayReport", "ReplayError",
 ]
 
 

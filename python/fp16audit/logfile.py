@@ -130,6 +130,11 @@ class LogWriter:
             "modules": [_encode_module(m) for m in modules],
         })
 
+    def capture(self, line: Dict[str, Any]) -> None:
+        """Write a capture line (docs/capture.md): the folder written for the step just logged, or the error."""
+        self._need_header()
+        self._line(dict(line))
+
     def end(self, *, steps: int, skipped: int, telemetry_lines: int) -> None:
         """Write the end line of a finished run."""
         self._need_header()
@@ -152,10 +157,12 @@ _GRAD_FLOATS = ("max_abs", "underflow_fraction", "sumsq", "lost_sumsq", "lost_ma
 
 def _encode_module(m):
     out = dict(m)
-    for which in ("output", "params"):
+    for which in ("output", "params", "forward"):
         g = out.get(which)
         if g is not None:
             out[which] = {k: (encode_float(v) if k in _GRAD_FLOATS else v) for k, v in g.items()}
+    if "weight_max_abs" in out:
+        out["weight_max_abs"] = encode_float(out["weight_max_abs"])
     return out
 
 
@@ -163,8 +170,11 @@ class TrainLog:
     """A log read back: the header dict, the step and telemetry dicts in file order, the end dict or None."""
 
     def __init__(self, header: Dict[str, Any], steps: List[Dict[str, Any]], telemetry: List[Dict[str, Any]],
-                 end: Optional[Dict[str, Any]], path: Optional[str] = None) -> None:
+                 end: Optional[Dict[str, Any]], path: Optional[str] = None,
+                 captures: Optional[List[Dict[str, Any]]] = None) -> None:
         self.header, self.steps, self.telemetry, self.end, self.path = header, steps, telemetry, end, path
+        #: the capture lines (docs/capture.md), in file order
+        self.captures = list(captures or [])
 
     def losses(self) -> List[Optional[float]]:
         """The loss of every step, in order (None where not recorded)."""
@@ -181,7 +191,7 @@ class LogFormatError(ValueError):
 
 def read_log(path: Union[str, "os.PathLike[str]"]) -> TrainLog:
     """Read a log written by LogWriter (or by anyone following the format); floats come back as Python floats."""
-    header, steps, tele, end = None, [], [], None
+    header, steps, tele, end, captures = None, [], [], None, []
     with open(path, encoding="utf-8") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -214,14 +224,19 @@ def read_log(path: Union[str, "os.PathLike[str]"]) -> TrainLog:
                 elif kind == "telemetry":
                     obj["scale_used"] = decode_float(obj.get("scale_used"))
                     for m in obj.get("modules", []):
-                        for which in ("output", "params"):
+                        for which in ("output", "params", "forward"):
                             g = m.get(which)
                             if g is not None:
                                 for k in _GRAD_FLOATS:
-                                    g[k] = decode_float(g.get(k))
+                                    if k in g or which != "forward":
+                                        g[k] = decode_float(g.get(k))
+                        if "weight_max_abs" in m:
+                            m["weight_max_abs"] = decode_float(m["weight_max_abs"])
                     tele.append(obj)
                 elif kind == "end":
                     end = obj
+                elif kind == "capture":
+                    captures.append(obj)
                 elif kind == "header":
                     fail("a second header line")
                 # Other kinds are ignored: version 1 may gain kinds.
@@ -231,4 +246,4 @@ def read_log(path: Union[str, "os.PathLike[str]"]) -> TrainLog:
                 fail(str(e))
     if header is None:
         raise LogFormatError(f"{path}: empty log: want a header line first")
-    return TrainLog(header, steps, tele, end, str(path))
+    return TrainLog(header, steps, tele, end, str(path), captures)

@@ -11,18 +11,37 @@
                 scaler.update()
                 rec.step(loss, epoch=epoch, iter=i)
                 opt.zero_grad(set_to_none=True)
+
+With capture="captures/" (or a fp16audit.Capture), the recorder also keeps
+the failing step (fp16audit.capture): pass it the optimizer and the loss
+function, and the batch at every step; call before_step between the
+backward and the optimizer to capture before an update is applied (runs
+without a GradScaler, loss spikes):
+
+    with AmpRecorder("run.jsonl", scaler, model, optimizer=opt, loss_func=loss_func,
+                     capture="captures/") as rec:
+        for i, (xb, yb) in enumerate(loader):
+            ...
+            scaler.scale(loss).backward()
+            rec.before_step(loss, batch=(xb, yb))     # optional
+            scaler.step(opt)
+            scaler.update()
+            rec.step(loss, batch=(xb, yb))
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, TextIO, Union
+from typing import Any, Dict, List, Optional, TextIO, Tuple, Union
 
 import torch
 from torch import nn
 
+from .capture import Capture, CaptureCore, CaptureEvent, CaptureStop
 from .logfile import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, LogWriter
 from .telemetry import FULL, OFF, OVERFLOW, GradTelemetry, ModuleChoice
+
+Batch = Any
 
 
 def scaler_config(scaler: Any) -> Optional[Dict[str, Any]]:
@@ -41,6 +60,41 @@ def scaler_config(scaler: Any) -> Optional[Dict[str, Any]]:
         "backoff_factor": float(scaler.get_backoff_factor()),
         "growth_interval": int(scaler.get_growth_interval()),
     }
+
+
+def underflow_evidence(rows: List[Dict[str, Any]], tolerance: float = 0.01) -> Optional[Tuple[str, str]]:
+    """The module of a full telemetry line whose parameter gradient fp16 does not hold, (name, what), or None.
+
+    A gradient the hooks saw in fp32 and that fp16 would lose more than
+    `tolerance` of its norm of; or, where that cannot be measured because
+    the gradient arrived as fp16 values (autocast computed it in fp16, so
+    what underflowed is zero already), one that is more than half zeros.
+    """
+    worst, what = None, None
+    for r in rows:
+        p = r.get("params")
+        if not p:
+            continue
+        lost, nonzero, numel = p.get("lost_mass"), p.get("nonzero"), p.get("numel") or 0
+        if lost is not None:
+            score, text = lost / tolerance, "loses %.1f%% of its norm to fp16" % (100 * lost)
+        elif nonzero is not None and numel:
+            score, text = 2 * (1 - nonzero / numel), "is %.0f%% zeros" % (100 * (1 - nonzero / numel))
+        else:
+            continue
+        if score > 1 and (worst is None or score > worst):
+            worst, what = score, (r["name"], text)
+    return what
+
+
+def _grads_finite(model: nn.Module) -> bool:
+    """Whether every gradient of the model is finite: one reduction per tensor and one host sync."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    foreach = getattr(torch, "_foreach_norm", None)
+    norms = foreach(grads) if foreach is not None else [g.norm() for g in grads]
+    return bool(torch.isfinite(torch.stack([n.float().to(norms[0].device) for n in norms])).all())
 
 
 def _loss_value(loss):
@@ -65,18 +119,39 @@ class AmpRecorder:
     Since a skip is known only after the backward pass, on_skipped makes
     the hooks measure the overflow part (Inf/NaN counts, max |x|) on every
     other step. Extra keyword arguments go into the header.
+
+    capture (a folder or a fp16audit.Capture) keeps the failing step's
+    state (fp16audit.capture, docs/capture.md); it needs the model, and
+    takes the optimizer (its class, hyperparameters and state go into the
+    capture), the loss function (the replay's loss), policy (fp16audit's
+    --policy: autocast-fp16 by default with an enabled scaler, to be given
+    without one), autocast_device (torch.autocast's device_type: the
+    model's device by default) and n_inp (how many leading elements of a
+    tuple batch are inputs; the next one is the target). A capture that
+    fails warns; with on_event="stop" the recorder raises CaptureStop.
     """
 
     def __init__(self, path: Union[str, "os.PathLike[str]", TextIO], scaler: Any = None, model: Optional[nn.Module] = None, *,
                  every: int = 100, on_skipped: bool = True, steps_per_epoch: Optional[int] = None,
-                 modules: ModuleChoice = None, source: str = "torch", **header_extra: Any) -> None:
+                 modules: ModuleChoice = None, source: str = "torch", capture: Union[Capture, str, "os.PathLike[str]", None] = None,
+                 optimizer: Any = None, loss_func: Any = None, policy: Optional[str] = None,
+                 autocast_device: Optional[str] = None, n_inp: int = 1, telemetry: bool = True, **header_extra: Any) -> None:
         if every is None or every < 0:
             raise ValueError("every must be 0 (no interval telemetry) or a positive number of steps")
+        cap = Capture.of(capture)
+        if cap is not None and model is None:
+            raise ValueError("AmpRecorder: capture needs the model (AmpRecorder(path, scaler, model, capture=...))")
+        if cap is not None and policy is None:
+            if scaler is None or not scaler.is_enabled():
+                raise ValueError("AmpRecorder: capture without an enabled GradScaler: say which precision the run trains in, "
+                                 "policy='autocast-bf16' (torch.autocast with bfloat16) or policy='fp32'")
+            policy = "autocast-fp16"
+        self.n_inp = int(n_inp)
         self.every = int(every)
         self.on_skipped = bool(on_skipped)
         self._scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self._scale = float(self._scaler.get_scale()) if self._scaler is not None else None
-        self.telemetry = GradTelemetry(model, modules) if model is not None else None
+        self.telemetry = GradTelemetry(model, modules) if model is not None and telemetry else None
         self._watch = None
         if self.telemetry is not None and self._scaler is not None and hasattr(self._scaler, "watch"):
             # EmulatedGradScaler: an activation gradient out of fp16 range
@@ -105,6 +180,12 @@ class AmpRecorder:
         self.skipped = 0
         self.telemetry_lines = 0
         self._closed = False
+        self.capture: Optional[CaptureCore] = None
+        if cap is not None:
+            self.capture = CaptureCore(cap, model=model, optimizer=optimizer, scaler=scaler, loss_func=loss_func, policy=policy,
+                                       autocast_device=autocast_device, trainer=header_extra.get("trainer", source),
+                                       log_path=self.path if isinstance(self.path, str) else None)
+        self._pending: List[CaptureEvent] = []
         self._arm()
 
     def _arm(self):
@@ -118,17 +199,72 @@ class AmpRecorder:
         else:
             self.telemetry.level = OFF
 
+    @property
+    def captures(self) -> List[CaptureEvent]:
+        """The captures written (or failed) so far, in order."""
+        return list(self.capture.events) if self.capture is not None else []
+
+    def capture_now(self) -> None:
+        """Capture the next step (trigger "request")."""
+        if self.capture is None:
+            raise RuntimeError("the recorder has no capture: create it with capture='captures/'")
+        self.capture.request()
+
+    def split_batch(self, batch: Batch) -> Tuple[Any, Any]:
+        """(inputs, target) of a batch: a tuple's first n_inp elements are the inputs and the next one the target; a dict
+        or a tensor is all inputs (a dict's labels key is the target)."""
+        if isinstance(batch, (tuple, list)):
+            items = list(batch)
+            xs = tuple(items[:self.n_inp])
+            return (xs[0] if len(xs) == 1 else xs), (items[self.n_inp] if len(items) > self.n_inp else None)
+        return batch, None
+
+    def before_step(self, loss: Union[torch.Tensor, float, None], batch: Batch = None, *, inputs: Any = None,
+                    target: Any = None, epoch: Optional[int] = None, iter: Optional[int] = None) -> None:
+        """Between the backward and the optimizer: the triggers the loss decides capture here, before the update.
+
+        Without a GradScaler a non-finite loss or gradient is captured here
+        and, with on_event="stop", CaptureStop is raised before the
+        optimizer could write it into the weights.
+        """
+        if self._closed:
+            raise RuntimeError("the recorder is closed")
+        if self.capture is None:
+            return
+        if batch is not None:
+            inputs, target = self.split_batch(batch)
+        grads_finite = None
+        if self._scaler is None and self.capture.capture.nonfinite_loss:
+            grads_finite = _grads_finite(self.capture.model)
+        ev = self.capture.before_update(self.steps, loss, inputs, target, epoch=epoch, iter=iter, scale=self._scale,
+                                        grads_finite=grads_finite)
+        if ev is None:
+            return
+        if ev.stop:
+            # the run ends here, before the update: the step's line says it was not applied
+            self._writer.step(step=self.steps, loss=_loss_value(loss), scale=self._scale, scale_used=self._scale, skipped=True,
+                              epoch=epoch, iter=iter)
+            self._writer.capture(ev.log_line())
+            self.steps += 1
+            self.skipped += 1
+            raise CaptureStop(ev)
+        self._pending.append(ev)
+
     def step(self, loss: Union[torch.Tensor, float, None], *, epoch: Optional[int] = None, iter: Optional[int] = None,
-             skipped: Optional[bool] = None) -> bool:
+             skipped: Optional[bool] = None, batch: Batch = None, inputs: Any = None, target: Any = None) -> bool:
         """Record one optimizer step, after scaler.update(); returns whether it was skipped.
 
         A step counts as skipped when the scale went down in update() (a
         backoff: GradScaler found Inf/NaN and did not call optimizer.step),
         or when the caller passes skipped=True because it knows better
-        (fastai's CancelStepException).
+        (fastai's CancelStepException). With a capture, pass the step's
+        batch (or inputs and target); a capture with on_event="stop" raises
+        CaptureStop after the step's lines are written.
         """
         if self._closed:
             raise RuntimeError("the recorder is closed")
+        if batch is not None:
+            inputs, target = self.split_batch(batch)
         used = after = None
         was_skipped = bool(skipped)
         if self._scaler is not None:
@@ -148,13 +284,26 @@ class AmpRecorder:
             if level == FULL:
                 reasons.append("interval")
             if reasons:
-                self._writer.telemetry(step=n, reasons=reasons, measured=level, scale_used=used,
-                                       modules=self.telemetry.collect())
+                rows = self.telemetry.collect()
+                self._writer.telemetry(step=n, reasons=reasons, measured=level, scale_used=used, modules=rows)
                 self.telemetry_lines += 1
+                if self.capture is not None and level == FULL:
+                    self.capture.telemetry(underflow_evidence(rows))
             self.telemetry.reset()
+        events, self._pending = self._pending, []
+        if self.capture is not None:
+            ev = self.capture.after_update(n, loss, inputs, target, skipped=was_skipped, scale_used=used, scale_after=after,
+                                           epoch=epoch, iter=iter)
+            if ev is not None:
+                events.append(ev)
+        for ev in events:
+            self._writer.capture(ev.log_line())
         self.steps += 1
         self.skipped += was_skipped
         self._arm()
+        stop = next((ev for ev in events if ev.stop), None)
+        if stop is not None:
+            raise CaptureStop(stop)
         return was_skipped
 
     def close(self) -> None:

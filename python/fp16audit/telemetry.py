@@ -239,6 +239,8 @@ class GradTelemetry:
         self._types = {name: type(m).__name__ for name, m in self.watched}
         self._stats = {}  # (name, OUTPUT|PARAMS) -> _Acc
         self._order = []  # module names in order of their first gradient
+        self._forward = {}  # name -> (max |x| of its forward outputs, non-finite count), FULL steps only
+        self._modules = dict(self.watched)
         self._handles = []
         for name, m in self.watched:
             self._handles.append(m.register_forward_hook(functools.partial(self._forward_hook, name)))
@@ -253,6 +255,17 @@ class GradTelemetry:
         for t in _tensors(output):
             if t.requires_grad and t.is_floating_point():
                 t.register_hook(functools.partial(self._on_grad, name, OUTPUT))
+            if self.level == FULL and t.is_floating_point():
+                # The forward output's magnitude, on the interval steps
+                # only: how an activation grows towards fp16's 65504
+                # before it overflows (the replay's "how it grew").
+                with torch.no_grad():
+                    a = t.detach().abs()
+                    fin = a < _INF
+                    m = torch.where(fin, a, torch.zeros((), dtype=a.dtype, device=a.device)).amax().float()
+                    nf = a.numel() - torch.sum(fin, dtype=torch.int32)
+                prev = self._forward.get(name)
+                self._forward[name] = (m, nf) if prev is None else (torch.maximum(prev[0], m), prev[1] + nf)
 
     def _on_grad(self, name, which, grad):
         if self.level == OFF or not grad.is_floating_point():
@@ -297,19 +310,40 @@ class GradTelemetry:
         that gradient did not arrive); see python/README.md for the fields.
         """
         host = self._to_host()
+        forward = self._forward_to_host()
         rows = []
         for name in self._order:
             row = {"name": name, "type": self._types.get(name, "")}
             for which in (OUTPUT, PARAMS):
                 acc = self._stats.get((name, which))
                 row[which] = None if acc is None else _summary(acc, *host[(name, which)])
+            if name in forward:
+                row["forward"], row["weight_max_abs"] = forward[name]
             rows.append(row)
         return rows
+
+    def _forward_to_host(self):
+        """name -> ({"max_abs", "nonfinite"} of its forward outputs, the largest |w| of its own parameters), for the
+        modules whose forward was measured (FULL steps)."""
+        if not self._forward:
+            return {}
+        names = list(self._forward)
+        with torch.no_grad():
+            wmax = []
+            for n in names:
+                ps = [p.detach() for p in self._modules[n].parameters(recurse=False)] if n in self._modules else []
+                w = [p.abs().amax().float().to(self._forward[n][0].device) for p in ps if p.numel() and p.is_floating_point()]
+                wmax.append(torch.stack(w).amax() if w else torch.zeros((), device=self._forward[n][0].device))
+            maxes = torch.stack([self._forward[n][0] for n in names]).tolist()
+            counts = torch.stack([self._forward[n][1].to(torch.int64) for n in names]).tolist()
+            weights = torch.stack(wmax).tolist()
+        return {n: ({"max_abs": m, "nonfinite": int(c)}, w) for n, m, c, w in zip(names, maxes, counts, weights)}
 
     def reset(self) -> None:
         """Forget the measurements so far (the recorder calls it after every step)."""
         self._stats = {}
         self._order = []
+        self._forward = {}
 
     def remove(self) -> None:
         """Detach every hook from the model."""

@@ -250,7 +250,8 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 		}
 	}
 	f.verdict(br, findings)
-	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale) && run != nil {
+	initBad := br.FirstOverflow != nil || (br.LostMass != nil && *br.LostMass > b.Tolerance)
+	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale || (b.VerifyBF16 && initBad)) && run != nil {
 		fix, err := f.bf16Fix(ctx, run, br)
 		if err != nil {
 			return nil, err

@@ -70,6 +70,10 @@ type Backward struct {
 	// Tolerance: a scale is clean when no parameter gradient loses more
 	// than this share of its L2 norm.
 	Tolerance float64
+	// VerifyBF16 verifies the bf16 fix whenever the initial scale
+	// overflows or loses mass, not only when no fp16 scale is clean (a
+	// replay of a captured step asks whether bf16 would have held there).
+	VerifyBF16 bool
 	// Count counts the backward runs; Elapsed their time with the graph
 	// generation, in seconds.
 	Count   int

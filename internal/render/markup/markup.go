@@ -9,6 +9,8 @@ package markup
 import (
 	"fmt"
 	"io"
+	"math"
+	"strings"
 
 	"fp16audit/checks"
 )
@@ -69,4 +71,47 @@ func SeverityStyle(s checks.Severity) string {
 		return Yellow
 	}
 	return Cyan
+}
+
+// Spark draws values as a sparkline of at most width cells, each the
+// mean of its finite values; a cell with only non-finite values shows ×.
+func Spark(v []float64, width int) string {
+	if len(v) == 0 {
+		return ""
+	}
+	glyphs := []rune("▁▂▃▄▅▆▇█")
+	cells := min(width, len(v))
+	means := make([]float64, cells)
+	bad := make([]bool, cells)
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for c := range cells {
+		a, b := c*len(v)/cells, (c+1)*len(v)/cells
+		sum, n := 0.0, 0
+		for _, x := range v[a:b] {
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				bad[c] = true
+				continue
+			}
+			sum += x
+			n++
+		}
+		if n == 0 {
+			means[c] = math.NaN()
+			continue
+		}
+		means[c] = sum / float64(n)
+		lo, hi = math.Min(lo, means[c]), math.Max(hi, means[c])
+	}
+	var b strings.Builder
+	for c, m := range means {
+		switch {
+		case math.IsNaN(m) || (bad[c] && m == 0):
+			b.WriteRune('×')
+		case hi == lo:
+			b.WriteRune(glyphs[len(glyphs)/2])
+		default:
+			b.WriteRune(glyphs[int(math.Round((m-lo)/(hi-lo)*float64(len(glyphs)-1)))])
+		}
+	}
+	return b.String()
 }

@@ -1,0 +1,213 @@
+package audit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"fp16audit/internal/audit"
+	"fp16audit/internal/render"
+	"fp16audit/internal/testutil/ortinit"
+	"fp16audit/report"
+)
+
+// The run fixtures are real CPU-fp16 training runs that fail by themselves
+// (fixtures/torch/runs.py): each holds the recorder's log, its captures and
+// PyTorch's record at every captured step.
+const runsDir = "../../fixtures/torch/runs"
+
+type runTruth struct {
+	Run      string
+	Captures []struct {
+		Trigger, Capture, Class string
+		Step                    int
+		Data                    struct {
+			NonFinite  []int64 `json:"nonfinite_samples"`
+			OutOfRange []int64 `json:"out_of_range_samples"`
+		}
+		FP16Forward struct {
+			Reaching  *string  `json:"first_reaching_output"`
+			NonFinite []string `json:"nonfinite"`
+		} `json:"fp16_forward"`
+		FP16Backward struct {
+			First *string `json:"first_nonfinite"`
+		} `json:"fp16_backward"`
+		LargestFiniteExp *int               `json:"largest_finite_exp"`
+		LostMass         map[string]float64 `json:"lost_mass"`
+	}
+}
+
+func readRunTruth(t *testing.T, dir string) runTruth {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "truth.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr runTruth
+	if err := json.Unmarshal(data, &tr); err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// TestReplayRuns replays every capture of the run fixtures and holds the
+// replay to PyTorch's record: the class, the culprit module (the overflow
+// that reaches the loss, the first gradient to overflow, the modules
+// losing their gradients), the largest scale that passes, the samples.
+func TestReplayRuns(t *testing.T) {
+	ortinit.Init(t)
+	runs, err := filepath.Glob(filepath.Join(runsDir, "*", "truth.json"))
+	if err != nil || len(runs) < 6 {
+		t.Fatalf("want the run fixtures under %s (fixtures/torch/runs.py), found %d (%v)", runsDir, len(runs), err)
+	}
+	classes := map[string]bool{}
+	for _, tf := range runs {
+		dir := filepath.Dir(tf)
+		tr := readRunTruth(t, dir)
+		for _, c := range tr.Captures {
+			t.Run(tr.Run+"/"+c.Trigger, func(t *testing.T) {
+				r, err := audit.Replay(context.Background(), audit.ReplayConfig{Capture: filepath.Join(dir, filepath.FromSlash(c.Capture))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				classes[c.Class] = true
+				if r.Verdict != c.Class {
+					t.Fatalf("verdict %s, PyTorch's record says %s: %s", r.Verdict, c.Class, r.VerdictText)
+				}
+				if r.Capture.Step != c.Step {
+					t.Errorf("step %d, the truth's %d", r.Capture.Step, c.Step)
+				}
+				cu := r.Culprit
+				switch c.Class {
+				case report.ReplayForwardOverflow:
+					if cu == nil || c.FP16Forward.Reaching == nil || cu.Module != *c.FP16Forward.Reaching {
+						t.Errorf("culprit %+v; PyTorch's first module whose Inf reaches the loss is %v", cu, deref(c.FP16Forward.Reaching))
+					}
+					if cu != nil && (cu.FP32MaxAbs == nil || *cu.FP32MaxAbs <= 65504) {
+						t.Errorf("culprit's fp32 max %v: want past 65504", cu.FP32MaxAbs)
+					}
+					if cu != nil && len(cu.Earlier) == 0 {
+						t.Errorf("no logged magnitude before the capture; the log's telemetry has the module's forward maxima")
+					}
+				case report.ReplayGradientOverflow:
+					g := r.Gradient
+					if g == nil || c.FP16Backward.First == nil || g.Module != *c.FP16Backward.First {
+						t.Errorf("gradient %+v; PyTorch's first non-finite gradient, in backward order, is in %v", g, deref(c.FP16Backward.First))
+					}
+					if g != nil && (g.MaxCleanExp == nil || c.LargestFiniteExp == nil || *g.MaxCleanExp != *c.LargestFiniteExp) {
+						t.Errorf("largest scale without overflow %v, PyTorch's 2^%v", derefInt(g.MaxCleanExp), derefInt(c.LargestFiniteExp))
+					}
+				case report.ReplayUnderflow:
+					u := r.Underflow
+					var got []string
+					if u != nil {
+						for _, m := range u.Modules {
+							got = append(got, m.Module)
+						}
+					}
+					for p, lost := range c.LostMass {
+						mod := p[:strings.LastIndex(p, ".")]
+						if lost > 0.5 && !slices.Contains(got, mod) {
+							t.Errorf("PyTorch's fp16 backward loses %.0f%% of %s's gradient norm; the replay names %v", 100*lost, p, got)
+						}
+					}
+					if !hasWorkingFix(r, report.FixBF16) {
+						t.Errorf("bf16 not verified to keep the gradients: %+v", r.Fixes)
+					}
+				case report.ReplayDataNonFinite:
+					if r.Data == nil || !slices.Equal(r.Data.Samples, c.Data.NonFinite) {
+						t.Errorf("data %+v, PyTorch's non-finite samples %v", r.Data, c.Data.NonFinite)
+					}
+				case report.ReplayDataRange:
+					if r.Data == nil || !slices.Equal(r.Data.Samples, c.Data.OutOfRange) {
+						t.Errorf("data %+v, the samples beyond fp16's range %v", r.Data, c.Data.OutOfRange)
+					}
+				}
+				if r.Timeline == nil || len(r.Timeline.Steps) == 0 {
+					t.Errorf("no timeline from the capture's log")
+				}
+				renderReplay(t, r)
+			})
+		}
+	}
+	for _, want := range []string{report.ReplayForwardOverflow, report.ReplayGradientOverflow, report.ReplayUnderflow,
+		report.ReplayDataNonFinite, report.ReplayDataRange} {
+		if !classes[want] {
+			t.Errorf("no run fixture of class %s", want)
+		}
+	}
+}
+
+// TestHealthyRunNoCapture: the healthy run, with its warm-up skips, wrote
+// no capture and no capture line.
+func TestHealthyRunNoCapture(t *testing.T) {
+	dir := filepath.Join(runsDir, "healthy")
+	tr := readRunTruth(t, dir)
+	if len(tr.Captures) != 0 {
+		t.Fatalf("the healthy run has captures: %+v", tr.Captures)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "captures")); err == nil {
+		t.Errorf("the healthy run has a captures folder")
+	}
+	log, err := os.ReadFile(filepath.Join(dir, "log.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(log), `"kind":"capture"`) {
+		t.Errorf("the healthy run's log has a capture line")
+	}
+	if !strings.Contains(string(log), `"skipped":true`) {
+		t.Errorf("the healthy run's log has no warm-up skip: it does not test that warm-up raises no alarm")
+	}
+}
+
+// renderReplay renders r in every format and reads its JSON back.
+func renderReplay(t *testing.T, r *report.ReplayReport) {
+	t.Helper()
+	for _, format := range render.Formats(report.KindReplay) {
+		f, err := render.New(format, report.KindReplay, render.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := f.Render(&b, r); err != nil {
+			t.Fatalf("%s: %v", format, err)
+		}
+		out := b.String()
+		if !strings.Contains(out, r.Verdict) {
+			t.Errorf("%s rendering does not say the verdict %s", format, r.Verdict)
+		}
+		if format == "json" {
+			var back report.ReplayReport
+			if err := json.Unmarshal(b.Bytes(), &back); err != nil || back.Verdict != r.Verdict || back.Schema != report.ReplaySchema {
+				t.Errorf("json: read back %v (%v)", back.Verdict, err)
+			}
+		}
+		if format == "html" && (!strings.Contains(out, "<svg") || !strings.Contains(out, "srcdoc=")) {
+			t.Errorf("html: no timeline chart or no training audit")
+		}
+	}
+}
+
+func hasWorkingFix(r *report.ReplayReport, kind string) bool {
+	return slices.ContainsFunc(r.Fixes, func(f report.ReplayFix) bool { return f.Kind == kind && f.Works != nil && *f.Works })
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<none>"
+	}
+	return *s
+}
+
+func derefInt(p *int) any {
+	if p == nil {
+		return "<none>"
+	}
+	return *p
+}

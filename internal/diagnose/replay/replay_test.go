@@ -1,0 +1,122 @@
+package replay
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"fp16audit/internal/capture"
+	"fp16audit/internal/tensor"
+	"fp16audit/report"
+)
+
+// The verdict tree on results built by hand, over a real capture's
+// manifest (its trigger, policy and scale).
+func TestVerdictOrder(t *testing.T) {
+	c, err := capture.Open("../../../fixtures/torch/runs/collapse/captures/step-000021-loss-spike")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(v ...float32) *tensor.Tensor { return tensor.FromFloat32s("input", []int64{int64(len(v)), 1}, v) }
+	fp32 := report.Origin{Pass: report.PassFP32, Cause: report.CauseFP32, Node: "n", OpType: "Div", Module: "head",
+		Samples: []report.Sample{{Batch: 0, Index: 2}}}
+	overflow := report.Origin{Pass: "fp16", Cause: report.CauseOverflow, Node: "g", OpType: "Gemm", Module: "fc", Value: "v", FP32MaxAbs: 7e4}
+	weight := report.Origin{Pass: "fp16", Cause: report.CauseConstant, Node: "g", OpType: "Gemm", Module: "fc", Value: "v",
+		Constant: "fc.weight", ConstantValue: ptrF(7e4)}
+	audit := func(os ...report.Origin) *report.Report {
+		return &report.Report{Passes: []string{report.PassFP32, "fp16"}, Origins: os}
+	}
+	withBackward := func(a *report.Report, b *report.BackwardReport) *report.Report {
+		a.Training = &report.TrainingReport{Backward: b}
+		return a
+	}
+	zero := 0
+	cases := []struct {
+		name      string
+		in        Input
+		verdict   string
+		text      string
+		culpritOf string
+	}{
+		{"nan in the batch", Input{Failing: []*tensor.Tensor{f(1, float32(math.NaN()), 2)}, Audit: audit(overflow)},
+			report.ReplayDataNonFinite, "sample 1", ""},
+		{"fp32 on this batch only", Input{Failing: []*tensor.Tensor{f(1, 2, 3)}, Audit: audit(fp32), Previous: audit()},
+			report.ReplayDataNonFinite, "sample 2", "head"},
+		{"fp32 on both batches", Input{Failing: []*tensor.Tensor{f(1, 2, 3)}, Audit: audit(fp32), Previous: audit(fp32)},
+			report.ReplayFP32Broken, "previous batch too", "head"},
+		{"beyond fp16", Input{Failing: []*tensor.Tensor{f(1, 1e6, 3)}, Audit: audit(overflow)},
+			report.ReplayDataRange, "sample 1", "fc"},
+		{"activation", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(overflow), Previous: audit(overflow)},
+			report.ReplayForwardOverflow, "weights have grown", "fc"},
+		{"weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight), Parameters: map[string]bool{"fc.weight": true}},
+			report.ReplayForwardOverflow, "fp32 master weight", "fc"},
+		{"mask constant is no weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight)},
+			report.ReplayForwardOverflow, "computes in fp16", "fc"},
+		{"gradient", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: 10, MaxCleanExp: &zero,
+			FirstOverflow: &report.GradientReport{Module: "head", Value: "x", Kind: report.GradActivation, FP32MaxAbs: ptrF(100)}})},
+			report.ReplayGradientOverflow, "largest scale that passes is 2^0", "head"},
+		{"underflow", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: -20, SettledExp: ptrI(-20),
+			Tolerance: 0.01, LostMass: ptrF(0.9), Underflowing: []string{"fc"},
+			Parameters: []report.ParameterReport{{Name: "fc.weight", Module: "fc", LostMass: ptrF(0.9)}}})},
+			report.ReplayUnderflow, "fc: 90.0%", "fc"},
+		{"clean", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: 16, LossValue: ptrF(0.5), LostMass: ptrF(0.001), Tolerance: 0.01})},
+			report.ReplayNotReproduced, "loss spike is in fp32 too", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.in.Capture = c
+			r := Diagnose(tc.in)
+			if r.Verdict != tc.verdict || !strings.Contains(r.VerdictText, tc.text) {
+				t.Fatalf("%s: %s; want %s saying %q", r.Verdict, r.VerdictText, tc.verdict, tc.text)
+			}
+			if tc.culpritOf != "" && (r.Culprit == nil || r.Culprit.Module != tc.culpritOf) {
+				t.Errorf("culprit %+v, want module %s", r.Culprit, tc.culpritOf)
+			}
+			for _, f := range r.Fixes {
+				if f.Fastai == "" || f.Torch == "" {
+					t.Errorf("fix %s has no words: %+v", f.Kind, f)
+				}
+			}
+		})
+	}
+}
+
+// Continuations are judged against the fp32 one.
+func TestJudge(t *testing.T) {
+	nan := capture.Float(math.NaN())
+	r := &report.ReplayReport{Fixes: []report.ReplayFix{{Kind: report.FixClip}}}
+	Judge(r, &Continuations{Steps: 3, Runs: []Run{
+		{Fix: "as-run", Losses: []capture.Float{1, nan, nan}},
+		{Fix: report.FixFP32, Losses: []capture.Float{1, 0.9, 0.8}},
+		{Fix: report.FixBF16, Losses: []capture.Float{1, 0.9, 0.81}},
+		{Fix: report.FixClip, Losses: []capture.Float{1, nan, 1.5}},
+		{Fix: report.FixLowerLR, Error: "RuntimeError: no fp16 here"},
+	}})
+	co := r.Continuations
+	if !co.Reproduced {
+		t.Errorf("the run as it was diverged: reproduced")
+	}
+	works := map[string]bool{}
+	for _, f := range r.Fixes {
+		if f.Verified == report.VerifiedContinuation {
+			works[f.Kind] = *f.Works
+		}
+	}
+	want := map[string]bool{report.FixFP32: true, report.FixBF16: true, report.FixClip: false, report.FixLowerLR: false}
+	for k, v := range want {
+		if works[k] != v {
+			t.Errorf("%s works %v, want %v (%+v)", k, works[k], v, r.Fixes)
+		}
+	}
+	if len(r.Fixes) != 4 {
+		t.Errorf("the proposed clip fix is replaced, the others added: %d fixes", len(r.Fixes))
+	}
+	if err := (&Continuations{Format: "x", Version: 1}).Check(""); err == nil {
+		t.Errorf("another format accepted")
+	}
+	if err := (&Continuations{Format: ContinuationsFormat, Version: 1, Manifest: "aa"}).Check("bb"); err == nil || !strings.Contains(err.Error(), "another capture") {
+		t.Errorf("continuations of another capture: %v", err)
+	}
+}
+
+func ptrI(i int) *int { return &i }
