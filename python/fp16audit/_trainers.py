@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .audit import AuditFailure, Report, audit
 
-__all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights"]
+__all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model"]
 
 
 class PreflightFailed(AuditFailure):
@@ -98,22 +98,43 @@ def draw_batches(loader: Any, n: int, batch_size: Optional[int] = None) -> List[
     return out
 
 
+def base_model(model: Any) -> Any:
+    """The module to export: a PEFT model's base model, which holds the
+    LoRA layers PEFT put in place (their paths are getattr-able on it:
+    model.layers.0.self_attn.q_proj.lora_A.default); the model itself
+    otherwise. torch.export cannot take PeftModel's forward as it stands."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get) and type(model).__module__.startswith("peft."):
+        return get()
+    return model
+
+
 @contextlib.contextmanager
-def original_forward(model: Any) -> Iterator[Any]:
-    """The model with the forward its class defines while the audit exports
-    it: Accelerate's prepare() (and so the Hugging Face Trainer on a GPU)
+def exportable(model: Any) -> Iterator[Any]:
+    """The model as the audit exports it, put back afterwards: a PEFT
+    model's base model (base_model), with the forward its class defines
+    (Accelerate's prepare(), and so the Hugging Face Trainer on a GPU,
     wraps model.forward in autocast, which an export would trace into the
-    graph. The wrapper is put back afterwards."""
-    wrapped = "_original_forward" in getattr(model, "__dict__", {}) and "forward" in model.__dict__
-    if not wrapped:
-        yield model
-        return
-    current = model.__dict__["forward"]
-    model.__dict__["forward"] = model.__dict__["_original_forward"]
+    graph), and a Hugging Face model's key-value cache off (an export
+    cannot return transformers' DynamicCache)."""
+    m = base_model(model)
+    saved = []
+    for obj in {id(model): model, id(m): m}.values():
+        d = getattr(obj, "__dict__", {})
+        if "_original_forward" in d and "forward" in d:
+            saved.append((obj, d["forward"]))
+            d["forward"] = d["_original_forward"]
+    config = getattr(m, "config", None)
+    cache = getattr(config, "use_cache", None)
+    if cache:
+        config.use_cache = False
     try:
-        yield model
+        yield m
     finally:
-        model.__dict__["forward"] = current
+        for obj, fwd in saved:
+            obj.__dict__["forward"] = fwd
+        if cache:
+            config.use_cache = cache
 
 
 class _Batches:
@@ -157,7 +178,7 @@ def run_preflight(model: Any, batches: Sequence[Any], *, trainer: str, policy: s
     kwargs.setdefault("init_scale", init_scale)
     kwargs.setdefault("device_type", device_type)
     kwargs.setdefault("policy", policy)
-    with original_forward(model) as m:
+    with exportable(model) as m:
         return audit(m, _Batches(batches), n_batches=len(batches), n_inp=n_inp, extra_args=extra,
                      _notes=[n for n in notes if n], **kwargs)
 
