@@ -33,7 +33,8 @@ func upcastTensor(t *onnx.TensorProto, dir string) (*onnx.TensorProto, error) {
 }
 
 // Upcast returns a model that computes in fp32 wherever the model itself asks
-// for half precision: Cast to FLOAT16/BFLOAT16 becomes Cast to FLOAT, half
+// for half precision (a clamp the model runs only on float16 values,
+// HalfGuards, becomes an Identity): Cast to FLOAT16/BFLOAT16 becomes Cast to FLOAT, half
 // initializers, constants and value types become FLOAT, and half graph inputs
 // keep their declared type with a Cast to FLOAT behind them. It also reports
 // the explicit half casts it found (node indices), which the emulated passes
@@ -43,6 +44,12 @@ func Upcast(m *onnx.ModelProto, dir string) (*onnx.ModelProto, []int, error) {
 	out := onnx.ShallowCopy(m)
 	g := out.Graph
 	var halfCasts []int
+	// The model's float16-only clamps (HalfGuards) do not run in float32:
+	// an Identity in their place keeps the node indices.
+	for i := range HalfGuards(g) {
+		n := g.Node[i]
+		g.Node[i] = onnx.Node("Identity", n.Name, []string{n.Input[0]}, []string{n.Output[0]})
+	}
 	for i, n := range g.Node {
 		if n.Domain != "" && n.Domain != "ai.onnx" {
 			continue
