@@ -446,6 +446,45 @@ func BenchmarkLLM(b *testing.B) {
 	b.ReportMetric(float64(rssBound)/float64(budget), "rss-bounded/budget")
 }
 
+// BenchmarkLLMBF16 audits a decoder stored in bfloat16 as a checkpoint
+// loaded with from_pretrained(dtype=torch.bfloat16) exports it
+// (fixtures/bench/llama8b.py --preset medium, which make bench runs when
+// it is missing: TinyLlama's widths, 8 layers, 0.49 B parameters, 0.98 GB
+// of external data, a massive activation planted in layers.0's MLP), in a
+// child process as a user runs it (the default budget, the fix reruns),
+// and reports its time, its peak memory and that memory per byte of the
+// stored weights. The same script's 8b preset (Llama-3-8B's shapes, 16
+// GB) is the size users fine-tune; MB-rss/MB-data says what it would
+// take: the upcast holds every 16-bit weight as fp32 in memory
+// (rewrite.Upcast), about 2.5 bytes per stored byte before the passes.
+func BenchmarkLLMBF16(b *testing.B) {
+	dir := filepath.Join("..", "..", "fixtures", "bench", "llama_bf16")
+	model := filepath.Join(dir, "model.onnx")
+	if _, err := os.Stat(model); err != nil {
+		b.Skipf("%s is missing: make bench generates it (/usr/bin/python3 fixtures/bench/llama8b.py --preset medium)", model)
+	}
+	fi, err := os.Stat(model + ".data")
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := &benchInput{model: model, dir: filepath.Join(dir, "batches"), outputs: []string{"logits"}, input: "input_ids"}
+	var tAudit time.Duration
+	var rss int64
+	for b.Loop() {
+		t, r, out := childRun(b, in, false, 0, true)
+		tAudit += t
+		rss = max(rss, r)
+		b.Logf("bf16-stored audit, %v, peak RSS %.0f MiB:\n%s", t, mb(r), timingLines(out))
+		if !strings.Contains(out, "origin /model/layers.0/mlp/down_proj/MatMul") || !strings.Contains(out, "fix bf16 works=true") {
+			b.Errorf("the planted down_proj is not the origin, or bf16 does not fix it:\n%s", out)
+		}
+	}
+	b.ReportMetric(mb(fi.Size()), "MB-data")
+	b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms-audit")
+	b.ReportMetric(mb(rss), "MB-rss")
+	b.ReportMetric(float64(rss)/float64(fi.Size()), "rss/data")
+}
+
 // timingLines are the timing lines a child printed.
 func timingLines(out string) string {
 	var keep []string
