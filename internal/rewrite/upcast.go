@@ -17,8 +17,15 @@ const (
 // model: a rewritten graph gets new node and value slices, and only the nodes
 // and tensors it changes are copied; initializers it leaves alone are shared.
 
-// upcastTensor converts a FLOAT16 or BFLOAT16 tensor to FLOAT.
+// upcastTensor converts a FLOAT16 or BFLOAT16 tensor to FLOAT. One in an
+// external data file becomes a FLOAT view of its bytes (onnx.FloatView),
+// converted only where it is read: a model stored in 16 bits (a checkpoint
+// loaded with from_pretrained(dtype=torch.bfloat16), 16 GB for 8 B
+// parameters) is not held in fp32 by the upcast.
 func upcastTensor(t *onnx.TensorProto, dir string) (*onnx.TensorProto, error) {
+	if t.GetDataLocation() == onnx.TensorProto_EXTERNAL {
+		return onnx.FloatView(t), nil
+	}
 	dense, err := onnx.DecodeTensor(t, dir)
 	if err != nil {
 		return nil, err

@@ -25,6 +25,11 @@ TOL = 0.05  # the binary's default fp16 output tolerance
 def setUpModule():
     support.require_trainers("transformers", "peft")
     warnings.filterwarnings("ignore")
+    import transformers
+
+    # the loaders' progress bars and notices are not the tests' output
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
 
 def rel_err(out, ref):

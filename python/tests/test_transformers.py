@@ -25,6 +25,11 @@ from torch import nn
 def setUpModule():
     support.require_trainers("transformers", "accelerate")
     warnings.filterwarnings("ignore")
+    import transformers
+
+    # the loaders' progress bars and notices are not the tests' output
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
 
 VOCAB = 128
