@@ -47,9 +47,10 @@ def scale_output(module, run, peak):
 
 
 def reload(model, dtype):
-    d = tempfile.mkdtemp(prefix="fp16audit-hf-")
-    model.save_pretrained(d)
-    return type(model).from_pretrained(d, dtype=dtype).eval()
+    """model saved and loaded back with from_pretrained(dtype=dtype), as a checkpoint is."""
+    with tempfile.TemporaryDirectory(prefix="fp16audit-hf-") as d:
+        model.save_pretrained(d)
+        return type(model).from_pretrained(d, dtype=dtype).eval()
 
 
 def audit(model, batch, policy):
