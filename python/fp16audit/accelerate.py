@@ -27,7 +27,7 @@ says what fp16 does on a GPU.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from accelerate import Accelerator
 
@@ -37,7 +37,7 @@ from .audit import Report
 __all__ = ["preflight", "recorder", "accelerator_policy", "PreflightFailed"]
 
 
-def accelerator_policy(accelerator: Accelerator) -> tuple:
+def accelerator_policy(accelerator: Accelerator) -> Tuple[str, Optional[float], str]:
     """The policy an Accelerator trains under: (policy, init_scale, note)."""
     mp = str(accelerator.mixed_precision)
     scaler = getattr(accelerator, "scaler", None)

@@ -27,7 +27,7 @@ plugin given explicitly, plugins=[MixedPrecision("16-mixed", "cpu")].
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 try:
     import lightning.pytorch as pl
@@ -40,7 +40,7 @@ from .audit import Report
 __all__ = ["FP16Preflight", "PreflightFailed", "trainer_policy"]
 
 
-def trainer_policy(trainer: Any) -> tuple:
+def trainer_policy(trainer: Any) -> Tuple[str, Optional[float], str]:
     """The policy a Lightning Trainer trains under, from its precision plugin: (policy, init_scale, note)."""
     plugin = trainer.precision_plugin
     precision = str(getattr(plugin, "precision", trainer.precision))

@@ -24,7 +24,7 @@ it), whatever logging_nan_inf_filter does to the Trainer's own logs.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from transformers import TrainerCallback
 
@@ -39,7 +39,7 @@ _CPU_FP16 = ("on this CPU the Trainer trains fp16=True in fp32 (Accelerate enabl
              "accelerator): the audit says what fp16=True does on a GPU")
 
 
-def trainer_policy(args: Any, model: Any) -> tuple:
+def trainer_policy(args: Any, model: Any) -> Tuple[str, str]:
     """The policy a Trainer trains model under, from its TrainingArguments: (policy, note)."""
     if getattr(args, "bf16", False):
         return "autocast-bf16", ""
@@ -73,13 +73,14 @@ class FP16AuditCallback(TrainerCallback):
         self.log_path: Optional[str] = None
         self._hook: Any = None
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, train_dataloader=None, **kwargs):
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
         if self.preflight and self.report is None and state.global_step == 0:
             self._preflight(args, model, train_dataloader)
         if self.log is not False and self.loss_log is None:
             self._open_log(args, model, optimizer)
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # After the optimizer step and the scaler's update: the step's raw
         # loss, the scale and whether the step was skipped are known here,
         # the place a capture of the failing step (issue 42) plugs in.
@@ -88,10 +89,10 @@ class FP16AuditCallback(TrainerCallback):
         epoch = None if state.epoch is None else int(state.epoch)
         self.loss_log.step(epoch=epoch, iter=state.global_step)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
 
-    def _preflight(self, args, model, loader) -> None:
+    def _preflight(self, args: Any, model: Any, loader: Any) -> None:
         policy, note = trainer_policy(args, model)
         notes = [note]
         if self.policy:
@@ -111,7 +112,7 @@ class FP16AuditCallback(TrainerCallback):
 
     # -- the raw losses ------------------------------------------------------------
 
-    def _open_log(self, args, model, optimizer) -> None:
+    def _open_log(self, args: Any, model: Any, optimizer: Any) -> None:
         path = self.log if isinstance(self.log, str) else default_log(getattr(args, "output_dir", None))
         if path is None:
             return
@@ -127,7 +128,7 @@ class FP16AuditCallback(TrainerCallback):
         self.log_path = self.loss_log.path
         self._hook = model.register_forward_hook(self._forward_hook, with_kwargs=True)
 
-    def _forward_hook(self, module, args, kwargs, output) -> None:
+    def _forward_hook(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         # The loss of every training forward, as the model returns it
         # (labels in the batch); evaluation forwards are not training steps.
         # This is where the batch in hand is: a capture of the failing step
