@@ -446,6 +446,74 @@ func BenchmarkLLM(b *testing.B) {
 	b.ReportMetric(float64(rssBound)/float64(budget), "rss-bounded/budget")
 }
 
+// BenchmarkLLMBF16 audits a decoder stored in bfloat16 as a checkpoint
+// loaded with from_pretrained(dtype=torch.bfloat16) exports it
+// (fixtures/bench/llama8b.py --preset medium, which make bench runs when
+// it is missing: TinyLlama's widths, 8 layers, 0.49 B parameters, 0.98 GB
+// of external data, a massive activation planted in layers.0's MLP), in a
+// child process as a user runs it (the default budget, the fix reruns),
+// and reports its time, its peak memory and that memory per byte of the
+// stored weights (the weights are converted to fp32 as each session needs
+// them: onnx.FloatView).
+func BenchmarkLLMBF16(b *testing.B) {
+	dir := filepath.Join("..", "..", "fixtures", "bench", "llama_bf16")
+	model := filepath.Join(dir, "model.onnx")
+	if _, err := os.Stat(model); err != nil {
+		b.Skipf("%s is missing: make bench generates it (/usr/bin/python3 fixtures/bench/llama8b.py --preset medium)", model)
+	}
+	fi, err := os.Stat(model + ".data")
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := &benchInput{model: model, dir: filepath.Join(dir, "batches"), outputs: []string{"logits"}, input: "input_ids"}
+	var tAudit time.Duration
+	var rss int64
+	for b.Loop() {
+		t, r, out := childRun(b, in, false, 0, true)
+		tAudit += t
+		rss = max(rss, r)
+		b.Logf("bf16-stored audit, %v, peak RSS %.0f MiB:\n%s", t, mb(r), timingLines(out))
+		if !strings.Contains(out, "origin /model/layers.0/mlp/down_proj/MatMul") || !strings.Contains(out, "fix bf16 works=true") {
+			b.Errorf("the planted down_proj is not the origin, or bf16 does not fix it:\n%s", out)
+		}
+	}
+	b.ReportMetric(mb(fi.Size()), "MB-data")
+	b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms-audit")
+	b.ReportMetric(mb(rss), "MB-rss")
+	b.ReportMetric(float64(rss)/float64(fi.Size()), "rss/data")
+}
+
+// BenchmarkLLM8B audits the size users fine-tune: a decoder at
+// Llama-3-8B's shapes stored in bf16 (fixtures/bench/llama8b.py, 8.03 B
+// parameters, 16 GB of external data; make llama8b writes it, make bench
+// does not: it is 16 GB of disk), on one batch of 1 x 64 token ids, with
+// --max-memory 12G (the RAM of a free notebook runtime) and the fix
+// reruns, in a child process: time, peak RSS against the budget, and the
+// planted massive activation in layers.0's MLP as the origin.
+func BenchmarkLLM8B(b *testing.B) {
+	dir := filepath.Join("..", "..", "fixtures", "bench", "llama8b")
+	model := filepath.Join(dir, "model.onnx")
+	if _, err := os.Stat(model); err != nil {
+		b.Skipf("%s is missing: make llama8b writes it (16 GB, /usr/bin/python3 fixtures/bench/llama8b.py)", model)
+	}
+	const budget = 12 << 30
+	in := &benchInput{model: model, dir: filepath.Join(dir, "batches"), outputs: []string{"logits"}, input: "input_ids"}
+	var tAudit time.Duration
+	var rss int64
+	for b.Loop() {
+		t, r, out := childRun(b, in, false, budget, true)
+		tAudit += t
+		rss = max(rss, r)
+		b.Logf("8 B audit under 12 GiB, %v, peak RSS %.0f MiB:\n%s", t, mb(r), timingLines(out))
+		if !strings.Contains(out, "origin /model/layers.0/mlp/down_proj/MatMul") || !strings.Contains(out, "fix bf16 works=true") {
+			b.Errorf("the planted down_proj is not the origin, or bf16 does not fix it:\n%s", out)
+		}
+	}
+	b.ReportMetric(float64(tAudit.Milliseconds())/float64(b.N), "ms-audit")
+	b.ReportMetric(mb(rss), "MB-rss")
+	b.ReportMetric(float64(rss)/budget, "rss/budget")
+}
+
 // timingLines are the timing lines a child printed.
 func timingLines(out string) string {
 	var keep []string

@@ -70,6 +70,10 @@ type Config struct {
 	// AutocastDevice is the device_type the user's torch.autocast runs
 	// on, which the fix texts name; "" is "cuda".
 	AutocastDevice string
+	// Trainer names the trainer whose words the fix texts use
+	// (words.Names: fastai, transformers, lightning, accelerate, torch);
+	// "" is fastai.
+	Trainer string
 	// MaxMemory bounds the memory of the process while the passes run, in
 	// bytes (--max-memory): a batch over it runs in parts of fewer
 	// samples. 0 plans for execute.DefaultMemoryFraction of the available
@@ -220,7 +224,7 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	}
 	facts := &evidence.Facts{Static: a.static, HalfCasts: a.halfCast,
 		Inputs: inputs.Analyze(a.specs, a.batches, m.Index, cfg.Thresholds.ColumnScale), Passes: a.passes, Main: a.main,
-		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked, AutocastDevice: cfg.AutocastDevice}
+		Values: a.engine.Observe, Thresholds: cfg.Thresholds, Ranked: a.ranked, AutocastDevice: cfg.AutocastDevice, Trainer: cfg.Trainer}
 	d, err := diagnose.Run(ctx, facts, a, a.batches, diagnose.Options{Checks: cfg.Checks, NoFixes: cfg.NoFixes})
 	if err != nil {
 		return nil, a.runError(err)

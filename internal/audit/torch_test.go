@@ -154,11 +154,11 @@ var hfKnownWrong = map[string]string{
 	// Hugging Face's T5 clamps fp16 hidden states after each block when
 	// they are float16 (model.half()): a branch on the dtype that the
 	// export, traced in fp32, does not hold. PyTorch's outputs come out
-	// finite but wrong, and the oracle's first non-finite value is the
-	// relative-position buckets' log(0), which the model masks on purpose;
-	// fp16audit finds block 1's wo overflowing (the cause, as under
-	// autocast) with Inf reaching the outputs of the graph as exported.
-	"hf_t5_ff_overflow/half": "the dtype-dependent clamp is not in the export; fp16audit names wo, the oracle the masked log(0)",
+	// finite but wrong; fp16audit finds block 1's wo overflowing (the
+	// cause, as under autocast) with Inf reaching the outputs of the graph
+	// as exported. hf_t5_ff_overflow_half, exported after model.half(),
+	// holds the clamp, and there fp16audit is right (rewrite.HalfGuards).
+	"hf_t5_ff_overflow/half": "the dtype-dependent clamp is not in an export traced in fp32 (hf_t5_ff_overflow_half holds it and is right)",
 }
 
 // TestTorchTruthHF: the truth table on the Hugging Face architectures

@@ -198,7 +198,7 @@ func (a *audit) auditTraining(ctx context.Context) error {
 // backward.
 func (a *audit) trainingFacts() *training.Facts {
 	return &training.Facts{Model: a.model, Policy: a.policy, Assign: a.static.Assign, Mode: a.cfg.Train.Mode,
-		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[report.PassFP32]}
+		Changes: a.train.changes, Seed: a.cfg.Seed, FP32: a.passes[report.PassFP32], Trainer: a.cfg.Trainer, AutocastDevice: a.cfg.AutocastDevice}
 }
 
 // backward builds the backward graph with autocast's rounding and runs it

@@ -17,6 +17,7 @@ import (
 	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
 	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/words"
 	"fp16audit/internal/execute"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/precision"
@@ -153,7 +154,9 @@ type runOptions struct {
 	device  string
 	// autocastDevice is the device_type the fix texts name.
 	autocastDevice string
-	maxMem         string
+	// trainer names the trainer whose words the fix texts use.
+	trainer string
+	maxMem  string
 
 	policy      string
 	checks      string
@@ -172,7 +175,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("run", "fp16audit run MODEL [flags]",
 		"  fp16audit run model.onnx -i input=batch.npy --format json --output render.json\n"+
 			"  fp16audit run model.onnx -i x.npy --mode train --loss cross-entropy --target y.npy\n"+
-			"  fp16audit run llama.onnx -i input_ids=ids.npy --loss cross-entropy --lm-shift --target labels.npy", stdout)
+			"  fp16audit run llama.onnx -i input_ids=ids.npy --loss cross-entropy --lm-shift --target labels.npy\n"+
+			"  fp16audit run model.onnx -i batch.npz --trainer transformers   # fixes in the Hugging Face Trainer's words (bf16=True, ...)", stdout)
 	fs.StringArrayVarP(&o.inputs, "input", "i", nil, "batch for an input: NAME=PATH or PATH (in input order); PATH is .npy, .npz, .pb or a folder (repeatable)")
 	fs.StringArrayVar(&o.shapes, "shape", nil, "fix a symbolic dimension of an input: NAME=1x3x224x224 (repeatable)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed for synthetic inputs when no -i is given, and for Dropout masks in --mode train")
@@ -198,6 +202,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.threads, "threads", 0, "ONNX Runtime intra-op threads (0: ONNX Runtime's default, one per core)")
 	fs.StringVar(&o.device, "device", "cpu", "execution provider: cpu or cuda")
 	fs.StringVar(&o.autocastDevice, "autocast-device", "cuda", "the device_type the model trains with under torch.autocast (cuda, cpu, mps, xpu, ...), as the fixes name it")
+	fs.StringVar(&o.trainer, "trainer", words.Default, "the trainer whose words the fixes use: "+strings.Join(words.Names(), ", ")+" (bf16 is learn.to_bf16(), bf16=True, precision=\"bf16-mixed\", Accelerator(mixed_precision=\"bf16\"), torch.autocast(dtype=torch.bfloat16))")
 	fs.StringVar(&o.maxMem, "max-memory", "", fmt.Sprintf("memory the audit may take, the process as a whole, e.g. 512M or 4G; above it each batch runs in parts of fewer samples, and a model whose weights do not fit runs in blocks of consecutive layers (default %.0f%% of available memory)", 100*execute.DefaultMemoryFraction))
 	if done, code := parseFlags(fs, args, stderr); done {
 		return code
@@ -220,6 +225,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	if !deviceType.MatchString(o.autocastDevice) {
 		fmt.Fprintf(stderr, "fp16audit run: --autocast-device %q: want a torch device type such as cuda, cpu, mps or xpu\n", o.autocastDevice)
+		return exitUsage
+	}
+	if _, ok := words.Lookup(o.trainer); !ok {
+		fmt.Fprintf(stderr, "fp16audit run: --trainer %q: want one of %s\n", o.trainer, strings.Join(words.Names(), ", "))
 		return exitUsage
 	}
 	shapes := map[string][]int64{}
@@ -247,7 +256,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg := audit.Config{Checks: sel, Train: train,
 		ModelPath: fs.Arg(0), Inputs: o.inputs, Shapes: shapes, Seed: o.seed, SyntheticBatches: o.batches,
-		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, AutocastDevice: o.autocastDevice, MaxMemory: maxMem,
+		ORTLib: o.ortLib, Threads: o.threads, Device: o.device, AutocastDevice: o.autocastDevice, Trainer: o.trainer, MaxMemory: maxMem,
 		Policy: o.policy, NoFixes: o.noFixes, Passes: o.passes, Thresholds: o.thresholds,
 	}
 	if err := audit.CheckPasses(o.passes); err != nil {

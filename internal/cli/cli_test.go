@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +61,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad policy", []string{"run", models + "mlp.onnx", "--policy", "fp8"}, 2, "autocast-fp16"},
 		{"bad fail-on", []string{"run", models + "mlp.onnx", "--fail-on", "sometimes"}, 2, "--fail-on"},
 		{"bad autocast device", []string{"run", models + "mlp.onnx", "--autocast-device", "CUDA:0"}, 2, "--autocast-device"},
+		{"bad trainer", []string{"run", models + "mlp.onnx", "--trainer", "keras"}, 2, "--trainer \"keras\": want one of fastai, transformers"},
 		{"missing batch", []string{"run", models + "mlp.onnx", "-i", batches + "nope.npy"}, 2, "nope.npy"},
 		{"wrong shape", []string{"run", models + "mlp.onnx", "-i", batches + "cnn.npy"}, 2, "want shape"},
 		{"missing model", []string{"run", filepath.Join(tmp, "none.onnx")}, 3, "none.onnx"},
@@ -205,6 +207,45 @@ func TestAutocastDevice(t *testing.T) {
 		_, out, _ := run(t, append([]string{"run", models + "overflowing_op.onnx", "-i", batches + "overflowing_op.npy"}, c.args...)...)
 		if !strings.Contains(out, want) {
 			t.Errorf("%v: the fix does not say %s:\n%s", c.args, want, out)
+		}
+	}
+}
+
+// TestTrainerWords: the same audit with --trainer gives the same verdict
+// and fixes, and only their wording follows the trainer: bf16 and the
+// keep-fp32 fix as its users write them.
+func TestTrainerWords(t *testing.T) {
+	cases := []struct{ trainer, bf16, keep string }{
+		{"", "learn.to_bf16() removes every overflow", `wrap it in torch.autocast(device_type="cuda", enabled=False)`},
+		{"transformers", "bf16=True in TrainingArguments removes every overflow", "_keep_in_fp32_modules does not do it under fp16=True"},
+		{"lightning", `Trainer(precision="bf16-mixed") removes every overflow`, "enabled=False) and cast its input with .float() in the LightningModule"},
+		{"accelerate", `Accelerator(mixed_precision="bf16") removes every overflow`, "Accelerator.autocast(AutocastKwargs(enabled=False))"},
+		{"torch", `torch.autocast(device_type="cuda", dtype=torch.bfloat16) without a GradScaler removes every overflow`, `wrap it in torch.autocast(device_type="cuda", enabled=False)`},
+	}
+	var verdicts []string
+	for _, c := range cases {
+		args := []string{"run", models + "overflowing_op.onnx", "-i", batches + "overflowing_op.npy", "--format", "json"}
+		if c.trainer != "" {
+			args = append(args, "--trainer", c.trainer)
+		}
+		_, out, errOut := run(t, args...)
+		var r report.Report
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%s: %v: %s", c.trainer, err, errOut)
+		}
+		var summaries []string
+		for _, f := range r.Fixes {
+			summaries = append(summaries, f.Kind+": "+f.Summary)
+		}
+		all := strings.Join(summaries, "\n")
+		if !strings.Contains(all, c.bf16) || !strings.Contains(all, c.keep) {
+			t.Errorf("--trainer %q: want %q and %q among the fixes:\n%s", c.trainer, c.bf16, c.keep, all)
+		}
+		verdicts = append(verdicts, fmt.Sprintf("%s %d %v", r.Verdict, len(r.Fixes), r.Origins[0].Module))
+	}
+	for _, v := range verdicts[1:] {
+		if v != verdicts[0] {
+			t.Errorf("the verdict follows the trainer: %q, fastai's %q", v, verdicts[0])
 		}
 	}
 }

@@ -371,8 +371,8 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 		if o.Provenance != nil && len(o.Provenance.Casts) > 0 {
 			casts = strings.Join(o.Provenance.Casts, ", ")
 		}
-		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): switching to_fp16() off will not help; remove the cast or move it after the op that overflows",
-			casts, moduleOr(o.Module, o.Node), o.OpType, report.PassAsWritten)
+		d.VerdictText = fmt.Sprintf("the model casts to half itself (%s) and %s (%s) overflows there with mixed precision off too (the %s pass): %s will not help; remove the cast or move it after the op that overflows",
+			casts, moduleOr(o.Module, o.Node), o.OpType, report.PassAsWritten, f.Words().MixedOff)
 		if removed && f.HeldWithoutCasts(o) {
 			d.VerdictText += fmt.Sprintf("; without the cast %s still holds it in 16 bits, so it must stay in fp32 as well", f.Static.Policy.Name)
 		}

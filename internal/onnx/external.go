@@ -76,12 +76,12 @@ func CheckExternalData(m *ModelProto, baseDir string) error {
 			return nil
 		}
 		want := int64(-1)
-		if dt, ok := supportedDType[TensorProto_DataType(t.GetDataType())]; ok {
+		if size := storedSize(t); size > 0 {
 			n, err := elementCount(t)
 			if err != nil {
 				return fmt.Errorf("%w: %s: %w", ErrExternalData, where, err)
 			}
-			want = n * int64(dt.Size())
+			want = n * size
 		}
 		if _, _, err := checkExternal(t, baseDir, want); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrExternalData, where, err)
@@ -219,16 +219,64 @@ func nodeLabel(n *NodeProto, i int) string {
 // CheckExternalData checks them.
 func ExternalRange(t *TensorProto, baseDir string) (path string, offset, length int64, err error) {
 	want := int64(-1)
-	if dt, ok := supportedDType[TensorProto_DataType(t.GetDataType())]; ok {
+	if size := storedSize(t); size > 0 {
 		n, err := elementCount(t)
 		if err != nil {
 			return "", 0, 0, err
 		}
-		want = n * int64(dt.Size())
+		want = n * size
 	}
 	path, ref, err := checkExternal(t, baseDir, want)
 	if err != nil {
 		return "", 0, 0, err
 	}
 	return path, ref.offset, ref.length, nil
+}
+
+// storedAsKey marks, among a tensor's external_data entries, the element
+// type its external bytes are stored in when that is not the tensor's
+// own: the FLOAT view of a 16-bit weight in an external data file
+// (FloatView), whose bytes are read, and converted, only where they are
+// used.
+const storedAsKey = "fp16audit.stored_as"
+
+// StoredAs returns the element type the bytes of t are stored in: its own
+// data type, or for a FloatView the 16-bit type of its external file.
+func StoredAs(t *TensorProto) int32 {
+	for _, e := range t.GetExternalData() {
+		if e.GetKey() == storedAsKey {
+			if v, err := strconv.ParseInt(e.GetValue(), 10, 32); err == nil {
+				return int32(v)
+			}
+		}
+	}
+	return t.GetDataType()
+}
+
+// FloatView returns the FLOAT tensor whose elements are those of t, a
+// FLOAT16 or BFLOAT16 tensor in an external data file, over the same bytes
+// of the same file: nothing is read until something decodes it
+// (DecodeTensor converts), so an upcast of a model stored in 16 bits holds
+// none of its weights (the audit's sessions convert each weight as a
+// block needs it). t itself is not changed.
+func FloatView(t *TensorProto) *TensorProto {
+	v := &TensorProto{Name: t.GetName(), DataType: int32(TensorProto_FLOAT), Dims: t.GetDims(), DocString: t.GetDocString(),
+		DataLocation: TensorProto_EXTERNAL}
+	for _, e := range t.GetExternalData() {
+		if e.GetKey() != storedAsKey {
+			v.ExternalData = append(v.ExternalData, &StringStringEntryProto{Key: e.GetKey(), Value: e.GetValue()})
+		}
+	}
+	v.ExternalData = append(v.ExternalData, &StringStringEntryProto{Key: storedAsKey, Value: strconv.Itoa(int(t.GetDataType()))})
+	return v
+}
+
+// storedSize is the size in bytes of one element of t as its bytes are
+// stored (StoredAs); 0 for a type fp16audit does not decode.
+func storedSize(t *TensorProto) int64 {
+	dt, ok := supportedDType[TensorProto_DataType(StoredAs(t))]
+	if !ok {
+		return 0
+	}
+	return int64(dt.Size())
 }

@@ -92,6 +92,22 @@ func DecodeTensor(t *TensorProto, baseDir string) (*tensor.Tensor, error) {
 	out := &tensor.Tensor{Name: t.GetName(), DType: dtype, Shape: append([]int64{}, t.GetDims()...)}
 
 	if t.GetDataLocation() == TensorProto_EXTERNAL {
+		if stored := TensorProto_DataType(StoredAs(t)); stored != dt {
+			// a FloatView: the file holds the 16-bit elements
+			sd, ok := supportedDType[stored]
+			if !ok {
+				return nil, fmt.Errorf("%s: stored as %s, which fp16audit does not decode", tensorLabel(t), DataTypeName(int32(stored)))
+			}
+			raw, err := readExternal(t, baseDir, n*int64(sd.Size()))
+			if err != nil {
+				return nil, err
+			}
+			vals, err := (&tensor.Tensor{Name: t.GetName(), DType: sd, Shape: out.Shape, Data: raw}).Float32s()
+			if err != nil {
+				return nil, err
+			}
+			return tensor.FromFloat32s(t.GetName(), out.Shape, vals), nil
+		}
 		out.Data, err = readExternal(t, baseDir, want)
 		if err != nil {
 			return nil, err
@@ -332,6 +348,9 @@ const externalChunk = 4 << 20
 // keeps what was read). The file and range are checked as DecodeTensor
 // checks them.
 func ScanExternal(t *TensorProto, baseDir string, fn func([]byte)) error {
+	if StoredAs(t) != t.GetDataType() {
+		return fmt.Errorf("%s: a float32 view of %s data; scan the model's own tensor", tensorLabel(t), DataTypeName(StoredAs(t)))
+	}
 	dtype, ok := supportedDType[TensorProto_DataType(t.GetDataType())]
 	if !ok {
 		return fmt.Errorf("%s: element type %s is not supported (fp16audit decodes bool, integer and float tensors)", tensorLabel(t), DataTypeName(t.GetDataType()))

@@ -276,11 +276,10 @@ func (s *assigner) setSource(name string, elemType int32) {
 // sourceWhy is the provenance of a source held in reduced precision: the
 // model's own half data, or the half policy.
 func (s *assigner) sourceWhy(elemType int32, name string) Reason {
-	elemType = s.unstored(elemType)
 	switch pr := s.source(elemType, name); {
 	case pr != FP16 && pr != BF16:
 		return 0
-	case PrecisionOf(elemType) == pr:
+	case PrecisionOf(s.unstored(elemType)) == pr:
 		return ReasonHalfModel
 	}
 	return ReasonHalfPolicy
@@ -301,7 +300,18 @@ func (s *assigner) why(name string) (Reason, []int) {
 
 // source returns the precision of a graph input, initializer or Constant
 // output of the given element type.
+//
+// Under half, a float32 tensor of a model stored in half is one the
+// checkpoint keeps in fp32 as it runs: transformers loads the modules a
+// class lists in _keep_in_fp32_modules in float32 when from_pretrained
+// is given dtype=torch.float16 (T5's wo), and models compute their RoPE
+// frequencies from float32 buffers. The export of such a model holds the
+// dtypes of its eager run, so the tensor stays fp32, and the ops that read
+// only fp32 follow it (T5 casts wo's input to wo's dtype).
 func (s *assigner) source(elemType int32, name string) Precision {
+	if s.p.kind == kindHalf && s.storage != 0 && elemType == int32(onnx.TensorProto_FLOAT) {
+		return FP32
+	}
 	pr := PrecisionOf(s.unstored(elemType))
 	if pr != FP32 {
 		return pr

@@ -92,3 +92,44 @@ func TestStoredHalf(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredKeptFP32: in a checkpoint stored in fp16, a float32 weight is
+// one the checkpoint keeps in fp32 (transformers' _keep_in_fp32_modules
+// under from_pretrained(dtype=torch.float16): T5's wo, which casts its
+// input to its weight's dtype). Under half the model runs as stored: wo
+// computes in fp32 and the residual stream it feeds is promoted to fp32,
+// as PyTorch's eager run has it. Under autocast wo is an fp16 op all the
+// same.
+func TestStoredKeptFP32(t *testing.T) {
+	fp := onnx.TensorProto_FLOAT16
+	g := &onnx.GraphProto{
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("ids", onnx.TensorProto_INT64, "N", 4)},
+		Initializer: []*onnx.TensorProto{halfTensor("E", fp, 8, 4), halfTensor("Wi", fp, 4, 16), w("Wo", 16, 4)},
+		Node: []*onnx.NodeProto{
+			n("Gather", "embed", "E ids", "h"),
+			n("MatMul", "/wi/MatMul", "h Wi", "a"),
+			n("Relu", "/act/Relu", "a", "r"),
+			castTo("/ff/Cast", "r", "r32", onnx.TensorProto_FLOAT),
+			n("MatMul", "/wo/MatMul", "r32 Wo", "o"),
+			n("Add", "/residual/Add", "h o", "res"),
+		},
+	}
+	for _, tc := range []struct {
+		policy string
+		want   map[string]Precision
+	}{
+		{"half", map[string]Precision{"E": FP16, "h": FP16, "a": FP16, "r32": FP32, "Wo": FP32, "o": FP32, "res": FP32}},
+		{"autocast-fp16", map[string]Precision{"h": FP32, "a": FP16, "o": FP16, "res": FP32}},
+	} {
+		p, err := PolicyByName(tc.policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := Assign(p, g, nil, nil)
+		for v, want := range tc.want {
+			if got := a.Value[v]; got != want {
+				t.Errorf("%s: %s is %s, want %s", tc.policy, v, got, want)
+			}
+		}
+	}
+}

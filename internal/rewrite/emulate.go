@@ -20,6 +20,9 @@ import (
 // what the next op would see; the op's unrounded result gets an internal
 // name.
 //
+// A clamp the model runs only on float16 values (HalfGuards) clamps in
+// the passes that hold its value in fp16.
+//
 // A number torch.finfo(dtype) wrote (±float32's largest value in the fp32
 // export) is written as the format's own limit where it lands in reduced
 // precision, as PyTorch does at run time (see FinfoFill): each such reader
@@ -96,9 +99,25 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 		return r
 	}
 
+	// The model's float16-only clamps, which Upcast made Identities, clamp
+	// again where this pass holds their value in fp16, as PyTorch's run
+	// does.
+	guards := HalfGuards(orig)
 	for i, on := range orig.Node {
 		n := g.Node[i]
 		np := a.Node[i]
+		if guards[i] && n.OpType == "Identity" {
+			if a.Value[on.Input[0]] == precision.FP16 {
+				restored := onnx.CloneNode(on)
+				restored.Input[0] = n.Input[0]
+				n = restored
+				g.Node[i] = restored
+			} else {
+				// the Identity of the upcast graph, same names as the Clip's
+				// value in and out
+				on = n
+			}
+		}
 		var changed *onnx.NodeProto
 		edit := func() *onnx.NodeProto {
 			if changed == nil {

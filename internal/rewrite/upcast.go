@@ -17,8 +17,15 @@ const (
 // model: a rewritten graph gets new node and value slices, and only the nodes
 // and tensors it changes are copied; initializers it leaves alone are shared.
 
-// upcastTensor converts a FLOAT16 or BFLOAT16 tensor to FLOAT.
+// upcastTensor converts a FLOAT16 or BFLOAT16 tensor to FLOAT. One in an
+// external data file becomes a FLOAT view of its bytes (onnx.FloatView),
+// converted only where it is read: a model stored in 16 bits (a checkpoint
+// loaded with from_pretrained(dtype=torch.bfloat16), 16 GB for 8 B
+// parameters) is not held in fp32 by the upcast.
 func upcastTensor(t *onnx.TensorProto, dir string) (*onnx.TensorProto, error) {
+	if t.GetDataLocation() == onnx.TensorProto_EXTERNAL {
+		return onnx.FloatView(t), nil
+	}
 	dense, err := onnx.DecodeTensor(t, dir)
 	if err != nil {
 		return nil, err
@@ -33,7 +40,8 @@ func upcastTensor(t *onnx.TensorProto, dir string) (*onnx.TensorProto, error) {
 }
 
 // Upcast returns a model that computes in fp32 wherever the model itself asks
-// for half precision: Cast to FLOAT16/BFLOAT16 becomes Cast to FLOAT, half
+// for half precision (a clamp the model runs only on float16 values,
+// HalfGuards, becomes an Identity): Cast to FLOAT16/BFLOAT16 becomes Cast to FLOAT, half
 // initializers, constants and value types become FLOAT, and half graph inputs
 // keep their declared type with a Cast to FLOAT behind them. It also reports
 // the explicit half casts it found (node indices), which the emulated passes
@@ -43,6 +51,12 @@ func Upcast(m *onnx.ModelProto, dir string) (*onnx.ModelProto, []int, error) {
 	out := onnx.ShallowCopy(m)
 	g := out.Graph
 	var halfCasts []int
+	// The model's float16-only clamps (HalfGuards) do not run in float32:
+	// an Identity in their place keeps the node indices.
+	for i := range HalfGuards(g) {
+		n := g.Node[i]
+		g.Node[i] = onnx.Node("Identity", n.Name, []string{n.Input[0]}, []string{n.Output[0]})
+	}
 	for i, n := range g.Node {
 		if n.Domain != "" && n.Domain != "ai.onnx" {
 			continue

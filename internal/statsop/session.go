@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"unsafe"
@@ -102,11 +103,14 @@ func HandsOver(t *onnx.TensorProto) bool {
 // an embedded one's data: the declaration says the weight lies in the
 // file declared (in the session's external-data folder), which ONNX
 // Runtime finds but never reads. A weight in an external data file that w
-// holds keeps its declaration and is handed over from w's mapping. The
+// holds keeps its declaration and is handed over from w's mapping; a FLOAT
+// view of 16-bit external data (onnx.FloatView) is handed over converted
+// (Weights) with a plain declaration, or, where w does not hold it,
+// converted into the model ONNX Runtime reads. The
 // initializers a node updates in place (a training-mode BatchNorm's
 // running statistics) are left to ONNX Runtime's own copy.
 func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weights, opts *ortcapi.Options) (*onnx.ModelProto, []*ortcapi.Value, error) {
-	if declared == "" && w == nil {
+	if declared == "" && w == nil && !slices.ContainsFunc(m.Graph.Initializer, isView) {
 		return m, nil, nil
 	}
 	written := writtenInPlace(m.Graph)
@@ -119,8 +123,8 @@ func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weigh
 		return nil, nil, err
 	}
 	location := declared
-	if location == "" {
-		location = w.declared // w is set: handOver returned above otherwise
+	if location == "" && w != nil {
+		location = w.declared
 	}
 	give := func(name string, v *ortcapi.Value) {
 		if out == nil {
@@ -140,8 +144,22 @@ func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weigh
 		if err != nil {
 			return fail(err)
 		}
+		view := isView(t)
+		if view && v == nil {
+			// a FLOAT view of 16-bit weights that w does not hold: its
+			// elements converted into the model ONNX Runtime reads
+			d, err := onnx.DecodeTensor(t, opts.Config[externalDataKey])
+			if err != nil {
+				return fail(err)
+			}
+			if out == nil {
+				out = onnx.ShallowCopy(m)
+			}
+			out.Graph.Initializer[i] = onnx.EncodeTensor(d)
+			continue
+		}
 		switch {
-		case v != nil && t.GetDataLocation() == onnx.TensorProto_EXTERNAL:
+		case v != nil && t.GetDataLocation() == onnx.TensorProto_EXTERNAL && !view:
 			give(t.Name, v)
 			continue
 		case v == nil && (declared == "" || !HandsOver(t)):
@@ -153,15 +171,32 @@ func handOver(rt *ortcapi.Runtime, m *onnx.ModelProto, declared string, w *Weigh
 			weights = append(weights, v)
 		}
 		give(t.Name, v)
+		at := location
+		if view {
+			// its own data file, which ONNX Runtime finds but never reads
+			for _, e := range t.ExternalData {
+				if e.Key == "location" {
+					at = e.Value
+				}
+			}
+		}
 		out.Graph.Initializer[i] = &onnx.TensorProto{Name: t.Name, DataType: t.DataType, Dims: t.Dims, DataLocation: onnx.TensorProto_EXTERNAL,
-			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: location}, {Key: "offset", Value: "0"},
-				{Key: "length", Value: strconv.Itoa(len(t.RawData))}}}
+			ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: at}, {Key: "offset", Value: "0"},
+				{Key: "length", Value: strconv.FormatInt(onnx.TensorBytes(t), 10)}}}
 	}
 	if out == nil {
 		return m, nil, nil
 	}
 	return out, weights, nil
 }
+
+// externalDataKey is the session configuration entry naming the folder
+// of the model's external data.
+const externalDataKey = "session.model_external_initializers_file_folder_path"
+
+// isView reports whether t is a FLOAT view of 16-bit external data
+// (onnx.FloatView), which ONNX Runtime cannot read itself.
+func isView(t *onnx.TensorProto) bool { return onnx.StoredAs(t) != t.GetDataType() }
 
 // creating serialises session creation (see NewSession).
 var creating sync.Mutex

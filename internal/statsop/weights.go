@@ -2,6 +2,7 @@ package statsop
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"syscall"
@@ -27,6 +28,12 @@ import (
 //     again by every session (Drop gives them back, for a run out of core).
 //   - Weights stored inline (HandsOver) lie over the loaded model's memory,
 //     as a single session's always did.
+//   - A FLOAT view of 16-bit weights in an external file (onnx.FloatView:
+//     the upcast of a model stored in fp16 or bf16) is converted from the
+//     file's mapping into memory of its own when a session first needs
+//     it, and Drop frees that memory (the next session that needs it
+//     converts it again), so a run out of core holds one block's fp32
+//     weights at a time.
 //
 // Only the tensors of the graphs given to NewWeights are held: a tensor a
 // rewrite makes for one pass (a clamped constant) is that pass's session's
@@ -46,6 +53,8 @@ type Weights struct {
 	// unmappable lists files that could not be mapped: ONNX Runtime
 	// loads their tensors itself, as before.
 	unmappable map[string]bool
+	// converted holds the fp32 memory of the FLOAT views handed over.
+	converted map[*onnx.TensorProto][]byte
 }
 
 // NewWeights returns the weights of the graphs gs (the audit's upcast and
@@ -57,7 +66,8 @@ type Weights struct {
 func NewWeights(rt *ortcapi.Runtime, dir, declared string, gs ...*onnx.GraphProto) *Weights {
 	w := &Weights{rt: rt, dir: dir, declared: declared, known: map[*onnx.TensorProto]bool{},
 		vals: map[*onnx.TensorProto]*ortcapi.Value{}, maps: map[string][]byte{},
-		ranges: map[*onnx.TensorProto][]byte{}, dropped: map[*onnx.TensorProto]bool{}, unmappable: map[string]bool{}}
+		ranges: map[*onnx.TensorProto][]byte{}, dropped: map[*onnx.TensorProto]bool{}, unmappable: map[string]bool{},
+		converted: map[*onnx.TensorProto][]byte{}}
 	for _, g := range gs {
 		for _, t := range g.GetInitializer() {
 			w.known[t] = true
@@ -106,6 +116,11 @@ func (w *Weights) value(t *onnx.TensorProto) (*ortcapi.Value, error) {
 		}
 		data = m[off : off+n]
 		w.ranges[t] = data
+		if onnx.StoredAs(t) != t.GetDataType() {
+			if data, err = w.convert(t, data); err != nil {
+				return nil, err
+			}
+		}
 	} else {
 		data = t.RawData
 	}
@@ -118,7 +133,50 @@ func (w *Weights) value(t *onnx.TensorProto) (*ortcapi.Value, error) {
 		return nil, fmt.Errorf("initializer %q: %w", t.Name, err)
 	}
 	w.vals[t] = v
+	delete(w.dropped, t)
 	return v, nil
+}
+
+// convert returns the fp32 elements of a FLOAT view over the 16-bit
+// bytes stored, in memory of their own (an anonymous mapping, which Drop
+// and Close give back).
+func (w *Weights) convert(t *onnx.TensorProto, stored []byte) ([]byte, error) {
+	n := onnx.TensorBytes(t)
+	if n == 0 {
+		return nil, nil
+	}
+	buf, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, fmt.Errorf("initializer %q: %d bytes of memory for its fp32 elements: %w", t.Name, n, err)
+	}
+	half := (*[1 << 46]uint16)(unsafe.Pointer(unsafe.SliceData(stored)))[: len(stored)/2 : len(stored)/2]
+	out := (*[1 << 45]float32)(unsafe.Pointer(unsafe.SliceData(buf)))[: n/4 : n/4]
+	if onnx.StoredAs(t) == int32(onnx.TensorProto_BFLOAT16) {
+		for i, h := range half {
+			out[i] = math.Float32frombits(uint32(h) << 16)
+		}
+	} else {
+		for i, h := range half {
+			out[i] = tensor.HalfToFloat32(h)
+		}
+	}
+	w.converted[t] = buf
+	return buf, nil
+}
+
+// release frees the fp32 memory of a converted FLOAT view and forgets
+// its tensor, which the next session that needs it makes again.
+func (w *Weights) release(t *onnx.TensorProto) {
+	buf, ok := w.converted[t]
+	if !ok {
+		return
+	}
+	if v := w.vals[t]; v != nil {
+		v.Release()
+		delete(w.vals, t)
+	}
+	_ = syscall.Munmap(buf)
+	delete(w.converted, t)
 }
 
 // mapped returns the mapping of the file at path, made on first use; nil
@@ -164,6 +222,7 @@ func (w *Weights) Drop(ts []*onnx.TensorProto) {
 	defer w.mu.Unlock()
 	page := uintptr(os.Getpagesize())
 	for _, t := range ts {
+		w.release(t)
 		r, ok := w.ranges[t]
 		if !ok || len(r) == 0 {
 			continue
@@ -192,7 +251,7 @@ func (w *Weights) Mapped() int64 {
 	var n int64
 	for t, r := range w.ranges {
 		if !w.dropped[t] {
-			n += int64(len(r))
+			n += int64(len(r)) + int64(len(w.converted[t]))
 		}
 	}
 	return n
@@ -209,6 +268,10 @@ func (w *Weights) Close() {
 	for t, v := range w.vals {
 		v.Release()
 		delete(w.vals, t)
+	}
+	for t, buf := range w.converted {
+		_ = syscall.Munmap(buf)
+		delete(w.converted, t)
 	}
 	for p, m := range w.maps {
 		_ = syscall.Munmap(m)

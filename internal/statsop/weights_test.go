@@ -1,6 +1,9 @@
 package statsop_test
 
 import (
+	"encoding/binary"
+	"math"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -64,5 +67,41 @@ func TestWeightsOnce(t *testing.T) {
 	w.Close()
 	if w.Mapped() != 0 {
 		t.Errorf("mapped %d after Close", w.Mapped())
+	}
+}
+
+// TestWeightsFloatView: a FLOAT view of bf16 weights in an external file
+// (the upcast of a model stored in 16 bits) is handed over converted,
+// counted as its stored bytes and its fp32 copy until Drop frees the copy,
+// and converted again for the next session that asks.
+func TestWeightsFloatView(t *testing.T) {
+	rt := runtimes(t)
+	dir := t.TempDir()
+	raw := make([]byte, 2*1024)
+	for i := range 1024 {
+		binary.LittleEndian.PutUint16(raw[2*i:], uint16(math.Float32bits(float32(i))>>16))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "w.data"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bf := &onnx.TensorProto{Name: "W", DataType: int32(onnx.TensorProto_BFLOAT16), Dims: []int64{32, 32}, DataLocation: onnx.TensorProto_EXTERNAL,
+		ExternalData: []*onnx.StringStringEntryProto{{Key: "location", Value: "w.data"}, {Key: "offset", Value: "0"}, {Key: "length", Value: "2048"}}}
+	view := onnx.FloatView(bf)
+	w := statsop.NewWeights(rt, dir, "", &onnx.GraphProto{Initializer: []*onnx.TensorProto{view}})
+	defer w.Close()
+	a, err := statsop.WeightValue(w, view)
+	if err != nil || a == nil {
+		t.Fatalf("view: %v, %v", a, err)
+	}
+	if got := w.Mapped(); got != 2048+4096 {
+		t.Errorf("mapped %d bytes, want 2048 stored and 4096 converted", got)
+	}
+	w.Drop([]*onnx.TensorProto{view})
+	if got := w.Mapped(); got != 0 {
+		t.Errorf("after Drop: %d bytes", got)
+	}
+	b, err := statsop.WeightValue(w, view)
+	if err != nil || b == nil || w.Mapped() != 2048+4096 {
+		t.Errorf("handed over again: %v, %v, mapped %d", b, err, w.Mapped())
 	}
 }

@@ -3,6 +3,9 @@
 - audit(model, batch): export the model, run the fp16audit binary, return its Report.
 - fastai: learn.fp16audit() and the FP16Preflight callback (fp16audit.fastai), added to
   fastai's Learner by `import fp16audit` alone, whether fastai is imported before or after.
+- transformers.FP16AuditCallback, lightning.FP16Preflight, accelerate.preflight: the
+  same preflight (and a raw-loss log) for the Hugging Face Trainer, Lightning and
+  Accelerate, with the fixes in each trainer's words; imported only when used.
 - AmpRecorder: a plain PyTorch AMP loop (torch.cuda.amp.GradScaler).
 - Capture: the failing step kept as a folder (AmpRecorder(..., capture=...), Fp16AuditCallback(capture=...)).
 - replay(capture): what happened at a captured step and which fix holds (fp16audit replay, plus continuations).

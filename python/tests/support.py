@@ -27,6 +27,23 @@ def require_fastai():
         raise unittest.SkipTest(msg)
 
 
+def require_trainers(*modules):
+    """Skip on the torch 1.13 leg, which has no trainer packages; on the
+    torch 2.x leg (FP16AUDIT_TEST_LEG=torch2: python/requirements-torch2.txt
+    pins transformers, peft, lightning, accelerate and trl) a missing one
+    fails the test."""
+    import importlib.util
+    import unittest
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    msg = "%s not installed for %s (make test-torch2 installs python/requirements-torch2.txt)" % (", ".join(missing), sys.executable)
+    if os.environ.get("FP16AUDIT_TEST_LEG") == "torch2":
+        raise AssertionError(msg)
+    raise unittest.SkipTest(msg)
+
+
 def leg_site_packages():
     """The site-packages of this interpreter's virtualenv when torch comes
     from there (the torch 2.x leg: a virtualenv of a Python without

@@ -100,8 +100,10 @@ class ImportTest(unittest.TestCase):
             self.assertEqual(out.split(), ["True", "True"], code)
 
     def test_import_alone_loads_neither_torch_nor_fastai(self):
+        # nor any trainer whose adapter fp16audit has
         out, _ = python("import sys, fp16audit\n"
-                        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fastai', 'numpy'}))")
+                        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'fastai', 'numpy', 'transformers', 'lightning', "
+                        "'pytorch_lightning', 'accelerate', 'peft', 'trl'}))")
         self.assertEqual(out.strip(), "[]")
 
 

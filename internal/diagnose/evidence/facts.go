@@ -14,6 +14,7 @@ import (
 	"sort"
 
 	"fp16audit/internal/diagnose/inputs"
+	"fp16audit/internal/diagnose/words"
 	"fp16audit/internal/lint"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/onnx"
@@ -84,8 +85,16 @@ type Facts struct {
 	// AutocastDevice is the device_type of the user's torch.autocast,
 	// which the fix texts name ("cpu", "mps", ...); "" is "cuda".
 	AutocastDevice string
+	// Trainer names the trainer whose words the fix texts use
+	// (words.Names); "" is words.Default.
+	Trainer string
 
 	derived
+}
+
+// Words are the phrases of the trainer the fix texts follow.
+func (f *Facts) Words() *words.Trainer {
+	return words.For(f.Trainer)
 }
 
 // derived is what Prepare computes from the exported facts before the

@@ -2,8 +2,9 @@
 // through the Runner the audit hands it: standardized inputs, the model's
 // own half casts removed, constants in range (fix.go), the smallest set
 // of nodes kept in fp32 (keep.go), an epsilon put back inside a root
-// (epsilon.go), and to_bf16(), read off the bf16 pass that ran beside the
-// fp16 one. A rerun is judged as the audit's passes are
+// (epsilon.go), and bf16, read off the bf16 pass that ran beside the
+// fp16 one. The texts use the words of the user's trainer
+// (evidence.Facts.Words). A rerun is judged as the audit's passes are
 // (evidence.Facts.PassOrigins, the output agreement).
 package fix
 
@@ -124,7 +125,7 @@ func Standardize(ctx context.Context, f *evidence.Facts, run Runner, batches []b
 			what += " alone"
 		}
 		if fix.Works {
-			fix.Summary = what + " removes every overflow; " + adviceText(try)
+			fix.Summary = what + " removes every overflow; " + adviceText(f, try)
 			return fix, nil
 		}
 		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s", what, remains(f, fix))
@@ -133,25 +134,18 @@ func Standardize(ctx context.Context, f *evidence.Facts, run Runner, batches []b
 }
 
 // adviceText is how to standardize the inputs, in the user's API for
-// their kind.
-func adviceText(inputs []*inputs.Input) string {
+// their kind and in their trainer's words.
+func adviceText(f *evidence.Facts, inputs []*inputs.Input) string {
 	var parts []string
 	for _, in := range inputs {
 		ns := in.NormalizeAdvice()
-		switch {
-		case in.Kind == report.KindImage:
-			parts = append(parts, fmt.Sprintf("for %q add %s to the DataLoaders' batch_tfms (fastai) or use %s (PyTorch)", in.Spec.Name, ns.Fastai, ns.Torch))
-		case ns.Fastai != "":
-			parts = append(parts, fmt.Sprintf("for %q use %s (fastai) or %s (PyTorch)", in.Spec.Name, ns.Fastai, ns.Torch))
-		default:
-			parts = append(parts, fmt.Sprintf("for %q: %s", in.Spec.Name, ns.Torch))
-		}
+		parts = append(parts, f.Words().Normalize(in.Spec.Name, in.Kind == report.KindImage, ns.Fastai, ns.Torch))
 	}
 	return strings.Join(parts, "; ")
 }
 
 // BF16 reads the bf16 pass, which ran beside the fp16 one: would
-// to_bf16() remove the overflow?
+// training in bf16 (learn.to_bf16(), bf16=True, ...) remove the overflow?
 func BF16(f *evidence.Facts, before int64) (*report.Fix, bool) {
 	bf, ok := f.Passes[report.PassBF16]
 	if !ok || f.Main == report.PassBF16 {
@@ -162,12 +156,12 @@ func BF16(f *evidence.Facts, before int64) (*report.Fix, bool) {
 		Works: len(f.Deciding(f.Origins(report.PassBF16))) == 0 && f.OutputsAgree(bf)}
 	f.RecordAgreement(bf)
 	if fix.Works {
-		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
+		fix.Summary = f.Words().BF16For(f.AutocastDevice) + " removes every overflow (needs an Ampere or newer GPU)"
 		if a := f.AgreeText(bf); a != "" {
 			fix.Summary += "; its " + a
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", remains(f, fix))
+		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s in the bf16 pass", f.Words().BF16For(f.AutocastDevice), remains(f, fix))
 	}
 	return fix, true
 }

@@ -67,21 +67,13 @@ func KeepFP32(ctx context.Context, f *evidence.Facts, run Runner, batches []batc
 	return fix, nil
 }
 
-// keepHow says how a user keeps modules in fp32 under the audited policy:
-// under autocast, a region with autocast off fed float32; under
-// model.half(), the modules back in float32 (module.float()), their input
-// cast up and what they return cast back down where a half layer reads it
-// (PyTorch's Linear, Conv and LayerNorm refuse a float32 input beside
-// float16 weights). it, its and returns name the modules.
+// keepHow says how a user keeps modules in fp32 under the audited policy,
+// in the words of their trainer (words.Trainer.Keep): under autocast, a
+// region with autocast off fed float32; under model.half(), the modules
+// back in float32, their input cast up and what they return cast back
+// down. it, its and returns name the modules.
 func keepHow(f *evidence.Facts, it, its, returns string) string {
-	if f.Static.Policy.ModelHalf() {
-		return fmt.Sprintf("call .float() on %s and cast %s input with .float(); cast what %s %s back with .half() where a half Linear, Conv or LayerNorm reads it", it, its, it, returns)
-	}
-	device := f.AutocastDevice
-	if device == "" {
-		device = "cuda"
-	}
-	return fmt.Sprintf("wrap %s in torch.autocast(device_type=%q, enabled=False) and cast %s input with .float()", it, device, its)
+	return f.Words().Keep(f.Static.Policy.ModelHalf(), f.AutocastDevice, it, its, returns)
 }
 
 // growKept adds to keep, for origins that are kept already, the other

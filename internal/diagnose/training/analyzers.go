@@ -242,8 +242,8 @@ func runSettle(seed bool) func(*Facts) ([]checks.Finding, error) {
 			return nil, nil
 		}
 		n := b.InitExp - *s.settled
-		settle := fmt.Sprintf("the GradScaler skips %d step(s), halving the scale each time, and settles at 2^%d; to start there, pass learn.to_fp16(init_scale=2.**%d) (or GradScaler(init_scale=2.**%d))",
-			n, *s.settled, *s.settled, *s.settled)
+		settle := fmt.Sprintf("the GradScaler skips %d step(s), halving the scale each time, and settles at 2^%d; to start there, use %s",
+			n, *s.settled, f.words().StartScale(*s.settled))
 		if seed {
 			seedMax := math.NaN()
 			if m := e.mass(b.FP32); m != nil {
@@ -272,8 +272,8 @@ func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
 		k = len(t.entries) - 1
 	}
 	e := t.entries[k]
-	msg := fmt.Sprintf("even at scale 2^%d the fp16 backward overflows, first at %s: no loss scale keeps it finite; use learn.to_bf16() or keep %s in fp32",
-		b.MinExp, e.describe(), e.label())
+	msg := fmt.Sprintf("even at scale 2^%d the fp16 backward overflows, first at %s: no loss scale keeps it finite; use %s or keep %s in fp32",
+		b.MinExp, e.describe(), f.bf16(), e.label())
 	return []checks.Finding{f.finding(checkOverflowEveryScale, e.node, e.value, msg)}, nil
 }
 
@@ -329,8 +329,8 @@ func runUnderflowEveryScale(f *Facts) ([]checks.Finding, error) {
 	}
 	text, mods := f.lossText(idx, lost)
 	p := t.params[idx[0]]
-	msg := fmt.Sprintf("at 2^%d, where the GradScaler settles (the largest scale without overflow is 2^%d), fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; no scale that keeps the backward finite keeps them. fp16 cannot train them: use learn.to_bf16() or keep %s in fp32",
-		*s.settled, *s.maxClean, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, strings.Join(limit(mods, 3), ", "))
+	msg := fmt.Sprintf("at 2^%d, where the GradScaler settles (the largest scale without overflow is 2^%d), fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; no scale that keeps the backward finite keeps them. fp16 cannot train them: use %s or keep %s in fp32",
+		*s.settled, *s.maxClean, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, f.bf16(), strings.Join(limit(mods, 3), ", "))
 	return []checks.Finding{f.finding(checkUnderflowEveryScale, p.node, p.value, msg)}, nil
 }
 
@@ -346,8 +346,8 @@ func runUnderflowAtInit(f *Facts) ([]checks.Finding, error) {
 	}
 	text, mods := f.lossText(idx, lost)
 	p := t.params[idx[0]]
-	msg := fmt.Sprintf("at the initial scale 2^%d fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; scales 2^%d to 2^%d keep every parameter gradient within %.1f%%: pass learn.to_fp16(init_scale=2.**%d) (the GradScaler only doubles its scale every 2000 clean steps)",
-		*s.settled, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, *s.cleanFrom, *s.maxClean, 100*b.Tolerance, *s.cleanFrom)
+	msg := fmt.Sprintf("at the initial scale 2^%d fp16 loses more than %.1f%% of the gradient norm of %d parameter(s) in %s: %s; scales 2^%d to 2^%d keep every parameter gradient within %.1f%%: use %s (the GradScaler only doubles its scale every 2000 clean steps)",
+		*s.settled, 100*b.Tolerance, len(idx), strings.Join(limit(mods, 4), ", "), text, *s.cleanFrom, *s.maxClean, 100*b.Tolerance, f.words().StartScale(*s.cleanFrom))
 	return []checks.Finding{f.finding(checkUnderflowAtInit, p.node, p.value, msg)}, nil
 }
 

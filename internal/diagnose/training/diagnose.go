@@ -260,7 +260,7 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 		if !fix.Works {
 			// The advice follows the verification: bf16 loses too much as
 			// well, so only fp32 remains.
-			br.VerdictText = strings.Replace(br.VerdictText, "use learn.to_bf16() or keep", "learn.to_bf16() does not keep them either (verified): keep", 1)
+			br.VerdictText = strings.Replace(br.VerdictText, "use "+f.bf16()+" or keep", f.bf16()+" does not keep them either (verified): keep", 1)
 		}
 	}
 	return br, nil
@@ -355,17 +355,17 @@ func (f *Facts) verdict(br *report.BackwardReport, findings []checks.Finding) {
 		if len(br.Scales) > 0 && br.Scales[0].FirstOverflow != "" {
 			first = br.Scales[0].FirstOverflow
 		}
-		br.VerdictText = fmt.Sprintf("the fp16 backward overflows even at scale 2^%d, first at %s: no loss scale trains it in fp16; use learn.to_bf16() or keep that module in fp32",
-			b.MinExp, first)
+		br.VerdictText = fmt.Sprintf("the fp16 backward overflows even at scale 2^%d, first at %s: no loss scale trains it in fp16; use %s or keep that module in fp32",
+			b.MinExp, first, f.bf16())
 	case has(checkUnderflowEveryScale):
 		br.Verdict = report.BackwardUnderflow
-		br.VerdictText = fmt.Sprintf("%s, where fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%), and no scale without overflow keeps it: fp16 cannot train %s; use learn.to_bf16() or keep them in fp32",
-			settle(), 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, strings.Join(limit(br.Underflowing, 4), ", "))
+		br.VerdictText = fmt.Sprintf("%s, where fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%), and no scale without overflow keeps it: fp16 cannot train %s; use %s or keep them in fp32",
+			settle(), 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, strings.Join(limit(br.Underflowing, 4), ", "), f.bf16())
 	case has(checkUnderflowAtInit):
 		br.Verdict = report.BackwardInitUnderflow
 		br.InitScaleAdvice = ptr(math.Ldexp(1, br.Window.From))
-		br.VerdictText = fmt.Sprintf("at the initial scale 2^%d fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%); scales 2^%d to 2^%d keep every parameter gradient: pass learn.to_fp16(init_scale=2.**%d)",
-			b.InitExp, 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, br.Window.From, br.Window.To, br.Window.From)
+		br.VerdictText = fmt.Sprintf("at the initial scale 2^%d fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%); scales 2^%d to 2^%d keep every parameter gradient: use %s",
+			b.InitExp, 100*derefF(br.LostMass), br.WorstParameter, 100*b.Tolerance, br.Window.From, br.Window.To, f.words().StartScale(br.Window.From))
 	default:
 		br.Verdict = report.BackwardHealthy
 		switch {
@@ -422,12 +422,12 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 	}
 	fix := report.Fix{Kind: report.FixBF16, Works: bad == 0 && over == 0, Modules: br.Underflowing}
 	if fix.Works {
-		fix.Summary = fmt.Sprintf("learn.to_bf16(): the backward with bf16 gradients (no loss scaling) is finite and loses at most %.2f%% of any parameter gradient's norm", 100*worst)
+		fix.Summary = fmt.Sprintf("%s: the backward with bf16 gradients (no loss scaling) is finite and loses at most %.2f%% of any parameter gradient's norm", f.bf16(), 100*worst)
 		if name != "" {
 			fix.Summary += " (" + name + ")"
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("learn.to_bf16() does not fix it: with bf16 gradients %d parameter gradient(s) are NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", bad, over, 100*b.Tolerance, 100*worst, name)
+		fix.Summary = fmt.Sprintf("%s does not fix it: with bf16 gradients %d parameter gradient(s) are NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", f.bf16(), bad, over, 100*b.Tolerance, 100*worst, name)
 	}
 	return fix, nil
 }

@@ -12,6 +12,7 @@ package training
 import (
 	"context"
 	"fmt"
+	"fp16audit/internal/diagnose/words"
 	"math"
 	"sort"
 	"strings"
@@ -41,6 +42,10 @@ type Facts struct {
 	FP32 *observe.PassResult
 	// Backward is the backward audit (nil without a loss).
 	Backward *Backward
+	// Trainer names the trainer whose words the fix texts use
+	// (words.Names; "" is words.Default) and AutocastDevice the device
+	// its autocast runs on ("" is cuda).
+	Trainer, AutocastDevice string
 
 	once  sync.Once
 	table *table
@@ -323,4 +328,14 @@ func (p *param) label() string {
 		return p.module
 	}
 	return p.value
+}
+
+// words are the phrases of the trainer the fix texts follow.
+func (f *Facts) words() *words.Trainer {
+	return words.For(f.Trainer)
+}
+
+// bf16 is how the user's trainer trains in bf16.
+func (f *Facts) bf16() string {
+	return f.words().BF16For(f.AutocastDevice)
 }

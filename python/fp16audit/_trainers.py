@@ -1,0 +1,248 @@
+"""What the trainer adapters share: drawing batches without touching the
+run, the preflight's decision and message, and the raw-loss log.
+
+Each trainer's module (fp16audit.transformers, fp16audit.lightning,
+fp16audit.accelerate, and fastai's fp16audit.fastai) maps its trainer's
+events and settings onto this and onto fp16audit.audit(); none of them
+decides a verdict or words a fix: the binary does both, in the trainer's
+words (`fp16audit run --trainer NAME`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sys
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from .audit import AuditFailure, Report, audit
+
+__all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model"]
+
+
+class PreflightFailed(AuditFailure):
+    """The preflight found that the run will fail under its mixed precision
+    and stopped it before its first step; `report` is the audit."""
+
+    def __init__(self, report: Report, message: str):
+        AssertionError.__init__(self, message)
+        self.report = report
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Put back every random state a collator or sampler may draw from, so
+    that the run trains on the batches and masks it would have without the
+    preflight."""
+    torch = _torch()
+    state = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    py = random.getstate()
+    np_state = None
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np_state = np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        random.setstate(py)
+        if np_state is not None:
+            np.random.set_state(np_state)
+
+
+def draw_batches(loader: Any, n: int, batch_size: Optional[int] = None) -> List[Any]:
+    """Up to n training batches of loader, made the way it makes them (its
+    dataset's first samples through its collate_fn) without iterating the
+    loader itself: its sampler, its workers and the trainer's wrappers
+    (Accelerate's DataLoaderShard, Lightning's CombinedLoader) are left
+    untouched, and every random state is put back, so the run that follows
+    sees the same data in the same order."""
+    dataset = getattr(loader, "dataset", None)
+    collate = getattr(loader, "collate_fn", None)
+    bs = batch_size or getattr(loader, "batch_size", None)
+    if bs is None:
+        sampler = getattr(loader, "batch_sampler", None)
+        bs = getattr(sampler, "batch_size", None)
+    if dataset is None or collate is None or not bs:
+        raise TypeError("fp16audit: cannot draw batches from a %s: want a torch DataLoader (with a dataset, a collate_fn and a "
+                        "batch size); pass batches=... instead" % type(loader).__name__)
+    out: List[Any] = []
+    with _rng_kept():
+        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+            total = len(dataset)
+            for b in range(n):
+                idx = range(b * bs, min((b + 1) * bs, total))
+                if len(idx) == 0:
+                    break
+                out.append(collate([dataset[i] for i in idx]))
+        else:  # an IterableDataset: its first samples, from a fresh iterator
+            it = iter(dataset)
+            for _ in range(n):
+                samples = [s for _, s in zip(range(bs), it)]
+                if not samples:
+                    break
+                out.append(collate(samples))
+    if not out:
+        raise ValueError("fp16audit: the training DataLoader's dataset is empty: nothing to audit")
+    return out
+
+
+def base_model(model: Any) -> Any:
+    """The module to export: a PEFT model's base model, which holds the
+    LoRA layers PEFT put in place (their paths are getattr-able on it:
+    model.layers.0.self_attn.q_proj.lora_A.default); the model itself
+    otherwise. torch.export cannot take PeftModel's forward as it stands."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get) and type(model).__module__.startswith("peft."):
+        return get()
+    return model
+
+
+@contextlib.contextmanager
+def exportable(model: Any) -> Iterator[Any]:
+    """The model as the audit exports it, put back afterwards: a PEFT
+    model's base model (base_model), with the forward its class defines
+    (Accelerate's prepare(), and so the Hugging Face Trainer on a GPU,
+    wraps model.forward in autocast, which an export would trace into the
+    graph), and a Hugging Face model's key-value cache off (an export
+    cannot return transformers' DynamicCache)."""
+    m = base_model(model)
+    saved = []
+    for obj in {id(model): model, id(m): m}.values():
+        d = getattr(obj, "__dict__", {})
+        if "_original_forward" in d and "forward" in d:
+            saved.append((obj, d["forward"]))
+            d["forward"] = d["_original_forward"]
+    config = getattr(m, "config", None)
+    cache = getattr(config, "use_cache", None)
+    if cache:
+        config.use_cache = False
+    try:
+        yield m
+    finally:
+        for obj, fwd in saved:
+            obj.__dict__["forward"] = fwd
+        if cache:
+            config.use_cache = cache
+
+
+class _Batches:
+    """Batches already drawn, which audit() iterates as it would a DataLoader."""
+
+    def __init__(self, items: Sequence[Any]):
+        self.items = list(items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def policy_for_weights(model: Any) -> Optional[str]:
+    """'half' when the model's trainable floating-point weights are all
+    float16 (a model loaded with from_pretrained(dtype=torch.float16) or
+    .half()'d and trained without autocast), None otherwise."""
+    torch = _torch()
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if dtypes and dtypes <= {torch.float16}:
+        return "half"
+    return None
+
+
+def message(report: Report) -> str:
+    """The preflight's message: the verdict, then each verified fix."""
+    msg = "fp16audit: %s — %s" % (report.verdict, report.verdict_text)
+    fixes = [f["summary"] for f in report.working_fixes]
+    if fixes:
+        msg += "\n  verified fix: " + "\n  verified fix: ".join(fixes)
+    return msg
+
+
+def run_preflight(model: Any, batches: Sequence[Any], *, trainer: str, policy: str, notes: Sequence[str] = (),
+                  n_inp: Optional[int] = None, init_scale: Optional[float] = None, device_type: str = "cuda",
+                  audit_kwargs: Optional[Dict[str, Any]] = None) -> Report:
+    """Audit model on batches under policy, the fixes in trainer's words."""
+    kwargs = dict(audit_kwargs or {})
+    extra = list(kwargs.pop("extra_args", ()))
+    if "--trainer" not in extra:
+        extra += ["--trainer", trainer]
+    kwargs.setdefault("init_scale", init_scale)
+    kwargs.setdefault("device_type", device_type)
+    kwargs.setdefault("policy", policy)
+    with exportable(model) as m:
+        return audit(m, _Batches(batches), n_batches=len(batches), n_inp=n_inp, extra_args=extra,
+                     _notes=[n for n in notes if n], **kwargs)
+
+
+def decide(report: Report, warn: bool) -> Optional[PreflightFailed]:
+    """None when the run may go on; otherwise warns (warn=True) and returns
+    None, or returns the PreflightFailed that stops it."""
+    if report.ok:
+        return None
+    msg = message(report)
+    if warn:
+        warnings.warn(msg, stacklevel=3)
+        return None
+    return PreflightFailed(report, msg)
+
+
+def default_log(folder: Optional[str], name: str = "fp16audit-log.jsonl") -> Optional[str]:
+    """A new log path in folder (the trainer's output or logging folder),
+    never an existing file: fp16audit-log.jsonl, then -1, -2, ..."""
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    base, ext = os.path.splitext(name)
+    path = os.path.join(folder, name)
+    k = 1
+    while os.path.exists(path):
+        path = os.path.join(folder, "%s-%d%s" % (base, k, ext))
+        k += 1
+    return path
+
+
+class LossLog:
+    """The raw loss of every optimizer step in fp16audit's log format
+    (fp16audit.AmpRecorder: `fp16audit scales` reads it), whatever the
+    trainer's own logging shows: the Hugging Face Trainer's
+    logging_nan_inf_filter replaces a NaN or Inf loss by the running mean
+    in its logs, while this log keeps it. Losses of a step's micro-batches
+    (gradient accumulation) are averaged; one NaN makes the step's NaN."""
+
+    def __init__(self, path: str, scaler: Any, source: str, **header: Any):
+        from .recorder import AmpRecorder
+
+        self.recorder = AmpRecorder(path, scaler, source=source, **header)
+        self.path = self.recorder.path
+        self._losses: List[float] = []
+
+    def add(self, loss: Any) -> None:
+        """Keep one micro-batch's loss (a tensor or a number)."""
+        if loss is None:
+            return
+        torch = _torch()
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                return
+            loss = loss.detach().float().item()
+        self._losses.append(float(loss))
+
+    def step(self, epoch: Optional[int] = None, iter: Optional[int] = None) -> Optional[float]:
+        """Write the step's line (after the optimizer step and the scaler's
+        update); returns the loss written."""
+        loss = sum(self._losses) / len(self._losses) if self._losses else None
+        self._losses = []
+        self.recorder.step(loss, epoch=epoch, iter=iter)
+        return loss
+
+    def close(self) -> None:
+        self.recorder.close()
