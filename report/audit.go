@@ -46,7 +46,8 @@ type Report struct {
 	Notes []string `json:"notes"`
 	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
 	// explicit-half-cast, unnormalized-input, oversized-logits,
-	// overflowing-op, healthy. It follows what reaches the graph outputs;
+	// overflowing-op, forward-underflow, precision-loss, healthy (the
+	// Verdict* constants). It follows what reaches the graph outputs;
 	// an error-level finding may stand beside a healthy verdict (a
 	// masked_fill PyTorch refuses, whose -Inf the softmax would absorb).
 	Verdict     string           `json:"verdict"`
@@ -98,6 +99,12 @@ const (
 	// values the format cannot hold (flushed to zero or subnormal). Added
 	// within v1.2.
 	VerdictUnderflow = "forward-underflow"
+	// VerdictPrecision: nothing overflows and nothing underflows, but
+	// rounding to the format's significant bits makes the outputs wrong:
+	// the values stay in range and lose digits (a sum of large and small
+	// terms, a difference of close ones), where forward-underflow loses
+	// values below the range. Added within v1.2.
+	VerdictPrecision = "precision-loss"
 	VerdictHealthy   = "healthy"
 )
 

@@ -51,6 +51,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkLogits, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classLogits)},
 		{Check: checkOverflow, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classOverflow)},
 		{Check: checkWrongOutputs, Requires: []*Requirement{needEmulated}, Run: runWrongOutputs},
+		{Check: checkPrecisionLoss, Requires: []*Requirement{needEmulated}, Run: runPrecisionLoss},
 		{Check: checkAbsorbed, Requires: []*Requirement{needFP32}, Run: runAbsorbed},
 		{Check: checkHeadroom, Requires: []*Requirement{needClean}, Run: runHeadroom},
 		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
@@ -370,6 +371,32 @@ func runWrongOutputs(f *evidence.Facts) ([]checks.Finding, error) {
 		out = append(out, fd)
 	}
 	return out, nil
+}
+
+// runPrecisionLoss reports the precision origins of the emulated pass
+// whose values stay in the format's range (an origin below it is forward
+// underflow): nothing overflows, rounding alone makes the outputs wrong.
+func runPrecisionLoss(f *evidence.Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	res := f.Passes[f.Main]
+	for _, o := range f.Deciding(f.MainOrigins()) {
+		if o.Cause != report.CausePrecision || underflows(f, o) {
+			continue
+		}
+		msg := fmt.Sprintf("%s (%s, %s): nothing overflows or underflows in the %s pass, but from here on rounding to %s loses the outputs: this value's error against fp32 is %s while the values it reads agree (tolerance %s), and %s %s wrong",
+			moduleOr(o.Module, o.Node), o.OpType, o.Node, f.Main, f.Main, evidence.Percent(res.Diffs[o.Value].RelErr()), evidence.Percent(f.Tolerance(f.Main)),
+			strings.Join(quoted(o.WrongOutputs), ", "), plural(len(o.WrongOutputs), "is", "are"))
+		out = append(out, nodeFinding(f, checkPrecisionLoss, o.Index, o.Value, f.Main, msg))
+	}
+	return out, nil
+}
+
+// plural picks the verb for n things.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // runAbsorbed reports the origins whose NaN/Inf no graph output holds, in

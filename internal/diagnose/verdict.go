@@ -73,16 +73,26 @@ type Diagnosis struct {
 //     into a reduced-precision value and its NaN/Inf reach an output
 //     (FP4004 at error).
 //  7. overflowing-op: an op overflows (FP2001), even when the final layer
-//     overflows too; or the outputs are finite but wrong although nothing
-//     overflows (FP2006 naming an origin of cause precision).
+//     overflows too.
 //  8. oversized-logits: every overflow starts in the final layer (FP2003).
-//  9. healthy: nothing reaches the outputs and they agree with fp32's
+//  9. forward-underflow: nothing overflows, the outputs are finite but
+//     wrong (FP2006) and the values where the error starts fall below the
+//     format's range (smaller than its smallest normal, or flushed to
+//     zero beyond --underflow-fraction).
+//  10. precision-loss: nothing overflows, the outputs are finite but
+//     wrong (FP2006) and where the error starts the values stay in range
+//     and lose significant digits (FP3002).
+//  11. healthy: nothing reaches the outputs and they agree with fp32's
 //     within the tolerance. Warnings may remain, and an error: a fill
 //     PyTorch refuses (FP4004), whose -Inf the emulation's softmax absorbs.
 //
 // An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
 // by leaving them finite but wrong (FP2006): the verdicts 4 to 8 are the
-// same for both, and so are the fixes.
+// same for both, and so are the fixes. Verdicts 9 and 10 need no
+// overflow at all: an origin of cause precision, the first value beyond
+// the tolerance whose inputs agree; their fixes are the standardized
+// inputs (where an input is flagged), to_bf16() and keeping that value's
+// region in fp32, each only where its rerun agrees with fp32.
 func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
 	f.Prepare()
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
@@ -288,7 +298,7 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	constOrigins := reported(findings, lint.CheckConstRange, origins, f)
 	overflows := reported(findings, checkOverflow, origins, f)
 	logits := reported(findings, checkLogits, origins, f)
-	precise := wrongReported(findings, origins)
+	precise := wrongReported(findings, origins, f)
 	if len(castOrigins)+len(constOrigins)+len(overflows)+len(logits)+len(precise) == 0 {
 		return false, nil
 	}
@@ -342,11 +352,9 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	switch {
 	case onlyPrecise:
 		o := precise[0]
-		d.Verdict = report.VerdictOverflow
-		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
 		if underflows(f, o) {
 			d.Verdict = report.VerdictUnderflow
-			how = fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.PassFormat(f.Main)))
+			how := fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.PassFormat(f.Main)))
 			if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > 0 {
 				how += fmt.Sprintf(", %.0f%% of its nonzero values flush to zero", 100*df.FlushedFraction())
 			}
@@ -356,14 +364,8 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 			}
 			break
 		}
-		if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
-			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
-		}
-		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s",
-			f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
-		if fixWorks(d.Fixes, report.FixKeepFP32) {
-			d.VerdictText += ": keep it in fp32"
-		}
+		d.Verdict = report.VerdictPrecision
+		d.VerdictText = precisionText(f, o, d.Fixes)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := castOrigins[0]
@@ -407,17 +409,50 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	return true, nil
 }
 
+// precisionText is the precision-loss verdict's text: where the error
+// starts, how large it is, and which verified fix brings the outputs
+// back.
+func precisionText(f *evidence.Facts, o report.Origin, fixes []report.Fix) string {
+	txt := fmt.Sprintf("nothing overflows or underflows in the %s pass, but rounding to %s loses the outputs: from %s (%s) on, the values stay in range and lose significant digits",
+		f.Main, f.Main, moduleOr(o.Module, o.Node), o.OpType)
+	if df := f.Passes[f.Main].Diffs[o.Value]; df != nil {
+		txt += fmt.Sprintf(" (error %s there against fp32, fp32 max |x| %.4g)", evidence.Percent(df.RelErr()), o.FP32MaxAbs)
+	}
+	var works []string
+	for _, fx := range fixes {
+		if !fx.Works {
+			continue
+		}
+		switch fx.Kind {
+		case report.FixKeepFP32:
+			works = append(works, "keep it in fp32")
+		case report.FixStandardize:
+			works = append(works, "standardize "+strings.Join(quoted(fx.Inputs), ", "))
+		case report.FixBF16:
+			works = append(works, "learn.to_bf16() (its outputs agree with fp32's)")
+		}
+	}
+	if len(works) > 0 {
+		txt += ": " + strings.Join(works, ", or ") + " (verified by a rerun)"
+	}
+	return txt
+}
+
 // fixWorks reports whether the fix of this kind among fixes works.
 func fixWorks(fixes []report.Fix, kind string) bool {
 	return slices.ContainsFunc(fixes, func(x report.Fix) bool { return x.Kind == kind && x.Works })
 }
 
 // wrongReported returns the precision origins (nothing overflows, the
-// outputs are wrong) whose wrong outputs an error finding of FP2006 names.
-func wrongReported(findings []checks.Finding, origins []report.Origin) []report.Origin {
+// outputs are wrong) whose wrong outputs an error finding of FP2006 names
+// and, but for an origin whose values underflow, that FP3002 reports.
+func wrongReported(findings []checks.Finding, origins []report.Origin, f *evidence.Facts) []report.Origin {
 	var out []report.Origin
 	for _, o := range origins {
 		if o.Cause != report.CausePrecision {
+			continue
+		}
+		if !underflows(f, o) && len(reported(findings, checkPrecisionLoss, []report.Origin{o}, f)) == 0 {
 			continue
 		}
 		if slices.ContainsFunc(findings, func(x checks.Finding) bool {

@@ -161,13 +161,20 @@ func BF16(f *evidence.Facts, before int64) (*report.Fix, bool) {
 	fix := &report.Fix{Kind: report.FixBF16, Pass: report.PassBF16, NonFiniteBefore: before, NonFiniteAfter: after,
 		Works: len(f.Deciding(f.Origins(report.PassBF16))) == 0 && f.OutputsAgree(bf)}
 	f.RecordAgreement(bf)
+	precise := !slices.ContainsFunc(f.Deciding(f.MainOrigins()), func(o report.Origin) bool { return o.Cause != report.CausePrecision })
 	if fix.Works {
 		fix.Summary = "learn.to_bf16() removes every overflow (needs an Ampere or newer GPU)"
+		if precise {
+			fix.Summary = "under learn.to_bf16() the outputs agree with fp32's (needs an Ampere or newer GPU)"
+		}
 		if a := f.AgreeText(bf); a != "" {
 			fix.Summary += "; its " + a
 		}
 	} else {
 		fix.Summary = fmt.Sprintf("learn.to_bf16() does not remove the overflow: %s in the bf16 pass", remains(f, fix))
+		if precise {
+			fix.Summary = fmt.Sprintf("learn.to_bf16() does not bring the outputs back: %s in the bf16 pass", remains(f, fix))
+		}
 	}
 	return fix, true
 }
