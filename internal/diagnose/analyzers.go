@@ -57,6 +57,7 @@ func Analyzers() []*Analyzer {
 		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
 		static(lint.UnknownOpsAnalyzer),
 		static(lint.DroppedEpsilonAnalyzer),
+		static(lint.FoldedBatchNormAnalyzer),
 	}
 }
 
