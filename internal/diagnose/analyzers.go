@@ -167,8 +167,12 @@ func runRawPixels(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if in.RawPixels {
-			out = append(out, inputFinding(checkRawPixels, in.Spec.Name, fmt.Sprintf("input %q looks like raw pixels: integer values in [%g, %g], per-channel mean %s",
-				in.Spec.Name, in.Min, in.Max, inputs.FormatList(in.Means(), 1))))
+			what := "integer values"
+			if !in.Integral {
+				what = "floats spread over 0..255 (resized or augmented pixels)"
+			}
+			out = append(out, inputFinding(checkRawPixels, in.Spec.Name, fmt.Sprintf("input %q looks like raw pixels: %s in [%.4g, %.4g], per-channel mean %s",
+				in.Spec.Name, what, in.Min, in.Max, inputs.FormatList(in.Means(), 1))))
 		}
 	}
 	return out, nil

@@ -20,8 +20,10 @@ standardizing the column. The same check reports a batch saved in float16
 that holds ±Inf but no NaN (under every policy): values beyond 65504 became
 Inf when it was saved, which is unnormalized data rather than poisoned
 data.`})
-	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
-normalized ones. Activations grow with the input scale; a network trained
+	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds raw pixels, not normalized ones: integers in
+0..255 as decoded, or floats that stay within 0..255 and spread over much
+of it, every channel's mean well inside it, as a resized or augmented
+batch leaves them (decided by range and spread, not by integrality). Activations grow with the input scale; a network trained
 on normalized data overflows fp16 when fed raw pixels. In fastai add
 IntToFloatTensor and Normalize.from_stats(mean, std) (the report prints the
 statistics of the batch), in plain PyTorch transforms.Normalize.`})
