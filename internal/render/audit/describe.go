@@ -131,6 +131,13 @@ func originCause(o report.Origin) string {
 	return report.CauseOverflow
 }
 
+// atInput reports whether an origin of an emulated pass is a graph input
+// the policy holds in reduced precision (model.half() casts the batch to
+// fp16, where values beyond 65504 are Inf): it has an input, no node.
+func atInput(o report.Origin) bool {
+	return o.Node == "" && o.Input != "" && originCause(o) != report.CauseInput
+}
+
 // originFacts is the sentence under an origin's name that says why the
 // NaN/Inf start there.
 func originFacts(r *report.Report, o report.Origin) string {
