@@ -44,7 +44,8 @@ type Report struct {
 	// Notes are facts about how the audit ran that a reader must know:
 	// conversions applied to inputs, synthetic data, ops of unknown precision.
 	Notes []string `json:"notes"`
-	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
+	// Verdict is one of the stable identifiers dtype-mismatch,
+	// poisoned-input, fp32-broken,
 	// explicit-half-cast, unnormalized-input, oversized-logits,
 	// overflowing-op, forward-underflow, precision-loss, healthy (the
 	// Verdict* constants). It follows what reaches the graph outputs;
@@ -89,7 +90,12 @@ const (
 
 // Verdict identifiers, in the order the decision tree tests them.
 const (
-	VerdictPoisoned     = "poisoned-input"
+	// VerdictDtypeMismatch: under model.half() an op gets a float32 value
+	// the model cast itself beside its half weights, and PyTorch raises
+	// there: the model cannot run in half at all (policy half only).
+	// Added within v1.2.
+	VerdictDtypeMismatch = "dtype-mismatch"
+	VerdictPoisoned      = "poisoned-input"
 	VerdictFP32Broken   = "fp32-broken"
 	VerdictHalfCast     = "explicit-half-cast"
 	VerdictUnnormalized = "unnormalized-input"
@@ -124,6 +130,9 @@ const (
 	// origin is the first value that differs from fp32 beyond the
 	// tolerance while what it reads agrees (rounding loses too much).
 	CausePrecision = "precision"
+	// CauseDtype: PyTorch raises at the op, which reads a float32 value
+	// the model cast itself beside its half weights (dtype-mismatch).
+	CauseDtype = "dtype-mismatch"
 )
 
 // Origin is where NaN/Inf first appear in a pass: a node whose output holds

@@ -58,6 +58,7 @@ func Analyzers() []*Analyzer {
 		static(lint.UnknownOpsAnalyzer),
 		static(lint.DroppedEpsilonAnalyzer),
 		static(lint.FoldedBatchNormAnalyzer),
+		static(lint.HalfDtypeAnalyzer),
 	}
 }
 

@@ -71,7 +71,7 @@ func TestWrongOutputs(t *testing.T) {
 			want: outcome{verdict: report.VerdictHealthy, text: "outputs within 1 % of fp32 (tolerance 5 %)"}},
 		{name: "nothing overflows, the outputs are wrong", yErr: 0.5, diffs: map[string]float64{"h": 0.5, "r": 0.5, "y": 0.5},
 			want: outcome{verdict: report.VerdictPrecision, origin: "/fc1/MatMul", errors: []string{"FP2006", "FP3002"},
-				text: "rounding to fp16 loses the outputs: from fc1 (MatMul) on, the values stay in range and lose significant digits (error 50 % there against fp32, fp32 max |x| 1e+05): keep it in fp32 (verified by a rerun)", fixes: []string{"keep-fp32=works"}},
+				text: "rounding to fp16 loses the outputs: from fc1 (MatMul) on, the values stay in range and lose significant digits (error 50 % there against fp32, fp32 max |x| 1e+05): keep fc1 in fp32 (verified by a rerun)", fixes: []string{"keep-fp32=works"}},
 			wantCause: report.CausePrecision},
 		{name: "rounding loses the outputs, FP3002 off", yErr: 0.5, diffs: map[string]float64{"h": 0.5, "r": 0.5, "y": 0.5}, checks: "all,-FP3002",
 			want: outcome{verdict: report.VerdictHealthy, errors: []string{"FP2006"}}},

@@ -24,6 +24,7 @@ import (
 	"fp16audit/internal/diagnose/fix"
 	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 	"fp16audit/report"
 )
@@ -58,6 +59,9 @@ type Diagnosis struct {
 // walks the verdict tree. Every verdict but healthy follows from a
 // finding, so a check that --checks switches off cannot decide one:
 //
+//  0. dtype-mismatch (policy half): an op reads a float32 value the model
+//     cast itself beside its half weights, where PyTorch raises (FP4010):
+//     nothing numeric applies when the model cannot run.
 //  1. poisoned-input: a batch holds NaN/Inf (FP1001).
 //  2. unnormalized-input: a batch saved in fp16 holds ±Inf where its
 //     values passed 65504 (FP1002 on that input), and they reach an
@@ -104,6 +108,13 @@ func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch
 		d.Notes = append(d.Notes, fmt.Sprintf("%d more value(s) with headroom under %.1f bits are not listed", n, f.Thresholds.HeadroomBits))
 	}
 	switch {
+	case has(findings, lint.CheckHalfDtype, checks.SevError):
+		d.Verdict = report.VerdictDtypeMismatch
+		d.Origins = dtypeOrigins(f, findings)
+		d.VerdictText = "model.half() cannot run this model: " + lint.HalfDtypeMessage(f.Graph(), f.Static.HalfDtypes()[0])
+		if n := len(d.Origins); n > 1 {
+			d.VerdictText += fmt.Sprintf(" (and %d more such layer(s))", n-1)
+		}
 	case has(findings, checkPoisonedInput, checks.SevError):
 		d.Verdict = report.VerdictPoisoned
 		o := f.Deciding(f.Origins(report.PassFP32))
@@ -153,6 +164,23 @@ func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch
 	}
 	d.OutputAgreement = outputAgreement(f, d.Fixes)
 	return d, nil
+}
+
+// dtypeOrigins are the layers model.half() raises at that FP4010
+// reports.
+func dtypeOrigins(f *evidence.Facts, findings []checks.Finding) []report.Origin {
+	var out []report.Origin
+	g := f.Graph()
+	for _, h := range f.Static.HalfDtypes() {
+		n := g.Node[h.Node]
+		if !slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == lint.CheckHalfDtype.ID && x.Node == f.NodeName(h.Node) }) {
+			continue
+		}
+		out = append(out, report.Origin{Pass: f.Main, Cause: report.CauseDtype, Node: f.NodeName(h.Node), Index: h.Node, OpType: n.OpType,
+			Module: onnx.ModulePath(n), Precision: f.Static.Assign.Node[h.Node].String(), Value: n.Input[0],
+			Affected: []string{}, AffectedOutputs: []string{}})
+	}
+	return out
 }
 
 // outputAgreement lists the output agreement of the emulated passes, then
@@ -336,7 +364,7 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 		var fx *report.Fix
 		switch {
 		case onlyPrecise:
-			fx, err = fix.KeepRegion(ctx, f, run, batches, precise[0], before)
+			fx, err = fix.KeepRegion(ctx, f, run, batches, precise[0], before, !underflows(f, precise[0]))
 		case cast && !fixWorks(d.Fixes, report.FixRemoveCast):
 			// Without the cast autocast may still hold the op in 16 bits
 			// (a cast right after a Linear): keep it in fp32 as well.
@@ -425,7 +453,7 @@ func precisionText(f *evidence.Facts, o report.Origin, fixes []report.Fix) strin
 		}
 		switch fx.Kind {
 		case report.FixKeepFP32:
-			works = append(works, "keep it in fp32")
+			works = append(works, fmt.Sprintf("keep %s in fp32", strings.Join(fx.Modules, ", ")))
 		case report.FixStandardize:
 			works = append(works, "standardize "+strings.Join(quoted(fx.Inputs), ", "))
 		case report.FixBF16:
@@ -521,14 +549,25 @@ func quoted(s []string) []string {
 
 // underflows reports whether a precision origin's values are lost below
 // the format's range rather than to its rounding: their fp32 magnitude
-// stays under the smallest normal, or more of them flush to zero than
-// --underflow-fraction allows.
+// stays under the smallest normal, or more of them than
+// --underflow-fraction flush to zero and as many were below fp16's normal
+// range in fp32. A value of the format's range that rounds to zero is the
+// difference of two nearly equal numbers (h - mean(h) after rounding h),
+// a loss of precision, not of range; bf16 has fp32's range, so its zeros
+// always are.
 func underflows(f *evidence.Facts, o report.Origin) bool {
 	if o.FP32MaxAbs > 0 && o.FP32MaxAbs < smallestNormal(f.PassFormat(f.Main)) {
 		return true
 	}
 	d := f.Passes[f.Main].Diffs[o.Value]
-	return d != nil && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+	if d == nil || d.FlushedFraction() <= f.Thresholds.UnderflowFraction || f.PassFormat(f.Main) == precision.BF16 {
+		return false
+	}
+	ref, ok := f.Passes[report.PassFP32].Stats[o.Value]
+	if !ok {
+		return true
+	}
+	return float64(ref.FP16Flush+ref.FP16Subnormal) > f.Thresholds.UnderflowFraction*float64(d.NonzeroRef)
 }
 
 // smallestNormal is the smallest positive normal number of a format.

@@ -98,6 +98,24 @@ func SourceLine(n *NodeProto) string {
 	return ""
 }
 
+// SourceLines returns every line of Python in the dynamo exporter's stack
+// trace of n, outermost call first: the model's own lines (where a module
+// is called, with the arguments it is given) come before the library's.
+func SourceLines(n *NodeProto) []string {
+	var out []string
+	for _, e := range n.MetadataProps {
+		if e.Key != stackTraceKey {
+			continue
+		}
+		for _, l := range strings.Split(e.Value, "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "File ") {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
 // torchScopes returns the dynamo exporter's module stack and class
 // hierarchy entries of n ("" where absent).
 func torchScopes(n *NodeProto) (scopes, classes string) {
