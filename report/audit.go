@@ -96,11 +96,11 @@ const (
 	// Added within v1.2.
 	VerdictDtypeMismatch = "dtype-mismatch"
 	VerdictPoisoned      = "poisoned-input"
-	VerdictFP32Broken   = "fp32-broken"
-	VerdictHalfCast     = "explicit-half-cast"
-	VerdictUnnormalized = "unnormalized-input"
-	VerdictLogits       = "oversized-logits"
-	VerdictOverflow     = "overflowing-op"
+	VerdictFP32Broken    = "fp32-broken"
+	VerdictHalfCast      = "explicit-half-cast"
+	VerdictUnnormalized  = "unnormalized-input"
+	VerdictLogits        = "oversized-logits"
+	VerdictOverflow      = "overflowing-op"
 	// VerdictUnderflow: nothing overflows, but the outputs are lost to
 	// values the format cannot hold (flushed to zero or subnormal). Added
 	// within v1.2.
