@@ -56,3 +56,27 @@ func TestRealInputAdvice(t *testing.T) {
 		}
 	}
 }
+
+// TestPretrainedMomentumZero: a network frozen as pretrained ones are
+// (every BatchNorm's momentum 0.0, ONNX's 1.0: no update moves its
+// statistics), exported in training mode and audited in eval mode on
+// normalized pixels, far below the raw pixels its statistics were trained
+// on (fixtures/torch/folded_bn.py's momentum0): its trained statistics,
+// every variance of bn1 above 1, are not taken for one update from the
+// defaults (FP6001).
+func TestPretrainedMomentumZero(t *testing.T) {
+	dir := "../../fixtures/torch/folded_bn/momentum0"
+	r := runConfig(t, audit.Config{ModelPath: filepath.Join(dir, "model.onnx"), Inputs: []string{filepath.Join(dir, "batches")}, Threads: 1,
+		Train: audit.TrainConfig{Mode: "eval"}})
+	if fs := findingsOf(r, "FP6001"); len(fs) != 0 {
+		t.Errorf("FP6001 on a pretrained network's statistics: %+v", fs)
+	}
+	if r.Training == nil || len(r.Training.BatchNorms) != 3 {
+		t.Fatalf("training section %+v: want the 3 BatchNorm nodes", r.Training)
+	}
+	for _, bn := range r.Training.BatchNorms {
+		if bn.RunningStats != "trained" || bn.Statistics != "running" {
+			t.Errorf("%s: %s statistics, read as %s; want trained running statistics", bn.Node, bn.Statistics, bn.RunningStats)
+		}
+	}
+}

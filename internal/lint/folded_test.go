@@ -22,7 +22,7 @@ const foldedBN = "../../fixtures/torch/folded_bn"
 // says which it kept), says how to export without the fold, and says
 // nothing where every BatchNorm is its own node.
 func TestFoldedBatchNorm(t *testing.T) {
-	for _, family := range []string{"torchscript", "torchscript_training", "torchscript2", "dynamo", "dynamo_unoptimized"} {
+	for _, family := range []string{"torchscript", "torchscript_training", "momentum0", "torchscript2", "dynamo", "dynamo_unoptimized"} {
 		t.Run(family, func(t *testing.T) {
 			dir := filepath.Join(foldedBN, family)
 			var truth struct {
