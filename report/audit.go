@@ -44,10 +44,11 @@ type Report struct {
 	// Notes are facts about how the audit ran that a reader must know:
 	// conversions applied to inputs, synthetic data, ops of unknown precision.
 	Notes []string `json:"notes"`
-	// Verdict is one of the stable identifiers poisoned-input, fp32-broken,
+	// Verdict is one of the stable identifiers dtype-mismatch,
+	// poisoned-input, fp32-broken,
 	// explicit-half-cast, unnormalized-input, oversized-logits,
-	// overflowing-op, forward-underflow, healthy (the Verdict* constants).
-	// It follows what reaches the graph outputs;
+	// overflowing-op, forward-underflow, precision-loss, healthy (the
+	// Verdict* constants). It follows what reaches the graph outputs;
 	// an error-level finding may stand beside a healthy verdict (a
 	// masked_fill PyTorch refuses, whose -Inf the softmax would absorb).
 	Verdict     string           `json:"verdict"`
@@ -89,6 +90,11 @@ const (
 
 // Verdict identifiers, in the order the decision tree tests them.
 const (
+	// VerdictDtypeMismatch: under model.half() an op gets a float32 value
+	// the model cast itself beside its half weights, and PyTorch raises
+	// there: the model cannot run in half at all (policy half only).
+	// Added within v1.2.
+	VerdictDtypeMismatch = "dtype-mismatch"
 	// VerdictPoisoned: the batch itself holds NaN or Inf; no precision
 	// is to blame (FP1001).
 	VerdictPoisoned = "poisoned-input"
@@ -113,6 +119,12 @@ const (
 	// values the format cannot hold (flushed to zero or subnormal). Added
 	// within v1.2.
 	VerdictUnderflow = "forward-underflow"
+	// VerdictPrecision: nothing overflows and nothing underflows, but
+	// rounding to the format's significant bits makes the outputs wrong:
+	// the values stay in range and lose digits (a sum of large and small
+	// terms, a difference of close ones), where forward-underflow loses
+	// values below the range. Added within v1.2.
+	VerdictPrecision = "precision-loss"
 	// VerdictHealthy: nothing that reaches the outputs overflows or is
 	// lost; warnings (little headroom, heavy underflow) may remain.
 	VerdictHealthy = "healthy"
@@ -134,6 +146,9 @@ const (
 	// origin is the first value that differs from fp32 beyond the
 	// tolerance while what it reads agrees (rounding loses too much).
 	CausePrecision = "precision"
+	// CauseDtype: PyTorch raises at the op, which reads a float32 value
+	// the model cast itself beside its half weights (dtype-mismatch).
+	CauseDtype = "dtype-mismatch"
 )
 
 // Origin is where NaN/Inf first appear in a pass: a node whose output holds

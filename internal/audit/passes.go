@@ -9,7 +9,6 @@ import (
 	"fp16audit/internal/execute"
 	"fp16audit/internal/observe"
 	"fp16audit/internal/precision"
-	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
 
@@ -68,7 +67,7 @@ var whatIfPasses = []whatIf{{
 	pass: func(a *audit, ref string) execute.Pass {
 		bp, _ := precision.PolicyByName("autocast-bf16")
 		ba := precision.Assign(bp, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-		return execute.Pass{Name: report.PassBF16, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, ba), Ref: ref}
+		return execute.Pass{Name: report.PassBF16, Model: a.emulate(a.fwd, ba), Ref: ref}
 	},
 }, {
 	// as-written: the model without mixed precision, its own half casts
@@ -90,7 +89,7 @@ var whatIfPasses = []whatIf{{
 	wanted:  (*audit).mainFails,
 	because: "the model casts to half itself and the policy's pass fails: does it fail without mixed precision too (explicit-half-cast)?",
 	pass: func(a *audit, ref string) execute.Pass {
-		return execute.Pass{Name: report.PassAsWritten, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, evidence.AsWrittenAssignment(a.static)), Ref: ref}
+		return execute.Pass{Name: report.PassAsWritten, Model: a.emulate(a.fwd, evidence.AsWrittenAssignment(a.static)), Ref: ref}
 	},
 }}
 

@@ -95,6 +95,10 @@ type audit struct {
 	// fwd is up with the values a selection ranks among its graph
 	// outputs (selections.go): the graph every forward pass starts from.
 	fwd *onnx.ModelProto
+	// ref is fwd with NaN and ±Inf where PyTorch's ops make them
+	// (rewrite.TorchNonFinite): the fp32 pass's graph; emulate makes the
+	// other passes' the same way.
+	ref *onnx.ModelProto
 	// ranked are the values judged in place of the chosen outputs.
 	ranked  []string
 	policy  *precision.Policy
@@ -290,6 +294,7 @@ func (a *audit) plan(device string) error {
 	}
 	var kinds map[string]execute.OutputKind
 	a.fwd, a.ranked, kinds = judgedOutputs(up, a.model.Index, upIdx)
+	a.ref = rewrite.TorchNonFinite(a.fwd)
 	a.static = lint.NewFacts(a.model, a.policy)
 	a.static.Dropped = a.dropped // the file's, as exported
 	a.halfCast = map[int]bool{}
@@ -359,12 +364,12 @@ func limitList(s []string, n int) []string {
 // batch; then, in a session of their own, the what-if passes whose
 // condition the results meet (--passes auto).
 func (a *audit) runMainPasses(ctx context.Context) error {
-	passes := []execute.Pass{{Name: report.PassFP32, Model: a.fwd}}
+	passes := []execute.Pass{{Name: report.PassFP32, Model: a.ref}}
 	if a.main == report.PassBF16 && !castsToBF16(a.fwd) {
 		return &UsageError{Err: fmt.Errorf("policy %s: the model imports ONNX opset %d, and emulating bf16 needs Cast to bfloat16 (opset 13); use an fp16 policy or re-export with opset_version >= 13", a.policy.Name, defaultOpset(a.fwd))}
 	}
 	if a.main != "" {
-		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, a.static.Assign), Ref: report.PassFP32})
+		passes = append(passes, execute.Pass{Name: a.main, Model: a.emulate(a.fwd, a.static.Assign), Ref: report.PassFP32})
 	}
 	var later []whatIf
 	for _, w := range whatIfPasses {
@@ -393,7 +398,7 @@ func (a *audit) runMainPasses(ctx context.Context) error {
 		// outputs (and the bf16 fix) are judged by.
 		p := w.pass(a, "")
 		p.OutputRef = report.PassFP32
-		if err := a.runPasses(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.fwd, OutputsOnly: true}, p}); err != nil {
+		if err := a.runPasses(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.ref, OutputsOnly: true}, p}); err != nil {
 			return err
 		}
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the %s pass ran because %s (--passes %s runs it beside the others, --passes none never)", w.name, w.because, w.name))
@@ -431,12 +436,13 @@ func (a *audit) runPasses(ctx context.Context, passes []execute.Pass) error {
 // returns its results.
 func (a *audit) Rerun(ctx context.Context, r fix.Rerun) (*observe.PassResult, error) {
 	if r.Reference {
-		m := a.fwd
+		m := a.ref
 		if len(r.Epsilon) > 0 {
 			var err error
-			if m, err = rewrite.AddEpsilon(m, r.Epsilon); err != nil {
+			if m, err = rewrite.AddEpsilon(a.fwd, r.Epsilon); err != nil {
 				return nil, err
 			}
+			m = rewrite.TorchNonFinite(m)
 		}
 		res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: r.Name, Model: m}}, r.Batches)
 		if err != nil {
@@ -454,12 +460,18 @@ func (a *audit) Rerun(ctx context.Context, r fix.Rerun) (*observe.PassResult, er
 	// The fp32 pass runs beside the fix for its graph outputs alone: a fix
 	// works only when the outputs agree with fp32's on the same inputs
 	// (standardized ones, for that fix).
-	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.fwd, OutputsOnly: true},
-		{Name: r.Name, Model: rewrite.Emulate(up, a.model.Proto.Graph, r.Assign), OutputRef: report.PassFP32}}, r.Batches)
+	res, _, err := a.engine.Run(ctx, []execute.Pass{{Name: report.PassFP32, Model: a.ref, OutputsOnly: true},
+		{Name: r.Name, Model: a.emulate(up, r.Assign), OutputRef: report.PassFP32}}, r.Batches)
 	if err != nil {
 		return nil, err
 	}
 	return res[1], nil
+}
+
+// emulate returns the emulated pass of assignment as over up (fwd or a
+// copy of it), with NaN and ±Inf where PyTorch's ops make them.
+func (a *audit) emulate(up *onnx.ModelProto, as *precision.Assignment) *onnx.ModelProto {
+	return rewrite.TorchNonFinite(rewrite.Emulate(up, a.model.Proto.Graph, as))
 }
 
 // defaultOpset returns the version of the default ONNX domain m imports.

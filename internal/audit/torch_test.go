@@ -224,6 +224,13 @@ func torchTruth(t *testing.T, root string, knownWrong map[string]string) {
 					t.Fatalf("no origin, PyTorch's is %s", want.OriginNode)
 				}
 				o := r.Origins[0]
+				if want.Verdict == report.VerdictDtypeMismatch {
+					// PyTorch raised: the module it raised in
+					if o.Module != want.OriginModule {
+						t.Errorf("origin %s module %q, PyTorch raises in module %q", o.Node, o.Module, want.OriginModule)
+					}
+					return
+				}
 				if byModule {
 					switch {
 					case want.Verdict == report.VerdictUnderflow:

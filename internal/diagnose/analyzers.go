@@ -51,11 +51,14 @@ func Analyzers() []*Analyzer {
 		{Check: checkLogits, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classLogits)},
 		{Check: checkOverflow, Requires: []*Requirement{needEmulated}, Run: originAnalyzer(classOverflow)},
 		{Check: checkWrongOutputs, Requires: []*Requirement{needEmulated}, Run: runWrongOutputs},
+		{Check: checkPrecisionLoss, Requires: []*Requirement{needEmulated}, Run: runPrecisionLoss},
 		{Check: checkAbsorbed, Requires: []*Requirement{needFP32}, Run: runAbsorbed},
 		{Check: checkHeadroom, Requires: []*Requirement{needClean}, Run: runHeadroom},
 		{Check: checkUnderflow, Requires: []*Requirement{needClean}, Run: runUnderflow},
 		static(lint.UnknownOpsAnalyzer),
 		static(lint.DroppedEpsilonAnalyzer),
+		static(lint.FoldedBatchNormAnalyzer),
+		static(lint.HalfDtypeAnalyzer),
 	}
 }
 
@@ -165,8 +168,12 @@ func runRawPixels(f *evidence.Facts) ([]checks.Finding, error) {
 	var out []checks.Finding
 	for _, in := range f.Inputs {
 		if in.RawPixels {
-			out = append(out, inputFinding(checkRawPixels, in.Spec.Name, fmt.Sprintf("input %q looks like raw pixels: integer values in [%g, %g], per-channel mean %s",
-				in.Spec.Name, in.Min, in.Max, inputs.FormatList(in.Means(), 1))))
+			what := "integer values"
+			if !in.Integral {
+				what = "floats spread over 0..255 (resized or augmented pixels)"
+			}
+			out = append(out, inputFinding(checkRawPixels, in.Spec.Name, fmt.Sprintf("input %q looks like raw pixels: %s in [%.4g, %.4g], per-channel mean %s",
+				in.Spec.Name, what, in.Min, in.Max, inputs.FormatList(in.Means(), 1))))
 		}
 	}
 	return out, nil
@@ -370,6 +377,32 @@ func runWrongOutputs(f *evidence.Facts) ([]checks.Finding, error) {
 		out = append(out, fd)
 	}
 	return out, nil
+}
+
+// runPrecisionLoss reports the precision origins of the emulated pass
+// whose values stay in the format's range (an origin below it is forward
+// underflow): nothing overflows, rounding alone makes the outputs wrong.
+func runPrecisionLoss(f *evidence.Facts) ([]checks.Finding, error) {
+	var out []checks.Finding
+	res := f.Passes[f.Main]
+	for _, o := range f.Deciding(f.MainOrigins()) {
+		if o.Cause != report.CausePrecision || underflows(f, o) {
+			continue
+		}
+		msg := fmt.Sprintf("%s (%s, %s): nothing overflows or underflows in the %s pass, but from here on rounding to %s loses the outputs: this value's error against fp32 is %s while the values it reads agree (tolerance %s), and %s %s wrong",
+			moduleOr(o.Module, o.Node), o.OpType, o.Node, f.Main, f.Main, evidence.Percent(res.Diffs[o.Value].RelErr()), evidence.Percent(f.Tolerance(f.Main)),
+			strings.Join(quoted(o.WrongOutputs), ", "), plural(len(o.WrongOutputs), "is", "are"))
+		out = append(out, nodeFinding(f, checkPrecisionLoss, o.Index, o.Value, f.Main, msg))
+	}
+	return out, nil
+}
+
+// plural picks the verb for n things.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // runAbsorbed reports the origins whose NaN/Inf no graph output holds, in

@@ -20,8 +20,10 @@ standardizing the column. The same check reports a batch saved in float16
 that holds ±Inf but no NaN (under every policy): values beyond 65504 became
 Inf when it was saved, which is unnormalized data rather than poisoned
 data.`})
-	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds integer values in 0..255: raw pixels, not
-normalized ones. Activations grow with the input scale; a network trained
+	checkRawPixels = checks.Register(&checks.Check{ID: "FP1003", Title: "input looks like raw pixels", Severity: checks.SevWarning, Doc: `An image-like input holds raw pixels, not normalized ones: integers in
+0..255 as decoded, or floats that stay within 0..255 and spread over much
+of it, every channel's mean well inside it, as a resized or augmented
+batch leaves them (decided by range and spread, not by integrality). Activations grow with the input scale; a network trained
 on normalized data overflows fp16 when fed raw pixels. In fastai add
 IntToFloatTensor and Normalize.from_stats(mean, std) (the report prints the
 statistics of the batch), in plain PyTorch transforms.Normalize.`})
@@ -94,6 +96,20 @@ that module in fp32.`})
 when held in fp16 (|x| ≤ 2^-25), beyond the threshold (10% by default).
 Information is lost in the forward pass; training may plateau above the
 fp32 baseline. to_bf16() keeps fp32's range; otherwise rescale the layer.`})
+	checkPrecisionLoss = checks.Register(&checks.Check{ID: "FP3002", Title: "rounding to fp16 corrupts the outputs", Severity: checks.SevError, Doc: `Nothing overflows and nothing underflows in the emulated pass, yet its
+graph outputs are finite and wrong (FP2006), and this node is where the
+error starts: its output differs from fp32's beyond the tolerance while
+every value it reads agrees. The values stay within the format's range;
+what is lost are significant digits (fp16 keeps 11, bf16 8): a sum of
+large and small terms, a difference of nearly equal values, a product
+that amplifies the error of its operands, an input far from standardized
+whose small variations vanish next to its magnitude. It differs from
+forward underflow (values below the smallest normal, flushed to zero)
+and from an overflow absorbed on the way (FP2001 with FP2006). The fixes
+are verified by reruns: keeping the node and what follows it in fp32
+(torch.autocast(device_type="cuda", enabled=False) around the module),
+standardized inputs where an input is flagged, to_bf16() where the bf16
+pass agrees with fp32.`})
 	checkHalfCast = checks.Register(&checks.Check{ID: "FP4001", Title: "explicit half cast overflows", Severity: checks.SevError, Doc: `The graph casts a value to fp16 itself (user code such as x.half() exports
 as Cast(to=FLOAT16)), and that value overflows: at the Cast, or at an op
 downstream whose input came through the cast (f = h.half(); g = f * f),

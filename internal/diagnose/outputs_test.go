@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"fp16audit/checks"
 	"fp16audit/internal/diagnose/fix"
 	"fp16audit/internal/observe"
 	"fp16audit/report"
@@ -54,6 +55,7 @@ func TestWrongOutputs(t *testing.T) {
 		yErr      float32 // of the fp16 pass's output y
 		diffs     map[string]float64
 		rerunErr  float32
+		checks    string // --checks ("": all)
 		want      outcome
 		wantCause string
 	}{
@@ -68,9 +70,11 @@ func TestWrongOutputs(t *testing.T) {
 		{name: "absorbed overflow, outputs within the tolerance", fp16: absorbed(), yErr: 0.01,
 			want: outcome{verdict: report.VerdictHealthy, text: "outputs within 1 % of fp32 (tolerance 5 %)"}},
 		{name: "nothing overflows, the outputs are wrong", yErr: 0.5, diffs: map[string]float64{"h": 0.5, "r": 0.5, "y": 0.5},
-			want: outcome{verdict: report.VerdictOverflow, origin: "/fc1/MatMul", errors: []string{"FP2006"},
-				text: "nothing overflows in the fp16 pass, but at fc1 (MatMul) rounding to fp16 loses too much", fixes: []string{"keep-fp32=works"}},
+			want: outcome{verdict: report.VerdictPrecision, origin: "/fc1/MatMul", errors: []string{"FP2006", "FP3002"},
+				text: "rounding to fp16 loses the outputs: from fc1 (MatMul) on, the values stay in range and lose significant digits (error 50 % there against fp32, fp32 max |x| 1e+05): keep fc1 in fp32 (verified by a rerun)", fixes: []string{"keep-fp32=works"}},
 			wantCause: report.CausePrecision},
+		{name: "rounding loses the outputs, FP3002 off", yErr: 0.5, diffs: map[string]float64{"h": 0.5, "r": 0.5, "y": 0.5}, checks: "all,-FP3002",
+			want: outcome{verdict: report.VerdictHealthy, errors: []string{"FP2006"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := world{g: mlp(), policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{report.PassFP32: big, report.PassFP16: tc.fp16}}
@@ -82,7 +86,15 @@ func TestWrongOutputs(t *testing.T) {
 				e := tc.diffs[v]
 				main.Diffs[v] = &observe.Diff{SumSqRef: 1, SumSqDiff: e * e, BothFinite: 16, NonzeroRef: 16}
 			}
-			d, err := Run(context.Background(), f, &outputRunner{values: f.Values, err: tc.rerunErr}, batches, Options{})
+			var opt Options
+			if tc.checks != "" {
+				sel, err := checks.ParseSelection(tc.checks)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opt.Checks = sel
+			}
+			d, err := Run(context.Background(), f, &outputRunner{values: f.Values, err: tc.rerunErr}, batches, opt)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,6 +24,7 @@ import (
 	"fp16audit/internal/diagnose/fix"
 	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/lint"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 	"fp16audit/report"
 )
@@ -58,6 +59,9 @@ type Diagnosis struct {
 // walks the verdict tree. Every verdict but healthy follows from a
 // finding, so a check that --checks switches off cannot decide one:
 //
+//  0. dtype-mismatch (policy half): an op reads a float32 value the model
+//     cast itself beside its half weights, where PyTorch raises (FP4010):
+//     nothing numeric applies when the model cannot run.
 //  1. poisoned-input: a batch holds NaN/Inf (FP1001).
 //  2. unnormalized-input: a batch saved in fp16 holds ±Inf where its
 //     values passed 65504 (FP1002 on that input), and they reach an
@@ -73,16 +77,26 @@ type Diagnosis struct {
 //     into a reduced-precision value and its NaN/Inf reach an output
 //     (FP4004 at error).
 //  7. overflowing-op: an op overflows (FP2001), even when the final layer
-//     overflows too; or the outputs are finite but wrong although nothing
-//     overflows (FP2006 naming an origin of cause precision).
+//     overflows too.
 //  8. oversized-logits: every overflow starts in the final layer (FP2003).
-//  9. healthy: nothing reaches the outputs and they agree with fp32's
+//  9. forward-underflow: nothing overflows, the outputs are finite but
+//     wrong (FP2006) and the values where the error starts fall below the
+//     format's range (smaller than its smallest normal, or flushed to
+//     zero beyond --underflow-fraction).
+//  10. precision-loss: nothing overflows, the outputs are finite but
+//     wrong (FP2006) and where the error starts the values stay in range
+//     and lose significant digits (FP3002).
+//  11. healthy: nothing reaches the outputs and they agree with fp32's
 //     within the tolerance. Warnings may remain, and an error: a fill
 //     PyTorch refuses (FP4004), whose -Inf the emulation's softmax absorbs.
 //
 // An origin reaches the outputs with its NaN/Inf or, absorbed on the way,
 // by leaving them finite but wrong (FP2006): the verdicts 4 to 8 are the
-// same for both, and so are the fixes.
+// same for both, and so are the fixes. Verdicts 9 and 10 need no
+// overflow at all: an origin of cause precision, the first value beyond
+// the tolerance whose inputs agree; their fixes are the standardized
+// inputs (where an input is flagged), to_bf16() and keeping that value's
+// region in fp32, each only where its rerun agrees with fp32.
 func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch.Batch, opt Options) (*Diagnosis, error) {
 	f.Prepare()
 	findings, err := checks.RunAnalyzers(Analyzers(), f, opt.Checks, f.Static.Policy.Name)
@@ -94,6 +108,13 @@ func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch
 		d.Notes = append(d.Notes, fmt.Sprintf("%d more value(s) with headroom under %.1f bits are not listed", n, f.Thresholds.HeadroomBits))
 	}
 	switch {
+	case has(findings, lint.CheckHalfDtype, checks.SevError):
+		d.Verdict = report.VerdictDtypeMismatch
+		d.Origins = dtypeOrigins(f, findings)
+		d.VerdictText = "model.half() cannot run this model: " + lint.HalfDtypeMessage(f.Graph(), f.Static.HalfDtypes()[0])
+		if n := len(d.Origins); n > 1 {
+			d.VerdictText += fmt.Sprintf(" (and %d more such layer(s))", n-1)
+		}
 	case has(findings, checkPoisonedInput, checks.SevError):
 		d.Verdict = report.VerdictPoisoned
 		o := f.Deciding(f.Origins(report.PassFP32))
@@ -143,6 +164,23 @@ func Run(ctx context.Context, f *evidence.Facts, run fix.Runner, batches []batch
 	}
 	d.OutputAgreement = outputAgreement(f, d.Fixes)
 	return d, nil
+}
+
+// dtypeOrigins are the layers model.half() raises at that FP4010
+// reports.
+func dtypeOrigins(f *evidence.Facts, findings []checks.Finding) []report.Origin {
+	var out []report.Origin
+	g := f.Graph()
+	for _, h := range f.Static.HalfDtypes() {
+		n := g.Node[h.Node]
+		if !slices.ContainsFunc(findings, func(x checks.Finding) bool { return x.Check == lint.CheckHalfDtype.ID && x.Node == f.NodeName(h.Node) }) {
+			continue
+		}
+		out = append(out, report.Origin{Pass: f.Main, Cause: report.CauseDtype, Node: f.NodeName(h.Node), Index: h.Node, OpType: n.OpType,
+			Module: onnx.ModulePath(n), Precision: f.Static.Assign.Node[h.Node].String(), Value: n.Input[0],
+			Affected: []string{}, AffectedOutputs: []string{}})
+	}
+	return out
 }
 
 // outputAgreement lists the output agreement of the emulated passes, then
@@ -288,7 +326,7 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	constOrigins := reported(findings, lint.CheckConstRange, origins, f)
 	overflows := reported(findings, checkOverflow, origins, f)
 	logits := reported(findings, checkLogits, origins, f)
-	precise := wrongReported(findings, origins)
+	precise := wrongReported(findings, origins, f)
 	if len(castOrigins)+len(constOrigins)+len(overflows)+len(logits)+len(precise) == 0 {
 		return false, nil
 	}
@@ -326,7 +364,7 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 		var fx *report.Fix
 		switch {
 		case onlyPrecise:
-			fx, err = fix.KeepRegion(ctx, f, run, batches, precise[0], before)
+			fx, err = fix.KeepRegion(ctx, f, run, batches, precise[0], before, !underflows(f, precise[0]))
 		case cast && !fixWorks(d.Fixes, report.FixRemoveCast):
 			// Without the cast autocast may still hold the op in 16 bits
 			// (a cast right after a Linear): keep it in fp32 as well.
@@ -342,11 +380,9 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	switch {
 	case onlyPrecise:
 		o := precise[0]
-		d.Verdict = report.VerdictOverflow
-		how := fmt.Sprintf("rounding to %s loses too much", f.Main)
 		if underflows(f, o) {
 			d.Verdict = report.VerdictUnderflow
-			how = fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.PassFormat(f.Main)))
+			how := fmt.Sprintf("its values fall below %s's range (fp32 max |x| %.3g against the smallest normal %.3g)", f.Main, o.FP32MaxAbs, smallestNormal(f.PassFormat(f.Main)))
 			if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > 0 {
 				how += fmt.Sprintf(", %.0f%% of its nonzero values flush to zero", 100*df.FlushedFraction())
 			}
@@ -356,14 +392,8 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 			}
 			break
 		}
-		if df := f.Passes[f.Main].Diffs[o.Value]; df != nil && df.FlushedFraction() > f.Thresholds.UnderflowFraction {
-			how = fmt.Sprintf("%.0f%% of its nonzero values flush to zero in %s (underflow)", 100*df.FlushedFraction(), f.Main)
-		}
-		d.VerdictText = fmt.Sprintf("nothing overflows in the %s pass, but at %s (%s) %s",
-			f.Main, moduleOr(o.Module, o.Node), o.OpType, how)
-		if fixWorks(d.Fixes, report.FixKeepFP32) {
-			d.VerdictText += ": keep it in fp32"
-		}
+		d.Verdict = report.VerdictPrecision
+		d.VerdictText = precisionText(f, o, d.Fixes)
 	case cast:
 		d.Verdict = report.VerdictHalfCast
 		o := castOrigins[0]
@@ -407,17 +437,50 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 	return true, nil
 }
 
+// precisionText is the precision-loss verdict's text: where the error
+// starts, how large it is, and which verified fix brings the outputs
+// back.
+func precisionText(f *evidence.Facts, o report.Origin, fixes []report.Fix) string {
+	txt := fmt.Sprintf("nothing overflows or underflows in the %s pass, but rounding to %s loses the outputs: from %s (%s) on, the values stay in range and lose significant digits",
+		f.Main, f.Main, moduleOr(o.Module, o.Node), o.OpType)
+	if df := f.Passes[f.Main].Diffs[o.Value]; df != nil {
+		txt += fmt.Sprintf(" (error %s there against fp32, fp32 max |x| %.4g)", evidence.Percent(df.RelErr()), o.FP32MaxAbs)
+	}
+	var works []string
+	for _, fx := range fixes {
+		if !fx.Works {
+			continue
+		}
+		switch fx.Kind {
+		case report.FixKeepFP32:
+			works = append(works, fmt.Sprintf("keep %s in fp32", strings.Join(fx.Modules, ", ")))
+		case report.FixStandardize:
+			works = append(works, "standardize "+strings.Join(quoted(fx.Inputs), ", "))
+		case report.FixBF16:
+			works = append(works, "learn.to_bf16() (its outputs agree with fp32's)")
+		}
+	}
+	if len(works) > 0 {
+		txt += ": " + strings.Join(works, ", or ") + " (verified by a rerun)"
+	}
+	return txt
+}
+
 // fixWorks reports whether the fix of this kind among fixes works.
 func fixWorks(fixes []report.Fix, kind string) bool {
 	return slices.ContainsFunc(fixes, func(x report.Fix) bool { return x.Kind == kind && x.Works })
 }
 
 // wrongReported returns the precision origins (nothing overflows, the
-// outputs are wrong) whose wrong outputs an error finding of FP2006 names.
-func wrongReported(findings []checks.Finding, origins []report.Origin) []report.Origin {
+// outputs are wrong) whose wrong outputs an error finding of FP2006 names
+// and, but for an origin whose values underflow, that FP3002 reports.
+func wrongReported(findings []checks.Finding, origins []report.Origin, f *evidence.Facts) []report.Origin {
 	var out []report.Origin
 	for _, o := range origins {
 		if o.Cause != report.CausePrecision {
+			continue
+		}
+		if !underflows(f, o) && len(reported(findings, checkPrecisionLoss, []report.Origin{o}, f)) == 0 {
 			continue
 		}
 		if slices.ContainsFunc(findings, func(x checks.Finding) bool {
@@ -486,14 +549,25 @@ func quoted(s []string) []string {
 
 // underflows reports whether a precision origin's values are lost below
 // the format's range rather than to its rounding: their fp32 magnitude
-// stays under the smallest normal, or more of them flush to zero than
-// --underflow-fraction allows.
+// stays under the smallest normal, or more of them than
+// --underflow-fraction flush to zero and as many were below fp16's normal
+// range in fp32. A value of the format's range that rounds to zero is the
+// difference of two nearly equal numbers (h - mean(h) after rounding h),
+// a loss of precision, not of range; bf16 has fp32's range, so its zeros
+// always are.
 func underflows(f *evidence.Facts, o report.Origin) bool {
 	if o.FP32MaxAbs > 0 && o.FP32MaxAbs < smallestNormal(f.PassFormat(f.Main)) {
 		return true
 	}
 	d := f.Passes[f.Main].Diffs[o.Value]
-	return d != nil && d.FlushedFraction() > f.Thresholds.UnderflowFraction
+	if d == nil || d.FlushedFraction() <= f.Thresholds.UnderflowFraction || f.PassFormat(f.Main) == precision.BF16 {
+		return false
+	}
+	ref, ok := f.Passes[report.PassFP32].Stats[o.Value]
+	if !ok {
+		return true
+	}
+	return float64(ref.FP16Flush+ref.FP16Subnormal) > f.Thresholds.UnderflowFraction*float64(d.NonzeroRef)
 }
 
 // smallestNormal is the smallest positive normal number of a format.

@@ -416,7 +416,7 @@ func (e *Engine) runBlocks(ctx context.Context, rt *ortcapi.Runtime, plan *stats
 	if err != nil {
 		return err
 	}
-	r := &blockRun{e: e, rt: rt, mp: mp, batches: batches, results: results, lastUse: lastUse, probe: newShapeProbe(),
+	r := &blockRun{e: e, rt: rt, mp: mp, batches: batches, results: results, lastUse: lastUse, probe: newShapeProbe(), graph: plan.Model.Graph,
 		probed: map[string][2][]int64{}, fetch: plan.Fetch, cmp: cmp}
 	for b, blk := range blocks {
 		if err := ctx.Err(); err != nil {
@@ -515,6 +515,8 @@ type blockRun struct {
 	mp      *MemoryPlan
 	batches []batch.Batch
 	results []*observe.PassResult
+	// graph is the whole plan's, whose nodes a failure names.
+	graph   *onnx.GraphProto
 	lastUse map[string]int
 	// probed holds the probe runs' shapes of each value (one sample, two
 	// samples), probe what they tell.
@@ -604,7 +606,7 @@ func (r *blockRun) run(sess *statsop.Session, b int, blk *statsop.Block, j *job)
 		v.Release()
 	}
 	if err != nil {
-		return fmt.Errorf("batch %s: %w", r.batches[j.batch].Source, err)
+		return runFailure(err, resultNames(r.results), r.graph, r.batches[j.batch])
 	}
 	defer func() {
 		for _, o := range outs {

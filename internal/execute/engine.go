@@ -402,7 +402,7 @@ func (e *Engine) runOnce(ctx context.Context, passes []Pass, batches []batch.Bat
 			return nil, nil, err
 		}
 		if err := e.runBatch(rt, sess, plan, mp, bi, b, results, cmp); err != nil {
-			return nil, nil, fmt.Errorf("batch %s: %w", b.Source, err)
+			return nil, nil, runFailure(err, resultNames(results), plan.Model.Graph, b)
 		}
 		if e.Progress != nil {
 			for _, p := range passes {
@@ -450,7 +450,7 @@ func (e *Engine) runPlain(ctx context.Context, rt *ortcapi.Runtime, p Pass, batc
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("%s pass, batch %s: %w", p.Name, b.Source, err)
+			return runFailure(err, []string{p.Name}, p.Model.Graph, b)
 		}
 	}
 	return nil
@@ -490,6 +490,16 @@ func (e *Engine) options() (ortcapi.Options, error) {
 		o.Config["session.model_external_initializers_file_folder_path"] = e.Session.ExternalDataDir
 	}
 	return o, nil
+}
+
+// resultNames are the names of the passes whose results these are, in
+// their order.
+func resultNames(results []*observe.PassResult) []string {
+	names := make([]string, len(results))
+	for i, r := range results {
+		names[i] = r.Name
+	}
+	return names
 }
 
 func passNames(passes []Pass) string {

@@ -26,7 +26,7 @@ type Analyzer = checks.Analyzer[*Facts]
 // Analyzers returns every static check, sorted by ID.
 func Analyzers() []*Analyzer {
 	out := []*Analyzer{halfCastAnalyzer, UnknownOpsAnalyzer,
-		constRangeAnalyzer, epsilonAnalyzer, flushAnalyzer, versionAnalyzer, DroppedEpsilonAnalyzer}
+		constRangeAnalyzer, epsilonAnalyzer, flushAnalyzer, versionAnalyzer, DroppedEpsilonAnalyzer, FoldedBatchNormAnalyzer, HalfDtypeAnalyzer}
 	slices.SortFunc(out, func(a, b *Analyzer) int { return strings.Compare(a.Check.ID, b.Check.ID) })
 	return out
 }

@@ -2,6 +2,7 @@ package onnx
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"fp16audit/internal/onnx/ops"
@@ -97,6 +98,24 @@ func SourceLine(n *NodeProto) string {
 	return ""
 }
 
+// SourceLines returns every line of Python in the dynamo exporter's stack
+// trace of n, outermost call first: the model's own lines (where a module
+// is called, with the arguments it is given) come before the library's.
+func SourceLines(n *NodeProto) []string {
+	var out []string
+	for _, e := range n.MetadataProps {
+		if e.Key != stackTraceKey {
+			continue
+		}
+		for _, l := range strings.Split(e.Value, "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "File ") {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
 // torchScopes returns the dynamo exporter's module stack and class
 // hierarchy entries of n ("" where absent).
 func torchScopes(n *NodeProto) (scopes, classes string) {
@@ -157,6 +176,22 @@ func FusedBatchNorm(n *NodeProto) (bn, layer string, ok bool) {
 		return "", "", false
 	}
 	return pathFromScopes(parseList(scopes), parseList(classes)), layer, true
+}
+
+// foldedName matches the names the TorchScript exporter gives the weight
+// and bias it computes by folding a BatchNorm into the Conv before it
+// (torch 1.13 and 2.15, in eval mode, whatever do_constant_folding says).
+var foldedName = regexp.MustCompile(`^onnx::Conv_\d+$`)
+
+// FoldedByName reports whether Conv node n reads a weight and a bias the
+// TorchScript exporter computed by folding the BatchNorm after it into
+// the layer: initializers named onnx::Conv_<n> (the bias may come through
+// an Identity, which the exporter adds where it deduplicates equal folded
+// biases, the zeros of untrained layers). A sign, not a proof: any
+// weight the exporter computes from others is named so.
+func FoldedByName(n *NodeProto, ix *Index) bool {
+	return n.OpType == "Conv" && IsDefaultDomain(n.Domain) && len(n.Input) >= 3 &&
+		foldedName.MatchString(n.Input[1]) && foldedName.MatchString(n.Input[2]) && ix.IsInitializer(n.Input[1])
 }
 
 func pathFromScopes(scopes, classes []string) string {

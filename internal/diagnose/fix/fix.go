@@ -155,13 +155,20 @@ func BF16(f *evidence.Facts, before int64) (*report.Fix, bool) {
 	fix := &report.Fix{Kind: report.FixBF16, Pass: report.PassBF16, NonFiniteBefore: before, NonFiniteAfter: after,
 		Works: len(f.Deciding(f.Origins(report.PassBF16))) == 0 && f.OutputsAgree(bf)}
 	f.RecordAgreement(bf)
+	precise := !slices.ContainsFunc(f.Deciding(f.MainOrigins()), func(o report.Origin) bool { return o.Cause != report.CausePrecision })
 	if fix.Works {
 		fix.Summary = f.Words().BF16For(f.AutocastDevice) + " removes every overflow (needs an Ampere or newer GPU)"
+		if precise {
+			fix.Summary = "under " + f.Words().BF16For(f.AutocastDevice) + " the outputs agree with fp32's (needs an Ampere or newer GPU)"
+		}
 		if a := f.AgreeText(bf); a != "" {
 			fix.Summary += "; its " + a
 		}
 	} else {
 		fix.Summary = fmt.Sprintf("%s does not remove the overflow: %s in the bf16 pass", f.Words().BF16For(f.AutocastDevice), remains(f, fix))
+		if precise {
+			fix.Summary = fmt.Sprintf("%s does not bring the outputs back: %s in the bf16 pass", f.Words().BF16For(f.AutocastDevice), remains(f, fix))
+		}
 	}
 	return fix, true
 }

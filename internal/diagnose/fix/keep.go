@@ -144,8 +144,18 @@ func nameKept(f *evidence.Facts, fix *report.Fix, keep, removed map[int]bool) {
 // reruns grow the region (the first node, then twice as many each time,
 // then all of it) until the outputs agree; a fix that does not work says
 // how far it got.
-func KeepRegion(ctx context.Context, f *evidence.Facts, run Runner, batches []batch.Batch, o report.Origin, before int64) (*report.Fix, error) {
+//
+// With rounded, the region starts with the nodes whose reduced-precision
+// outputs the origin reads: where the origin's error is a loss of
+// precision (the difference of two values fp16 rounded, h - mean(h) of a
+// rounded h), the digits are lost where its inputs are rounded, within
+// the tolerance there, and keeping the origin alone in fp32 cannot bring
+// them back.
+func KeepRegion(ctx context.Context, f *evidence.Facts, run Runner, batches []batch.Batch, o report.Origin, before int64, rounded bool) (*report.Fix, error) {
 	region := driftRegion(f, o)
+	if rounded {
+		region = append(roundedInputs(f, o), region...)
+	}
 	fix := &report.Fix{Kind: report.FixKeepFP32, NonFiniteBefore: before, NonFiniteAfter: before}
 	var keep map[int]bool
 	for it, n := 1, 1; it <= f.Thresholds.FixIterations; it++ {
@@ -176,6 +186,31 @@ func KeepRegion(ctx context.Context, f *evidence.Facts, run Runner, batches []ba
 			len(fix.Nodes), len(region), listed(fix.Modules, 8), fix.Iterations, remains(f, fix))
 	}
 	return fix, nil
+}
+
+// roundedInputs lists, in topological order, the nodes computed in
+// reduced precision whose outputs the origin o reads.
+func roundedInputs(f *evidence.Facts, o report.Origin) []int {
+	if o.Index < 0 {
+		return nil
+	}
+	asg := f.Static.Assign
+	ix := f.Static.Model.Index
+	feeds := map[int]bool{}
+	for _, in := range f.Graph().Node[o.Index].Input {
+		if p := ix.Producer(in); in != "" && p >= 0 {
+			if q := asg.Node[p]; q == precision.FP16 || q == precision.BF16 {
+				feeds[p] = true
+			}
+		}
+	}
+	var out []int
+	for _, ni := range f.Static.Order {
+		if feeds[ni] && f.Graph().Node[ni].OpType != "Constant" {
+			out = append(out, ni)
+		}
+	}
+	return out
 }
 
 // driftRegion lists the nodes, in topological order from o's on, held in

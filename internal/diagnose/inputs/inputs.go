@@ -37,7 +37,9 @@ type Input struct {
 	axis  int
 	chans []channelAcc
 	// Min, Max and Integral describe the finite values; RawPixels marks an
-	// image of integers in 0..255.
+	// image of raw pixels (rawPixels): integers in 0..255 as decoded, or
+	// floats spread over that range as resizing and augmentation leave
+	// them.
 	Min, Max  float64
 	Integral  bool
 	RawPixels bool
@@ -76,7 +78,7 @@ func inputKind(t *tensor.Tensor, name string, readers []string) string {
 		return report.KindInteger
 	case len(sh) == 4 && (sh[1] >= 1 && sh[1] <= 4 || sh[3] >= 1 && sh[3] <= 4):
 		return report.KindImage
-	case len(sh) == 2 && (audio || sh[1] >= 4000):
+	case len(sh) == 2 && (audio || sh[1] >= 4000 || frames(t)):
 		return report.KindAudio
 	case len(sh) == 2:
 		return report.KindTabular
@@ -86,6 +88,79 @@ func inputKind(t *tensor.Tensor, name string, readers []string) string {
 		return report.KindSequence
 	}
 	return report.KindOther
+}
+
+// minFrame is the fewest columns a 2-D batch of frames of a signal has
+// (a 4 ms frame at 16 kHz); a table this wide whose neighbouring columns
+// move together is rare.
+const minFrame = 64
+
+// frames reports whether a 2-D float batch [N, L] holds frames of a
+// signal (audio samples, a sensor trace) rather than rows of a table:
+// at least minFrame columns, and either neighbouring columns move
+// together (the correlation of x[i, j] with x[i, j+1], pooled over the
+// batch, is 0.5 or more: a sampled waveform is smooth at its sampling
+// rate) or every column looks alike (the same mean and spread, as the
+// samples of one signal do: the columns' means no further apart than
+// sampling explains, twice the typical spread over √rows; the middle
+// half of their spreads within a factor of two)
+// while the values are whole numbers beyond 8 bits, as 16-bit PCM is.
+// A table's columns are different quantities: uncorrelated neighbours,
+// each its own scale.
+func frames(t *tensor.Tensor) bool {
+	sh := t.Shape
+	if len(sh) != 2 || sh[0] < 1 || sh[1] < minFrame {
+		return false
+	}
+	vals, err := t.Float32s()
+	if err != nil {
+		return false
+	}
+	rows, cols := int(sh[0]), int(sh[1])
+	var n, sx, sy, sxx, syy, sxy float64
+	col := make([]channelAcc, cols)
+	whole, wide := true, false
+	for r := range rows {
+		row := vals[r*cols : (r+1)*cols]
+		for j, v := range row {
+			x := float64(v)
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				continue
+			}
+			col[j].add(v)
+			whole = whole && x == math.Trunc(x)
+			wide = wide || math.Abs(x) > 255
+			if j+1 < cols {
+				y := float64(row[j+1])
+				if math.IsNaN(y) || math.IsInf(y, 0) {
+					continue
+				}
+				n++
+				sx, sy, sxx, syy, sxy = sx+x, sy+y, sxx+x*x, syy+y*y, sxy+x*y
+			}
+		}
+	}
+	if n < 2 {
+		return false
+	}
+	vx, vy := sxx/n-(sx/n)*(sx/n), syy/n-(sy/n)*(sy/n)
+	if vx > 0 && vy > 0 && (sxy/n-(sx/n)*(sy/n))/math.Sqrt(vx*vy) >= 0.5 {
+		return true
+	}
+	if !whole || !wide || rows < 2 {
+		return false
+	}
+	var means, stds []float64
+	for j := range col {
+		means, stds = append(means, col[j].mean()), append(stds, col[j].std())
+	}
+	spread := &channelAcc{}
+	for _, m := range means {
+		spread.add(float32(m))
+	}
+	slices.Sort(stds)
+	q1, typical, q3 := stds[len(stds)/4], stds[len(stds)/2], stds[3*len(stds)/4]
+	return q1 > 0 && q3 <= 2*q1 && spread.std() <= 2*typical/math.Sqrt(float64(rows))
 }
 
 // channelAxis is the axis whose entries get their own statistics: the
@@ -266,10 +341,34 @@ func (in *Input) flag(columnScale float64) {
 		}
 	}
 	s := in.Stats
-	in.RawPixels = in.Kind == report.KindImage && in.Integral && in.Min >= 0 && in.Max <= 255 && in.Max > 1
+	in.RawPixels = in.Kind == report.KindImage && in.rawPixels()
 	in.SavedHalfInf = (in.Saved == tensor.Float16 || in.Saved == tensor.BFloat16) && s.NaN == 0 && s.PosInf+s.NegInf > 0
 	in.Constant = s.Count > 0 && s.Finite == s.Count && in.Min == in.Max
 	in.Flagged = in.RawPixels || len(in.Columns) > 0 || s.MaxAbs > tensor.FP16Max || in.SavedHalfInf
+}
+
+// rawPixels decides from the range and the spread of an image's values
+// whether they are raw pixels: integers in 0..255, or floats that stay
+// within 0..255 (up to the few units a bicubic or antialiased resize
+// overshoots by) and spread over much of it, every channel's mean well
+// inside it. A standardized image (mean ~0, values of a few units either
+// side) or one scaled to 0..1 is neither; integrality is not asked of
+// floats: a resized, rotated or colour-jittered batch in 0..255 is raw
+// pixels as much as the decoded one.
+func (in *Input) rawPixels() bool {
+	if in.Integral && in.Min >= 0 && in.Max <= 255 && in.Max > 1 {
+		return true
+	}
+	const overshoot = 8
+	if in.Min < -overshoot || in.Max > 255+overshoot || in.Max-in.Min < 64 {
+		return false
+	}
+	for c := range in.chans {
+		if m := in.chans[c].mean(); m < 8 || m > 247 {
+			return false
+		}
+	}
+	return len(in.chans) > 0
 }
 
 // Poisoned reports whether the input holds NaN/Inf that are not the mark
@@ -373,8 +472,13 @@ func (in *Input) NormalizeAdvice() report.NormalizeStats {
 		m, s := scaled(k)
 		ns.Fastai = fmt.Sprintf("Normalize.from_stats(%s, %s)", FormatList(m, 4), FormatList(s, 4))
 		ns.Torch = fmt.Sprintf("transforms.Normalize(mean=%s, std=%s)", FormatList(m, 4), FormatList(s, 4))
-		if in.RawPixels {
+		switch {
+		case in.RawPixels && in.Integral:
 			ns.Torch = "transforms.ToTensor() then " + ns.Torch
+		case in.RawPixels:
+			// float pixels in 0..255 (resized or augmented): ToTensor
+			// divides only uint8 images, so divide by hand
+			ns.Torch = fmt.Sprintf("%s = %s / 255 then %s", name, name, ns.Torch)
 		}
 	case report.KindTabular:
 		ns.Fastai = "procs=[Categorify, FillMissing, Normalize] in TabularPandas / TabularDataLoaders.from_df"

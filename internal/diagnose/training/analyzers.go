@@ -3,7 +3,6 @@ package training
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -104,10 +103,6 @@ func runBNStats(f *Facts) ([]checks.Finding, error) {
 	return []checks.Finding{fd}, nil
 }
 
-// foldedConv matches the names torch.onnx.export gives the weight and bias
-// it computes by folding a BatchNorm into the Conv before it.
-var foldedConv = regexp.MustCompile(`^onnx::Conv_\d+$`)
-
 // foldedConvs returns the Conv nodes that read a folded weight and bias,
 // and the Conv and Gemm nodes into which the dynamo exporter folded a
 // BatchNorm (onnx.FusedBatchNorm).
@@ -119,12 +114,7 @@ func (f *Facts) foldedConvs() []int {
 			out = append(out, i)
 			continue
 		}
-		if n.OpType != "Conv" || len(n.Input) < 3 {
-			continue
-		}
-		// The folded bias may come through an Identity: the exporter
-		// deduplicates equal folded biases (zeros of untrained layers).
-		if foldedConv.MatchString(n.Input[1]) && foldedConv.MatchString(n.Input[2]) && ix.IsInitializer(n.Input[1]) {
+		if onnx.FoldedByName(n, ix) {
 			out = append(out, i)
 		}
 	}

@@ -15,8 +15,11 @@ var fp16Policies = []string{"autocast-fp16", "half"}
 var (
 	checkBNStats = checks.Register(&checks.Check{ID: "FP6001", Title: "batchnorm running statistics look untrained", Severity: checks.SevWarning, Doc: `BatchNormalization nodes hold running statistics at their defaults (mean
 0, variance 1: never updated) or one momentum update away from them (every
-variance at least the momentum), what a training-mode export of an untrained
-model stores, while this batch is far from what they expect. An eval-mode
+variance at least ONNX's momentum, and the batch that update implies of the
+audited batch's scale; never under PyTorch's momentum 0, ONNX's 1, which no
+update moves: a frozen pretrained BatchNorm), what a training-mode export
+of an untrained model stores, while this batch is far from what they
+expect. An eval-mode
 audit normalizes with those statistics — the identity for an untrained
 model — so activations grow layer after layer where training, which
 normalizes every batch with its own statistics, keeps them small: the eval

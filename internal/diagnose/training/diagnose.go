@@ -26,7 +26,12 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 	g := f.Model.Proto.Graph
 	ix := f.Model.Index
 	var out []report.BatchNormReport
-	for i, n := range g.Node {
+	// An earlier BatchNorm with untrained statistics leaves the inputs of
+	// those after it, in this eval-mode pass, unlike what the export saw:
+	// their own data cannot be held against the one-step story.
+	earlier := false
+	for _, i := range ix.Order() {
+		n := g.Node[i]
 		if n.OpType != "BatchNormalization" || !onnx.IsDefaultDomain(n.Domain) || len(n.Input) < 5 {
 			continue
 		}
@@ -35,6 +40,11 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 		if (onnx.IntAttr(n, "training_mode", 0) != 0) || len(n.Output) > 1 {
 			bn.Statistics = "batch"
 		}
+		if f.FP32 != nil {
+			if st, ok := f.FP32.Stats[n.Input[0]]; ok && st.Finite > 0 {
+				bn.InputRMS = math.Sqrt(st.SumSq / float64(st.Finite))
+			}
+		}
 		mean, errM := rewrite.ConstantThroughIdentity(ix, n.Input[3])
 		vr, errV := rewrite.ConstantThroughIdentity(ix, n.Input[4])
 		if errM == nil && errV == nil {
@@ -42,32 +52,67 @@ func (f *Facts) batchNorms() []report.BatchNormReport {
 			v, _ := vr.Float32s()
 			if len(m) == len(v) && len(m) > 0 {
 				momentum := float64(onnx.FloatAttr(n, "momentum", 0.9))
-				defaults, oneStep := true, true
+				defaults := true
 				var ms float64
 				for c := range m {
 					defaults = defaults && math.Abs(float64(m[c])) <= 1e-6 && math.Abs(float64(v[c])-1) <= 1e-6
-					oneStep = oneStep && float64(v[c]) >= momentum-1e-6
 					ms += float64(v[c]) + float64(m[c])*float64(m[c])
 				}
 				switch {
 				case defaults:
 					bn.RunningStats = "defaults"
-				case oneStep:
+				case oneStep(m, v, momentum, bn.InputRMS, earlier):
 					bn.RunningStats = "one-step"
 				default:
 					bn.RunningStats = "trained"
 				}
 				bn.RunningRMS = math.Sqrt(ms / float64(len(m)))
-			}
-		}
-		if f.FP32 != nil {
-			if st, ok := f.FP32.Stats[n.Input[0]]; ok && st.Finite > 0 {
-				bn.InputRMS = math.Sqrt(st.SumSq / float64(st.Finite))
+				earlier = earlier || bn.RunningStats != "trained"
 			}
 		}
 		out = append(out, bn)
 	}
 	return out
+}
+
+// oneStep reports whether running statistics mean and variance are one
+// update away from the defaults (mean 0, variance 1) by a batch like the
+// audited one, what a training-mode export of an untrained model stores
+// (the export runs the model once in train mode). ONNX's momentum m is
+// PyTorch's 1 - p: one update leaves mean_c = p·μ_c and variance_c =
+// m + p·σ²_c, so every variance is at least m, and the mean square of the
+// batch that made them, which the audited batch's (inputRMS) should
+// resemble, is mean(variance_c - m) + mean(mean_c²)/p over p. A trained
+// BatchNorm whose variances all pass m (a stem fed pixel-scale data) fails
+// that unless its batch happens to fit, and with PyTorch's momentum 0 (ONNX
+// 1, a frozen or pretrained BatchNorm) no update moves the defaults at all.
+// After an earlier untrained BatchNorm (earlier) the input this pass gives
+// is not the export's, and the variances alone decide.
+func oneStep(mean, variance []float32, momentum, inputRMS float64, earlier bool) bool {
+	p := 1 - momentum
+	if p <= 1e-6 || (inputRMS <= 0 && !earlier) {
+		return false
+	}
+	var excess, sq float64
+	for c := range variance {
+		if float64(variance[c]) < momentum-1e-6 {
+			return false
+		}
+		excess += float64(variance[c]) - momentum
+		sq += float64(mean[c]) * float64(mean[c])
+	}
+	if earlier {
+		return true
+	}
+	n := float64(len(variance))
+	implied := (excess/n + sq/n/p) / p
+	if implied <= 0 {
+		return false
+	}
+	// within a factor of 2 of the audited batch's mean square: the batch
+	// the export ran need not be this one, but one of its kind
+	r := inputRMS * inputRMS / implied
+	return r >= 0.5 && r <= 2
 }
 
 // Run runs the training analyzers that sel enables, verifies the bf16 fix

@@ -8,8 +8,10 @@
 // package vjp emits for it (by name), whether it chooses (a selection)
 // or gathers at chosen indices, whether it draws random numbers, runs
 // subgraphs, has data-dependent shapes or carries an epsilon attribute,
-// the constant a PyTorch fill writes through it, and its roles in the
-// analyses that follow a value through a graph (Role). The packages that
+// the constant a PyTorch fill writes through it, its roles in the
+// analyses that follow a value through a graph (Role), and what ONNX
+// Runtime's kernel does with NaN and ±Inf beside PyTorch's op
+// (NonFinite, measured by fixtures/torch/nonfinite.py). The packages that
 // act on these facts (onnx, shapes, precision, rewrite, vjp, grad, lint,
 // statsop, diagnose, batch, execute/backward, conformance, audit) ask
 // the registry instead of keeping lists of their own, so a new operator,
@@ -135,6 +137,44 @@ const (
 	Linear
 )
 
+// NonFinite is how ONNX Runtime's CPU kernel of an op treats NaN and ±Inf
+// beside the PyTorch op it is exported from, as fixtures/torch/nonfinite.py
+// measured them (torch 1.13 with its TorchScript exporter, torch 2.15 with
+// its dynamo exporter, ONNX Runtime 1.30): where the kernel absorbs what
+// PyTorch propagates, package rewrite's TorchNonFinite puts them back, and
+// its TestTorchNonFinite holds every measured case to PyTorch's outputs.
+type NonFinite int
+
+const (
+	// NonFiniteUnknown: not measured.
+	NonFiniteUnknown NonFinite = iota
+	// NonFiniteAsTorch: NaN and ±Inf come out where PyTorch's do.
+	NonFiniteAsTorch
+	// NonFiniteSkipsNaN: an extremum (ReduceMax, ReduceMin, MaxPool,
+	// GlobalMaxPool) returns the largest of the other values where a NaN
+	// is among those it compares; PyTorch's amax, max(dim) and max_pool
+	// return NaN there.
+	NonFiniteSkipsNaN
+	// NonFiniteGates: a recurrent layer (LSTM, GRU) whose gate
+	// activations turn a NaN pre-activation into a finite value (ONNX
+	// Runtime's sigmoid and tanh clamp their argument); PyTorch's gates
+	// are NaN there, and from that step on the whole hidden state is,
+	// through the recurrence. A NaN pre-activation is what an input that
+	// is ±Inf after autocast's cast makes (Inf − Inf in W·x).
+	NonFiniteGates
+	// NonFiniteOpenBound: Clip reads an absent bound as float32's
+	// largest value, so +Inf (-Inf) beyond it comes out as ±3.4e38;
+	// PyTorch's clamp(min=...) keeps +Inf (clamp(max=...) keeps -Inf).
+	NonFiniteOpenBound
+	// NonFiniteSignNaN: Sign(NaN) is NaN; torch.sign(NaN) is 0.
+	NonFiniteSignNaN
+	// NonFiniteNaNOrder: TopK sorts a NaN where its comparisons leave
+	// it, torch.topk and torch.sort take NaN for the largest value: the
+	// values hold the NaN at another position (measured: always among
+	// them). Not rewritten: what reaches the outputs is the same.
+	NonFiniteNaNOrder
+)
+
 // Op is one operator's entry.
 type Op struct {
 	Name string
@@ -219,6 +259,9 @@ type Op struct {
 	// holding the written value; nil: any (an attribute).
 	Fill       string
 	FillInputs []int
+	// NonFinite is what its ONNX Runtime kernel does with NaN and ±Inf
+	// beside PyTorch's op (see NonFinite).
+	NonFinite NonFinite
 }
 
 // Is reports whether o has every role in r; a nil o (an op without an

@@ -11,6 +11,6 @@ var selectionOps = []Op{
 	{Name: "Compress", Type: TypeInput, DataShaped: true, Chooses: []int{0, 1}},
 	{Name: "NonMaxSuppression", NonFloat: true, Chooses: []int{0, 1}},
 	{Name: "NonZero", Type: TypeInt64, NonFloat: true, Grad: NoGrad, DataShaped: true, Chooses: []int{0}},
-	{Name: "TopK", Type: TypeInput, IndexOutputs: []int{1}, IndexType: TypeInt64, Chooses: []int{0}},
+	{Name: "TopK", Type: TypeInput, IndexOutputs: []int{1}, IndexType: TypeInt64, Chooses: []int{0}, NonFinite: NonFiniteNaNOrder},
 	{Name: "Unique", IndexOutputs: []int{1, 2, 3}, DataShaped: true, Chooses: []int{0}},
 }

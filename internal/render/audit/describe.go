@@ -131,6 +131,13 @@ func originCause(o report.Origin) string {
 	return report.CauseOverflow
 }
 
+// atInput reports whether an origin of an emulated pass is a graph input
+// the policy holds in reduced precision (model.half() casts the batch to
+// fp16, where values beyond 65504 are Inf): it has an input, no node.
+func atInput(o report.Origin) bool {
+	return o.Node == "" && o.Input != "" && originCause(o) != report.CauseInput
+}
+
 // originFacts is the sentence under an origin's name that says why the
 // NaN/Inf start there.
 func originFacts(r *report.Report, o report.Origin) string {
@@ -149,6 +156,8 @@ func originFacts(r *report.Report, o report.Origin) string {
 	case report.CauseFP32:
 		return fmt.Sprintf("value %q is NaN/Inf in the fp32 reference itself (%d non-finite; fp32 max |x| %s): not an fp16 problem",
 			o.Value, o.NonFinite, originMagnitude(r, o))
+	case report.CauseDtype:
+		return fmt.Sprintf("reads %q in float32, cast by the model itself, beside its half weights: PyTorch raises here under model.half()", o.Value)
 	}
 	return fmt.Sprintf("value %q: fp32 max |x| %s vs fp16 max 65504 (headroom %s), %d non-finite",
 		o.Value, originMagnitude(r, o), headroomText(o.HeadroomBits), o.NonFinite)
@@ -172,6 +181,8 @@ func originCauseShort(r *report.Report, o report.Origin, name func(string) strin
 		return fmt.Sprintf("%s beyond %s's range, written into %s", c, o.Precision, name(o.Value))
 	case report.CauseFP32:
 		return "NaN/Inf in the fp32 reference itself"
+	case report.CauseDtype:
+		return "float32 input beside half weights: PyTorch raises"
 	}
 	return "overflow"
 }

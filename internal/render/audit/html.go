@@ -487,7 +487,7 @@ var htmlFuncs = template.FuncMap{
 	"statsFinite":     statsFinite,
 	"headroomSummary": headroomSummary,
 	"precLabel":       func(p string, prov *report.Provenance) string { return precisionLabel(p, prov, true) },
-	"isInput":         func(o report.Origin) bool { return originCause(o) == report.CauseInput },
+	"isInput":         func(o report.Origin) bool { return originCause(o) == report.CauseInput || atInput(o) },
 	"inputShape":      inputShape,
 	"originFacts":     originFacts,
 	"originWhy":       originWhy,

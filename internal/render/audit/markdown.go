@@ -55,8 +55,11 @@ func Markdown(w io.Writer, r *report.Report) error {
 				cause += "; " + markup.MDText(why)
 			}
 			where, op, module, prec, mag := markup.MDCode(o.Node), markup.MDText(o.OpType), markup.MDCode(moduleOrModel(o.Module)), markup.MDText(precisionLabel(o.Precision, o.Provenance, true)), originMagnitude(r, o)
-			if originCause(o) == report.CauseInput {
+			switch {
+			case originCause(o) == report.CauseInput:
 				where, op, module, prec = "input "+markup.MDCode(o.Input), "", "", ""
+			case atInput(o):
+				where, op, module = "input "+markup.MDCode(o.Input), "", ""
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", markup.MDText(o.Pass), where, op, module,
 				prec, cause, markup.MDText(mag), headroomText(o.HeadroomBits), o.NonFinite, reached)

@@ -78,9 +78,13 @@ func Text(w io.Writer, r *report.Report, opt TextOptions) error {
 		t.para(t.Style(markup.Bold+col, o.Mark()+" "+o.Label+": "+o.Verdict)+" — ", o.Text, 2)
 	}
 	for _, o := range r.Origins {
-		if originCause(o) == report.CauseInput {
+		switch {
+		case originCause(o) == report.CauseInput:
 			t.para("  origin (the batch): ", fmt.Sprintf("input %s%s", t.Style(markup.Bold, fmt.Sprintf("%q", o.Input)), inputShape(r, o.Input)), 10)
-		} else {
+		case atInput(o):
+			t.para(fmt.Sprintf("  origin (%s pass): ", o.Pass), fmt.Sprintf("input %s%s, held in %s", t.Style(markup.Bold, fmt.Sprintf("%q", o.Input)),
+				inputShape(r, o.Input), precisionLabel(o.Precision, o.Provenance, false)), 10)
+		default:
 			t.para(fmt.Sprintf("  origin (%s pass): ", o.Pass), fmt.Sprintf("%s (%s, module %s, computes in %s)",
 				t.Style(markup.Bold, o.Node), o.OpType, moduleOrModel(o.Module), precisionLabel(o.Precision, o.Provenance, false)), 10)
 		}

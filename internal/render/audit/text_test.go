@@ -55,3 +55,31 @@ func TestAgreementRoles(t *testing.T) {
 		t.Errorf("text report:\n%s", b.String())
 	}
 }
+
+// TestOriginAtInput: an origin of an emulated pass at a graph input (the
+// half policy holds the batch in fp16, where its values beyond 65504 are
+// Inf) reads as the input, in every format, not as an empty node.
+func TestOriginAtInput(t *testing.T) {
+	r := &report.Report{Verdict: report.VerdictUnnormalized, VerdictText: "the input is not normalized",
+		Inputs:  []report.InputReport{{ValueReport: report.ValueReport{Name: "waveform", Shape: "[4,16000]"}}},
+		Origins: []report.Origin{{Pass: "fp16", Cause: report.CauseOverflow, Index: -1, Input: "waveform", Value: "waveform", Precision: "fp16", NonFinite: 12, FP32MaxAbs: 9e4}}}
+	var text, md, html strings.Builder
+	if err := Text(&text, r, TextOptions{Width: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Markdown(&md, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := HTML(&html, r); err != nil {
+		t.Fatal(err)
+	}
+	if s := text.String(); !strings.Contains(s, `origin (fp16 pass): input "waveform"`) || !strings.Contains(s, "held in fp16") || strings.Contains(s, " (, module") {
+		t.Errorf("text origin line:\n%s", s)
+	}
+	if s := md.String(); !strings.Contains(s, "| fp16 | input `waveform` |") {
+		t.Errorf("markdown origin row:\n%s", s)
+	}
+	if s := html.String(); !strings.Contains(s, "<dt>input</dt><dd><code>waveform</code>") {
+		t.Errorf("html origin:\n%s", s)
+	}
+}
