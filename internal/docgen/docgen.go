@@ -1,8 +1,12 @@
 // Package docgen writes the documentation site's reference pages
 // (docs/reference/) from the code and the fixtures: a page per check
 // from the checks registry (the text `fp16audit explain` prints), a page
-// per verdict from package report's constants with the real report of a
-// fixture that reaches it, the command-line reference from each
+// per verdict from package report's constants (the forward, backward,
+// scales and replay verdicts) with the report of a fixture that reaches
+// it (a real PyTorch export, training run or capture whose outcome
+// PyTorch recorded, the one a newcomer recognises first where
+// examplePreference names it; a simulated log only where no real one
+// reaches it, said on the page), the command-line reference from each
 // command's --help, the JSON schemas of the documents from package
 // report's types, and the operator registry from internal/onnx/ops. It
 // enumerates and never lists by hand, so a check, a verdict, a command,

@@ -52,7 +52,8 @@ func open(t *testing.T, bin, page string, extra ...string) string {
 // TestSite opens pages of the built site (make docs builds it and names
 // it in FP16AUDIT_SITE_DIR) in headless Chromium and checks that they
 // render: the theme's navigation, a generated check page, a verdict page
-// and the HTML report it embeds, a tutorial, and the Python API that
+// and the HTML report it embeds (a run's and a replay's), the guide with
+// the real outputs it includes, a tutorial, and the Python API that
 // mkdocstrings rendered from the docstrings; and that a screenshot of the
 // home page is not blank.
 func TestSite(t *testing.T) {
@@ -69,7 +70,9 @@ func TestSite(t *testing.T) {
 		{"reference/checks/FP2001/index.html", []string{"FP2001: op overflows in fp16", "fp16audit explain FP2001", "all checks"}},
 		{"reference/verdicts/run/unnormalized-input/index.html", []string{"unnormalized-input", `<iframe class="fp16audit-report"`, "The whole report"}},
 		{"reference/verdicts/run/unnormalized-input.html", []string{`data-ready="1"`, `<svg id="chart"`, `<span id="verdict-id">unnormalized-input</span>`}},
-		{"guide/symptom-to-fix/index.html", []string{"NaN in the first epoch", "verdict: unnormalized-input"}},
+		{"reference/verdicts/replay/gradient-overflow/index.html", []string{"gradient-overflow", `<iframe class="fp16audit-report"`, "fp16audit replay fixtures/torch/runs/"}},
+		{"reference/verdicts/replay/gradient-overflow.html", []string{`<span id="verdict-id">gradient-overflow</span>`, `aria-label="log2 of the loss scale"`}},
+		{"guide/symptom-to-fix/index.html", []string{"NaN in the first epoch", "verdict: unnormalized-input", "verdict: gradient-overflow", "verdict: underflow"}},
 		{"tutorials/fastai-vision/index.html", []string{"learn.fp16audit()", "FP16Preflight"}},
 		{"api/python/index.html", []string{"fp16audit.audit", "raise_for_failure"}},
 		{"reference/cli/index.html", []string{"fp16audit run --help", "--fail-on"}},
