@@ -8,11 +8,12 @@
 // examplePreference names it; a simulated log only where no real one
 // reaches it, said on the page), the command-line reference from each
 // command's --help, the JSON schemas of the documents from package
-// report's types, and the operator registry from internal/onnx/ops. It
-// enumerates and never lists by hand, so a check, a verdict, a command,
-// a field or an operator added to the code appears by regeneration
-// (`make docs-gen`); TestGenerated fails when a committed page differs
-// from a fresh generation.
+// report's types, the operator registry from internal/onnx/ops, and the
+// benchmarks page from the output of the last `make bench`
+// (BenchResults). It enumerates and never lists by hand, so a check, a
+// verdict, a command, a field, an operator, a fixture or a benchmark
+// added appears by regeneration (`make docs-gen`); TestGenerated fails
+// when a committed page differs from a fresh generation.
 //
 // Generate runs the real fp16audit command line in this process
 // (cli.Main): the pages show what a user's shell shows.
@@ -71,6 +72,7 @@ func generate() (Files, map[string]*example, error) {
 		commandPage,
 		schemaPages,
 		opsPage,
+		benchPage,
 	}
 	for _, step := range steps {
 		if err := step(files); err != nil {
