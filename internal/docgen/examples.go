@@ -379,7 +379,7 @@ func lossColumn(in, out string) (string, error) {
 	for i, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
 		f := strings.Split(line, ",")
 		if len(f) < 3 {
-			return "", fmt.Errorf("%s: line %d: want iteration,epoch,train_loss,...", in, i+1)
+			return "", fmt.Errorf("%s: line %d: want the columns iteration, epoch, train_loss and more", in, i+1)
 		}
 		w.WriteString(strings.Join(f[:3], ",") + "\n")
 	}

@@ -162,7 +162,7 @@ func verdictPages(files Files) (map[string]*example, error) {
 				break
 			}
 			if c.want != nil {
-				missed[v.page()] = append(missed[v.page()], miss{r.ex, r.got})
+				missed[v.page()] = append(missed[v.page()], miss(r))
 			}
 		}
 		ex := found[v.page()]
