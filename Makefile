@@ -178,13 +178,32 @@ demo: ort build
 # against the forward audit of the same models, and the replay of the run
 # fixtures' captures against the training audit of the same step
 # (FP16AUDIT_BENCH_CAPTURE: a larger one, from python/bench_capture.py --keep).
+# Every benchmark runs BENCH_COUNT times. The output, in Go's benchmark
+# format (benchstat reads it), is kept in BENCH_OUT with the date, the
+# machine, the load average before and after, and the versions as
+# configuration lines; it is committed, docs/reference/benchmarks.md is
+# generated from it (make docs-gen) and TestGenerated holds the page to it.
+# The file is replaced only when every benchmark ran.
+BENCH_OUT   ?= bench/results.txt
+BENCH_COUNT ?= 1
+bench: SHELL := /bin/bash
+bench: .SHELLFLAGS := -eo pipefail -c
 bench: ort llama-bench
-	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
-	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
-	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -timeout 30m ./internal/audit/
-	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
-	$(GO) test -run '^$$' -bench 'Replay' -benchtime 3x ./internal/audit/
-	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
+	@mkdir -p $(dir $(BENCH_OUT))
+	@{ echo "date: $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; \
+	   echo "machine: $$(nproc) cores, $$(awk '/MemTotal/ {printf "%.0f GiB", $$2/1048576}' /proc/meminfo), $$(uname -sr)"; \
+	   echo "load-average: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	   echo "go: $$($(GO) env GOVERSION)"; echo "onnxruntime: $(ORT_VERSION)"; \
+	   echo "bench-count: $(BENCH_COUNT)"; } > $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s -count $(BENCH_COUNT) ./internal/statsop/ | tee -a $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x -count $(BENCH_COUNT) ./internal/lint/ | tee -a $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -count $(BENCH_COUNT) -timeout 30m ./internal/audit/ | tee -a $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x -count $(BENCH_COUNT) ./internal/audit/ | tee -a $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'Replay' -benchtime 3x -count $(BENCH_COUNT) ./internal/audit/ | tee -a $(BENCH_OUT).tmp
+	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -count $(BENCH_COUNT) -timeout 60m ./internal/audit/ | tee -a $(BENCH_OUT).tmp
+	@echo "load-average-after: $$(cut -d' ' -f1-3 /proc/loadavg)" >> $(BENCH_OUT).tmp
+	@mv $(BENCH_OUT).tmp $(BENCH_OUT)
+	@echo "wrote $(BENCH_OUT): make docs-gen writes docs/reference/benchmarks.md from it"
 
 # bench-peers runs fp16audit beside the tools a user would pick instead
 # (Polygraphy, onnxconverter-common, ModelOpt AutoCast, a PyTorch hooks

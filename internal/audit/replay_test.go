@@ -136,7 +136,7 @@ func TestReplayRuns(t *testing.T) {
 		}
 	}
 	for _, want := range []string{report.ReplayForwardOverflow, report.ReplayGradientOverflow, report.ReplayUnderflow,
-		report.ReplayDataNonFinite, report.ReplayDataRange} {
+		report.ReplayDataNonFinite, report.ReplayDataRange, report.ReplayNotReproduced} {
 		if !classes[want] {
 			t.Errorf("no run fixture of class %s", want)
 		}

@@ -1,14 +1,19 @@
 // Package docgen writes the documentation site's reference pages
 // (docs/reference/) from the code and the fixtures: a page per check
 // from the checks registry (the text `fp16audit explain` prints), a page
-// per verdict from package report's constants with the real report of a
-// fixture that reaches it, the command-line reference from each
+// per verdict from package report's constants (the forward, backward,
+// scales and replay verdicts) with the report of a fixture that reaches
+// it (a real PyTorch export, training run or capture whose outcome
+// PyTorch recorded, the one a newcomer recognises first where
+// examplePreference names it; a simulated log only where no real one
+// reaches it, said on the page), the command-line reference from each
 // command's --help, the JSON schemas of the documents from package
-// report's types, and the operator registry from internal/onnx/ops. It
-// enumerates and never lists by hand, so a check, a verdict, a command,
-// a field or an operator added to the code appears by regeneration
-// (`make docs-gen`); TestGenerated fails when a committed page differs
-// from a fresh generation.
+// report's types, the operator registry from internal/onnx/ops, and the
+// benchmarks page from the output of the last `make bench`
+// (BenchResults). It enumerates and never lists by hand, so a check, a
+// verdict, a command, a field, an operator, a fixture or a benchmark
+// added appears by regeneration (`make docs-gen`); TestGenerated fails
+// when a committed page differs from a fresh generation.
 //
 // Generate runs the real fp16audit command line in this process
 // (cli.Main): the pages show what a user's shell shows.
@@ -67,6 +72,7 @@ func generate() (Files, map[string]*example, error) {
 		commandPage,
 		schemaPages,
 		opsPage,
+		benchPage,
 	}
 	for _, step := range steps {
 		if err := step(files); err != nil {

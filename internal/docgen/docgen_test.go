@@ -153,11 +153,15 @@ func schemaHolds(t *testing.T, examples map[string]*example) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the document each kind of verdict page shows
+	kinds := map[string]string{"run": "report", "train": "report", "scales": "scales", "replay": "replay"}
 	for page, e := range examples {
-		d := documents[0]
-		if strings.Contains(page, "/scales/") {
-			d = documents[3]
+		command := strings.Split(strings.TrimPrefix(page, Dir+"/verdicts/"), "/")[0]
+		i := slices.IndexFunc(documents, func(d document) bool { return d.Name == kinds[command] })
+		if i < 0 {
+			t.Fatalf("%s: no document for verdicts of %q", page, command)
 		}
+		d := documents[i]
 		g := &schemaGen{docs: docs, defs: map[string]any{"float": float}}
 		root := g.object(d.Type)
 		checkKeys(t, page, "", e.JSON, root, g.defs)

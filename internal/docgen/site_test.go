@@ -52,9 +52,11 @@ func open(t *testing.T, bin, page string, extra ...string) string {
 // TestSite opens pages of the built site (make docs builds it and names
 // it in FP16AUDIT_SITE_DIR) in headless Chromium and checks that they
 // render: the theme's navigation, a generated check page, a verdict page
-// and the HTML report it embeds, a tutorial, and the Python API that
-// mkdocstrings rendered from the docstrings; and that a screenshot of the
-// home page is not blank.
+// and the HTML report it embeds (a run's and a replay's), the guide with
+// the real outputs it includes, a tutorial, and the Python API that
+// mkdocstrings rendered from the docstrings, with a section for every
+// public module of python/fp16audit; and that a screenshot of the home
+// page is not blank.
 func TestSite(t *testing.T) {
 	site := os.Getenv("FP16AUDIT_SITE_DIR")
 	if site == "" {
@@ -69,7 +71,9 @@ func TestSite(t *testing.T) {
 		{"reference/checks/FP2001/index.html", []string{"FP2001: op overflows in fp16", "fp16audit explain FP2001", "all checks"}},
 		{"reference/verdicts/run/unnormalized-input/index.html", []string{"unnormalized-input", `<iframe class="fp16audit-report"`, "The whole report"}},
 		{"reference/verdicts/run/unnormalized-input.html", []string{`data-ready="1"`, `<svg id="chart"`, `<span id="verdict-id">unnormalized-input</span>`}},
-		{"guide/symptom-to-fix/index.html", []string{"NaN in the first epoch", "verdict: unnormalized-input"}},
+		{"reference/verdicts/replay/gradient-overflow/index.html", []string{"gradient-overflow", `<iframe class="fp16audit-report"`, "step-000023-scale-collapse"}},
+		{"reference/verdicts/replay/gradient-overflow.html", []string{`<span id="verdict-id">gradient-overflow</span>`, `aria-label="log2 of the loss scale"`}},
+		{"guide/symptom-to-fix/index.html", []string{"NaN in the first epoch", "verdict: unnormalized-input", "verdict: gradient-overflow", "verdict: underflow"}},
 		{"tutorials/fastai-vision/index.html", []string{"learn.fp16audit()", "FP16Preflight"}},
 		{"api/python/index.html", []string{"fp16audit.audit", "raise_for_failure"}},
 		{"reference/cli/index.html", []string{"fp16audit run --help", "--fail-on"}},
@@ -86,6 +90,25 @@ func TestSite(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Every public module of the package is on the API page, by
+	// generation: a module added (a trainer's adapter) needs no edit.
+	api, err := os.ReadFile(filepath.Join(site, "api", "python", "index.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, err := filepath.Glob(filepath.Join("..", "..", "python", "fp16audit", "*.py"))
+	if err != nil || len(mods) == 0 {
+		t.Fatalf("no modules in python/fp16audit: %v", err)
+	}
+	for _, m := range mods {
+		name := strings.TrimSuffix(filepath.Base(m), ".py")
+		if strings.HasPrefix(name, "_") {
+			continue
+		}
+		if !bytes.Contains(api, []byte(`id="fp16audit.`+name+`"`)) {
+			t.Errorf("the Python API page has no section for fp16audit.%s", name)
+		}
 	}
 	shot := filepath.Join(t.TempDir(), "home.png")
 	open(t, bin, filepath.Join(site, "index.html"), "--screenshot="+shot, "--window-size=1280,1000", "--hide-scrollbars")

@@ -14,16 +14,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
-	"fp16audit/fixtures"
-	"fp16audit/internal/batch"
 )
 
 // A verdict is one of package report's verdict identifiers.
 type verdict struct {
 	// Command is the command whose document carries it: "run" (the
 	// forward verdict), "train" (the backward verdict of run --mode
-	// train) or "scales".
+	// train), "scales" or "replay".
 	Command string
 	// Const is the Go constant's name, ID its value, Doc its comment.
 	Const, ID, Doc string
@@ -38,6 +35,7 @@ var verdictGroups = []struct{ prefix, command string }{
 	{"Verdict identifiers of `fp16audit scales`", "scales"},
 	{"Verdict identifiers", "run"},
 	{"Backward verdicts", "train"},
+	{"Replay verdicts", "replay"},
 }
 
 // reportVerdicts reads the verdict constants from package report's
@@ -99,27 +97,6 @@ func reportVerdicts() ([]verdict, error) {
 	return out, nil
 }
 
-// An example is the real report of a fixture that reaches a verdict.
-type example struct {
-	// Source says where the fixture comes from and who established its
-	// outcome; Command is the command line as a user types it.
-	Source, Command string
-	// Text and HTML are the report as text and as the HTML page; JSON is
-	// the document.
-	Text, HTML []byte
-	JSON       map[string]any
-}
-
-// candidate is an invocation that may reach a verdict.
-type candidate struct {
-	source string
-	args   []string // fp16audit's arguments, without --format
-	shown  string   // the command as the page shows it ("" = args)
-	want   string   // the verdict its truth expects ("" = any)
-	// replace rewrites temporary paths in the outputs.
-	replace *strings.Replacer
-}
-
 // verdictPages writes a page per verdict and an index, and returns the
 // examples it showed by verdict page, for the checks' pages.
 func verdictPages(files Files) (map[string]*example, error) {
@@ -136,11 +113,16 @@ func verdictPages(files Files) (map[string]*example, error) {
 	if err != nil {
 		return nil, err
 	}
-	scales, err := scalesCandidates()
+	scales, err := scalesCandidates(tmp)
+	if err != nil {
+		return nil, err
+	}
+	replays, err := replayCandidates()
 	if err != nil {
 		return nil, err
 	}
 	found := map[string]*example{}
+	missed := map[string][]miss{}
 	type result struct {
 		ex  *example
 		got string
@@ -158,9 +140,11 @@ func verdictPages(files Files) (map[string]*example, error) {
 			cands = train
 		case "scales":
 			cands = scales
+		case "replay":
+			cands = replays
 		}
-		for _, c := range cands {
-			if c.want != "" && c.want != v.ID {
+		for _, c := range ordered(cands, v.Command+"/"+v.ID) {
+			if !c.expects(v.ID) {
 				continue
 			}
 			key := v.Command + "\x00" + strings.Join(c.args, "\x00")
@@ -173,197 +157,33 @@ func verdictPages(files Files) (map[string]*example, error) {
 				r = result{ex, got}
 				ran[key] = r
 			}
-			ex, got := r.ex, r.got
-			if got == v.ID {
-				found[v.page()] = ex
+			if r.got == v.ID {
+				found[v.page()] = r.ex
 				break
 			}
+			if len(c.want) == 1 {
+				// its truth expects this verdict and no other
+				missed[v.page()] = append(missed[v.page()], miss(r))
+			}
 		}
-		files[v.page()] = verdictPage(v, found[v.page()])
-		if ex := found[v.page()]; ex != nil {
+		ex := found[v.page()]
+		files[v.page()] = verdictPage(v, ex, missed[v.page()])
+		if ex == nil && len(missed[v.page()]) > 0 {
+			ex = missed[v.page()][0].ex
+		}
+		if ex != nil {
 			files[strings.TrimSuffix(v.page(), ".md")+".html"] = ex.HTML
 		}
 	}
-	files[Dir+"/verdicts/index.md"] = verdictIndex(vs, found)
+	files[Dir+"/verdicts/index.md"] = verdictIndex(vs, found, missed)
 	return found, nil
 }
 
-// forwardCandidates lists the fixtures whose recorded outcome is verdict
-// id: first the real PyTorch exports whose truth.json (PyTorch's own
-// outcome under autocast-fp16, fixtures/torch/oracle.py) says so, then
-// the generated fixtures (fixtures.All) that expect it.
-func forwardCandidates(id string) ([]candidate, error) {
-	truths, err := filepath.Glob("fixtures/torch/cases*/*/truth.json")
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(truths)
-	var out []candidate
-	for _, p := range truths {
-		var truth struct {
-			Title    string `json:"title"`
-			MadeWith struct {
-				Torch    string `json:"torch"`
-				Exporter string `json:"exporter"`
-			} `json:"made_with"`
-			Model    struct{ File string } `json:"model"`
-			Policies map[string]struct {
-				Verdict string `json:"verdict"`
-			} `json:"policies"`
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(b, &truth); err != nil {
-			return nil, fmt.Errorf("%s: %w", p, err)
-		}
-		dir := filepath.Dir(p)
-		if truth.Policies["autocast-fp16"].Verdict != id || truth.Model.File == "" {
-			continue
-		}
-		if fi, err := os.Stat(filepath.Join(dir, "batches")); err != nil || !fi.IsDir() {
-			continue
-		}
-		out = append(out, candidate{
-			source: fmt.Sprintf("`%s`: %s, exported by %s under torch %s; PyTorch's own outcome under autocast fp16 (`%s`) is %s.",
-				dir, truth.Title, truth.MadeWith.Exporter, truth.MadeWith.Torch, p, id),
-			args: []string{"run", filepath.Join(dir, truth.Model.File), "-i", filepath.Join(dir, "batches")},
-			want: id,
-		})
-	}
-	for _, f := range fixtures.All() {
-		for _, b := range f.Batches {
-			if b.Expect.Verdict != id || f.ExternalData != "" {
-				continue
-			}
-			out = append(out, candidate{
-				source: fmt.Sprintf("`fixtures/models/%s.onnx`, a model the fixture generator builds (`fixtures/`): %s The batch: %s",
-					f.Name, sentence(f.Doc), sentence(b.Doc)),
-				args: []string{"run", "fixtures/models/" + f.Name + ".onnx", "-i", "fixtures/batches/" + b.Name + ".npy"},
-				want: id,
-			})
-		}
-	}
-	return out, nil
-}
-
-// trainCandidates lists the training fixtures (fixtures/torch/train,
-// PyTorch's autograd recorded beside each in manifest.json) in train
-// mode with their loss, at GradScaler's default initial scale and at a
-// low one (2^8); the batch and targets are written as .npy files to tmp.
-func trainCandidates(tmp string) ([]candidate, error) {
-	const dir = "fixtures/torch/train"
-	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil {
-		return nil, err
-	}
-	var manifest struct {
-		Fixtures []struct {
-			Name, Model, Data, Loss, Target, Note, Output string
-			Inputs                                        []struct{ Key, Name string }
-			ClassAxis                                     *int `json:"class_axis"`
-			Shift                                         bool
-			IgnoreIndex                                   *int `json:"ignore_index"`
-		}
-	}
-	if err := json.Unmarshal(b, &manifest); err != nil {
-		return nil, fmt.Errorf("%s/manifest.json: %w", dir, err)
-	}
-	var out []candidate
-	for _, init := range []string{"", "256"} {
-		for _, f := range manifest.Fixtures {
-			arrays, err := batch.ReadNPZ(filepath.Join(dir, f.Data))
-			if err != nil {
-				return nil, err
-			}
-			write := func(key, name string) (string, error) {
-				for _, a := range arrays {
-					if a.Name == key {
-						data, err := batch.EncodeNPY(a)
-						if err != nil {
-							return "", err
-						}
-						p := filepath.Join(tmp, f.Name+"_"+name+".npy")
-						return p, os.WriteFile(p, data, 0o644)
-					}
-				}
-				return "", fmt.Errorf("%s/%s: no array %q", dir, f.Data, key)
-			}
-			args := []string{"run", filepath.Join(dir, f.Model)}
-			for _, in := range f.Inputs {
-				p, err := write(in.Key, in.Name)
-				if err != nil {
-					return nil, err
-				}
-				args = append(args, "-i", in.Name+"="+p)
-			}
-			target, err := write(f.Target, "target")
-			if err != nil {
-				return nil, err
-			}
-			args = append(args, "--mode", "train", "--loss", f.Loss, "--target", target, "--loss-output", f.Output)
-			if f.ClassAxis != nil && *f.ClassAxis == -1 {
-				args = append(args, "--class-axis", "last")
-			} else if f.ClassAxis != nil {
-				args = append(args, "--class-axis", strconv.Itoa(*f.ClassAxis))
-			}
-			if f.Shift {
-				args = append(args, "--lm-shift")
-			}
-			if f.IgnoreIndex != nil && *f.IgnoreIndex != -100 {
-				args = append(args, "--ignore-index", strconv.Itoa(*f.IgnoreIndex))
-			}
-			if init != "" {
-				args = append(args, "--init-scale", init)
-			}
-			out = append(out, candidate{
-				source: fmt.Sprintf("`%s/%s` with the batch and targets of `%s/%s`: %s PyTorch's autograd for it is recorded in `%s/manifest.json`.",
-					dir, f.Model, dir, f.Data, sentence(f.Note), dir),
-				args:    args,
-				replace: strings.NewReplacer(tmp+string(filepath.Separator), ""),
-			})
-		}
-	}
-	return out, nil
-}
-
-// sentence ends s with a full stop.
-func sentence(s string) string {
-	s = strings.TrimSpace(s)
-	if s != "" && !strings.HasSuffix(s, ".") {
-		s += "."
-	}
-	return s
-}
-
-// scalesCandidates lists the training logs of the scales diagnosis's
-// tests (internal/trainlog/testdata), alone and beside the fp32
-// baseline.
-func scalesCandidates() ([]candidate, error) {
-	const dir = "internal/trainlog/testdata"
-	logs, err := filepath.Glob(dir + "/*.json")
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(logs)
-	var out []candidate
-	for _, base := range []string{"", dir + "/baseline_fp32.json"} {
-		for _, l := range logs {
-			if strings.HasPrefix(filepath.Base(l), "baseline") {
-				continue
-			}
-			args := []string{"scales", l}
-			if base != "" {
-				args = append(args, "--baseline", base)
-			}
-			out = append(out, candidate{
-				source: fmt.Sprintf("`%s`, a training log of the scales diagnosis's tests (`%s`: loss and GradScaler scale of every step, simulated as GradScaler updates the scale)", l, dir),
-				args:   args,
-			})
-		}
-	}
-	return out, nil
+// A miss is the report of a fixture whose truth expects a verdict that
+// fp16audit does not reach on it, and the verdict it reaches instead.
+type miss struct {
+	ex  *example
+	got string
 }
 
 // timings matches a document's measured durations (tool.timing's
@@ -375,7 +195,7 @@ var timings = regexp.MustCompile(`"((?:[a-z_]+_)?seconds)": [-+0-9.eE]+`)
 func runCandidate(command string, c candidate, tmp string) (*example, string, error) {
 	jsonPath := filepath.Join(tmp, "report.json")
 	args := append(slices.Clone(c.args), "--format", "json", "--output", jsonPath)
-	if args[0] == "run" {
+	if args[0] == "run" || args[0] == "replay" {
 		// one thread: the same sums in the same order on every machine
 		args = append(args, "--threads", "1")
 	}
@@ -420,36 +240,55 @@ func runCandidate(command string, c candidate, tmp string) (*example, string, er
 	if c.replace != nil {
 		text, html, shown = c.replace.Replace(text), c.replace.Replace(html), c.replace.Replace(shown)
 	}
-	return &example{Source: c.source, Command: shown, Text: []byte(text), HTML: []byte(html), JSON: doc}, got, nil
+	return &example{Source: c.source, Command: shown, Simulated: c.simulated, Text: []byte(text), HTML: []byte(html), JSON: doc}, got, nil
 }
+
+// commands are the verdict kinds, in the order of the index.
+var commands = []string{"run", "train", "scales", "replay"}
 
 // commandTitles names each verdict kind on the pages.
 var commandTitles = map[string]string{
 	"run":    "Forward verdicts (`fp16audit run`)",
 	"train":  "Backward verdicts (`fp16audit run --mode train --loss ...`)",
 	"scales": "Training-log verdicts (`fp16audit scales`)",
+	"replay": "Replay verdicts (`fp16audit replay CAPTURE`)",
 }
 
-func verdictPage(v verdict, ex *example) []byte {
+// verdictPage is v's page: its doc, and the report of ex, or, where no
+// fixture reaches v, the report of the first one whose truth expects it.
+func verdictPage(v verdict, ex *example, missed []miss) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s\n\n", v.ID)
 	fmt.Fprintf(&b, "%s: `%s` (Go: `report.%s`).\n\n", strings.SplitN(commandTitles[v.Command], " (", 2)[0], v.ID, v.Const)
 	if v.Doc != "" {
 		fmt.Fprintf(&b, "%s\n\n", strings.ToUpper(v.Doc[:1])+v.Doc[1:])
 	}
-	if ex == nil {
+	switch {
+	case ex == nil && len(missed) == 0:
 		b.WriteString("No fixture reaches this verdict yet, so this page shows no report.\n")
 		return []byte(b.String())
+	case ex == nil:
+		m := missed[0]
+		fmt.Fprintf(&b, "## A real case the audit misses\n\nNo fixture reaches this verdict yet. %s\n\n", capital(m.ex.Source))
+		fmt.Fprintf(&b, "PyTorch's own run of it gives this verdict's class, but fp16audit says `%s`: the report below is what a user gets for it today, a known gap (the fixture's test records it and fails once the audit reaches the class).\n\n", m.got)
+		ex = m.ex
+	case ex.Simulated:
+		fmt.Fprintf(&b, "## A report of a simulated log\n\nNo real training run among the fixtures reaches this verdict yet, so this page shows a simulated log: %s\n\n", sentence(ex.Source))
+	default:
+		fmt.Fprintf(&b, "## A real report\n\n%s\n\n", capital(ex.Source))
 	}
-	fmt.Fprintf(&b, "## A real report\n\n%s\n\n", ex.Source)
-	b.WriteString("The report is fp16audit's own output, regenerated from the fixture by `make docs-gen` (its durations set to zero, so that the page only changes when the outcome does).\n\n")
+	b.WriteString("The report is fp16audit's own output, regenerated from the fixture by `make docs-gen` (its durations set to zero, so that the page only changes when the outcome does).")
+	if v.Command == "replay" {
+		b.WriteString(" It is the binary's one-step replay: the continuations that verify clipping, a lower learning rate and fp32 over steps run in the training process, from `fp16audit.replay(capture, model=..., loader=...)`.")
+	}
+	b.WriteString("\n\n")
 	if vt := verdictText(v.Command, ex.JSON); vt != "" {
 		fmt.Fprintf(&b, "The verdict's text in this report: *%s*\n\n", strings.TrimSpace(vt))
 	}
 	// The verdict's block (the header, the verdict, its origin and
 	// fixes) is a snippet section the guides include; the whole report
 	// follows, folded.
-	fmt.Fprintf(&b, "<!-- --8<-- [start:summary] -->\n%s<!-- --8<-- [end:summary] -->\n\n", fence("console", "$ "+ex.Command+"\n"+summary(string(ex.Text))))
+	fmt.Fprintf(&b, "<!-- --8<-- [start:summary] -->\n%s<!-- --8<-- [end:summary] -->\n\n", fence("console", "$ "+ex.Command+"\n"+summary(v.Command, string(ex.Text))))
 	b.WriteString("??? example \"The whole report\"\n\n")
 	for _, l := range strings.Split(fence("console", "$ "+ex.Command+"\n"+string(ex.Text)), "\n") {
 		if l != "" {
@@ -469,14 +308,27 @@ func verdictPage(v verdict, ex *example) []byte {
 	return []byte(b.String())
 }
 
+// capital starts s with a capital letter.
+func capital(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
 // summary is a text report up to the end of its first block after the
-// title: the verdict, where it starts and the fixes.
-func summary(text string) string {
+// title (the verdict and where it starts, with the fixes in the forward
+// and scales reports); a replay's runs on to the end of its fixes.
+func summary(command, text string) string {
 	lines := strings.Split(text, "\n")
+	want := 2
+	if command == "replay" {
+		want = 3
+	}
 	blanks := 0
 	for i, l := range lines {
 		if strings.TrimSpace(l) == "" {
-			if blanks++; blanks == 2 {
+			if blanks++; blanks == want {
 				return strings.Join(lines[:i], "\n") + "\n"
 			}
 		}
@@ -534,13 +386,14 @@ func findingIDs(doc map[string]any) []string {
 	return out
 }
 
-func verdictIndex(vs []verdict, found map[string]*example) []byte {
+func verdictIndex(vs []verdict, found map[string]*example, missed map[string][]miss) []byte {
 	var b strings.Builder
 	b.WriteString("# Verdicts\n\n")
 	b.WriteString("Every document fp16audit writes ends in one verdict, a stable identifier scripts may branch on. " +
 		"Each decision tree tests its verdicts in the order listed; the first that holds wins. " +
-		"Each page shows the real report of a fixture that reaches the verdict, as text and as the HTML page.\n")
-	for _, command := range []string{"run", "train", "scales"} {
+		"Each page shows the report of a fixture that reaches the verdict, as text and as the HTML page: " +
+		"a real PyTorch model, training run or capture whose outcome PyTorch recorded, or, where no real one reaches it yet, a simulated log (said on the page).\n")
+	for _, command := range commands {
 		fmt.Fprintf(&b, "\n## %s\n\n| verdict | example |\n|---|---|\n", commandTitles[command])
 		for _, v := range vs {
 			if v.Command != command {
@@ -549,6 +402,11 @@ func verdictIndex(vs []verdict, found map[string]*example) []byte {
 			ex := "none yet"
 			if e := found[v.page()]; e != nil {
 				ex = "`" + cell(e.Command) + "`"
+				if e.Simulated {
+					ex += " (simulated)"
+				}
+			} else if m := missed[v.page()]; len(m) > 0 {
+				ex = fmt.Sprintf("none yet: the audit says %s on `%s`, whose truth is this verdict", m[0].got, cell(m[0].ex.Command))
 			}
 			fmt.Fprintf(&b, "| [%s](%s) | %s |\n", v.ID, rel(Dir+"/verdicts/index.md", v.page()), ex)
 		}

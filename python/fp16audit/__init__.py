@@ -12,7 +12,7 @@
 - fastai_callback.Fp16AuditCallback: fastai's learn.to_fp16().
 - GradTelemetry: per-module gradient telemetry from backward hooks.
 - EmulatedGradScaler: GradScaler's rules on a CPU, for tests and dry runs.
-- LogWriter / read_log: the JSON Lines log format (python/README.md).
+- LogWriter / read_log: the JSON Lines log format (docs/log-format.md).
 
 Only recording needs torch: the names that do are imported on first use,
 so reading and converting logs (fp16audit.logfile, fp16audit.convert)

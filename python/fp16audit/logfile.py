@@ -1,6 +1,6 @@
 """The fp16audit training log: JSON Lines, written one line per event.
 
-The format is specified in python/README.md ("The log format"); this module
+The format is specified in docs/log-format.md (the training log format); this module
 is its reference writer and reader. Every line is strict JSON (RFC 8259), so
 any JSON parser reads it: non-finite floats, which JSON has no token for, are
 written as the strings "NaN", "Infinity" and "-Infinity".
@@ -99,7 +99,7 @@ class LogWriter:
 
     def step(self, *, step: int, loss: Optional[float], scale: Optional[float], scale_used: Optional[float], skipped: bool,
              epoch: Optional[int] = None, iter: Optional[int] = None) -> None:
-        """Write the step line of one optimizer step (python/README.md, "step")."""
+        """Write the step line of one optimizer step (docs/log-format.md, "step")."""
         self._need_header()
         self._line({
             "kind": "step",

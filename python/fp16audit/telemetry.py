@@ -307,7 +307,7 @@ class GradTelemetry:
         """The measurements since reset(): one dict per module, in the order their first gradient arrived.
 
         Each has name, type, and "output" and "params" summaries (None when
-        that gradient did not arrive); see python/README.md for the fields.
+        that gradient did not arrive); see docs/log-format.md ("telemetry") for the fields.
         """
         host = self._to_host()
         forward = self._forward_to_host()
