@@ -39,7 +39,7 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			// the training audit a user would run: bf16 verified only
 			// where the audit itself asks for it
-			cfg.Train.VerifyBF16 = false
+			cfg.Train.VerifyFixes, cfg.Train.ForwardFirst = false, false
 			var tAudit, tReplay, cAudit, cReplay time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
