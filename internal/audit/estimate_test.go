@@ -102,7 +102,7 @@ func TestEstimateAgainstRuns(t *testing.T) {
 			}
 			slices.Sort(exps)
 			exps = slices.Compact(exps)
-			_, sess, err := a.backwardSession(t.Context(), grad.AutocastRounding(a.up.Graph, a.static.Assign))
+			_, sess, err := a.backwardSession(t.Context(), grad.AutocastRounding(a.up.Graph, a.static.Assign), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

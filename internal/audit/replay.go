@@ -16,9 +16,14 @@ import (
 
 	"fp16audit/internal/batch"
 	"fp16audit/internal/capture"
+	"fp16audit/internal/diagnose"
+	"fp16audit/internal/diagnose/evidence"
+	"fp16audit/internal/diagnose/inputs"
 	"fp16audit/internal/diagnose/replay"
 	"fp16audit/internal/execute"
+	"fp16audit/internal/observe"
 	"fp16audit/internal/precision"
+	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
 
@@ -56,9 +61,17 @@ type ReplayConfig struct {
 // *onnxrt.LibraryNotFoundError.
 func Replay(ctx context.Context, rc ReplayConfig) (*report.ReplayReport, error) {
 	start := time.Now()
-	c, err := capture.Open(rc.Capture)
+	// The weights' sha256 runs beside the audit, which reads them too;
+	// nothing is reported before it agrees with the manifest.
+	c, err := capture.Start(rc.Capture)
 	if err != nil {
 		return nil, &UsageError{Err: err}
+	}
+	verified := func() error {
+		if err := c.Verify(); err != nil {
+			return &UsageError{Err: err}
+		}
+		return nil
 	}
 	sum, err := fileSHA256(filepath.Join(rc.Capture, capture.ManifestFile))
 	if err != nil {
@@ -69,6 +82,9 @@ func Replay(ctx context.Context, rc ReplayConfig) (*report.ReplayReport, error) 
 		return nil, err
 	}
 	if rc.From != "" {
+		if err := verified(); err != nil {
+			return nil, err
+		}
 		r, err := readReplay(rc.From, c)
 		if err != nil {
 			return nil, err
@@ -83,26 +99,43 @@ func Replay(ctx context.Context, rc ReplayConfig) (*report.ReplayReport, error) 
 	if err != nil {
 		return nil, err
 	}
-	a, err := run(ctx, cfg)
+	// The log is read beside the audit.
+	type logRead struct {
+		log *capture.Log
+		err error
+	}
+	logc := make(chan logRead, 1)
+	go func() {
+		l, err := c.ReadLog()
+		logc <- logRead{l, err}
+	}()
+	// Where the forward fails, the previous batch's forward at the same
+	// weights tells the data from the weights: the fp32 and the policy's
+	// passes over it, one more run of the same audit.
+	var previous func(context.Context, *audit) error
+	if prev := m.Batches.Previous; prev != nil {
+		previous = func(ctx context.Context, a *audit) error {
+			if !forwardFails(a.report) {
+				return nil
+			}
+			p, err := a.forwardOf(ctx, c.Path(prev.Inputs))
+			if err != nil {
+				return fmt.Errorf("the previous batch: %w", err)
+			}
+			in.Previous = p
+			return nil
+		}
+	}
+	a, err := runThen(ctx, cfg, previous)
+	lr := <-logc
 	if err != nil {
 		return nil, err
 	}
 	in.Audit = a.report
-	if prev := m.Batches.Previous; prev != nil && forwardFails(a.report) {
-		pc := cfg
-		pc.Inputs = []string{c.Path(prev.Inputs)}
-		pc.Train = TrainConfig{Mode: cfg.Train.Mode}
-		pc.NoFixes, pc.Passes = true, []string{PassesNone}
-		p, err := run(ctx, pc)
-		if err != nil {
-			return nil, fmt.Errorf("the previous batch: %w", err)
-		}
-		in.Previous = p.report
-	}
 	if in.Failing, err = batch.ReadNPZ(c.Path(m.Batches.Failing.Inputs)); err != nil {
 		return nil, &UsageError{Err: err}
 	}
-	if in.Log, err = c.ReadLog(); err != nil {
+	if in.Log, err = lr.log, lr.err; err != nil {
 		return nil, &UsageError{Err: err}
 	}
 	names, err := c.StateNames()
@@ -112,6 +145,9 @@ func Replay(ctx context.Context, rc ReplayConfig) (*report.ReplayReport, error) 
 	in.Parameters = map[string]bool{}
 	for _, n := range names {
 		in.Parameters[n] = true
+	}
+	if err := verified(); err != nil {
+		return nil, err
 	}
 	r := replay.Diagnose(in)
 	r.Capture.ManifestSHA256 = sum
@@ -141,14 +177,15 @@ func replayConfig(rc ReplayConfig, c *capture.Capture) (Config, replay.Input, er
 	}
 	// bf16 is asked where the step fails: the forward's bf16 pass runs
 	// when the policy's forward fails (PassesAuto), the bf16 backward
-	// when the captured scale fails (VerifyBF16).
+	// when the captured scale fails (VerifyFixes), with the failing
+	// modules kept in fp32.
 	scale := 1.0
 	if s, ok := m.Scale(); ok {
 		scale = s
 	}
 	exp, note := scaleExponent(scale)
 	in.ScaleExp, in.ScaleNote = &exp, note
-	cfg.Train = TrainConfig{Mode: "train", InitScale: math.Ldexp(1, exp), Tolerance: rc.Tolerance, VerifyBF16: true}
+	cfg.Train = TrainConfig{Mode: "train", InitScale: math.Ldexp(1, exp), Tolerance: rc.Tolerance, VerifyFixes: true, ForwardFirst: true}
 	if m.Loss.Name == nil || *m.Loss.Name == "" {
 		return cfg, in, nil
 	}
@@ -190,6 +227,42 @@ func scaleExponent(s float64) (int, string) {
 		return exp, ""
 	}
 	return exp, fmt.Sprintf("the captured scale %g is not a power of two: the backward is replayed at 2^%d, the power of two below it", s, exp)
+}
+
+// forwardOf runs the audit's forward passes (fp32 and the policy's) over
+// the batch at path, at the audit's weights, in the audit's engine, and
+// returns their diagnosis without fixes: the origins and each node's
+// statistics.
+func (a *audit) forwardOf(ctx context.Context, path string) (*report.Report, error) {
+	bs, _, err := batch.Load(a.specs, batch.Options{Args: []string{path}, Shapes: a.cfg.Shapes})
+	if err != nil {
+		return nil, &UsageError{Err: err}
+	}
+	passes := []execute.Pass{{Name: report.PassFP32, Model: a.fwd}}
+	if a.main != "" {
+		passes = append(passes, execute.Pass{Name: a.main, Model: rewrite.Emulate(a.fwd, a.model.Proto.Graph, a.static.Assign), Ref: report.PassFP32})
+	}
+	results, _, err := a.engine.Run(ctx, passes, bs)
+	if err != nil {
+		return nil, err
+	}
+	o := &audit{cfg: a.cfg, model: a.model, up: a.up, fwd: a.fwd, ranked: a.ranked, policy: a.policy, static: a.static,
+		main: a.main, specs: a.specs, batches: bs, engine: a.engine, passes: map[string]*observe.PassResult{},
+		halfCast: a.halfCast, report: &report.Report{}, lib: a.lib}
+	for _, r := range results {
+		o.report.Passes = append(o.report.Passes, r.Name)
+		o.passes[r.Name] = r
+	}
+	facts := &evidence.Facts{Static: a.static, HalfCasts: a.halfCast,
+		Inputs: inputs.Analyze(a.specs, bs, a.model.Index, a.cfg.Thresholds.ColumnScale), Passes: o.passes, Main: a.main,
+		Values: a.engine.Observe, Thresholds: a.cfg.Thresholds, Ranked: a.ranked, AutocastDevice: a.cfg.AutocastDevice}
+	d, err := diagnose.Run(ctx, facts, o, bs, diagnose.Options{Checks: a.cfg.Checks, NoFixes: true})
+	if err != nil {
+		return nil, err
+	}
+	o.report.Origins = d.Origins
+	o.report.Nodes = o.nodeReports()
+	return o.report, nil
 }
 
 // forwardFails says whether the forward of a report goes non-finite in

@@ -15,9 +15,11 @@ import (
 // model.onnx -i batch.npz --mode train --loss ... --init-scale ...`, what
 // a user would run by hand), in the same iteration, and reports the ratio
 // replay/audit by the wall clock and by CPU time. The replay adds the
-// capture's checks (every file hashed), the bf16 backward where the
-// captured scale fails, the previous batch's forward (an audit of its
-// own) where the forward fails, and the diagnosis.
+// capture's checks (the files it reads hashed, the weights beside the
+// audit), the bf16 backward and the failing modules kept in fp32 where
+// the captured scale fails, the previous batch's forward (one more run of
+// the same audit) where the forward fails — and skips the backward there
+// — and the diagnosis.
 // Captures: the run fixtures (fixtures/torch/runs, small models) and,
 // when FP16AUDIT_BENCH_CAPTURE names one, that capture (python/bench_capture.py
 // --keep DIR writes one of a large model).
@@ -39,7 +41,7 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			// the training audit a user would run: bf16 verified only
 			// where the audit itself asks for it
-			cfg.Train.VerifyBF16 = false
+			cfg.Train.VerifyFixes, cfg.Train.ForwardFirst = false, false
 			var tAudit, tReplay, cAudit, cReplay time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

@@ -23,23 +23,26 @@ const runsDir = "../../fixtures/torch/runs"
 
 type runTruth struct {
 	Run      string
-	Captures []struct {
-		Trigger, Capture, Class string
-		Step                    int
-		Data                    struct {
-			NonFinite  []int64 `json:"nonfinite_samples"`
-			OutOfRange []int64 `json:"out_of_range_samples"`
-		}
-		FP16Forward struct {
-			Reaching  *string  `json:"first_reaching_output"`
-			NonFinite []string `json:"nonfinite"`
-		} `json:"fp16_forward"`
-		FP16Backward struct {
-			First *string `json:"first_nonfinite"`
-		} `json:"fp16_backward"`
-		LargestFiniteExp *int               `json:"largest_finite_exp"`
-		LostMass         map[string]float64 `json:"lost_mass"`
+	Captures []capTruth
+}
+
+// capTruth is PyTorch's record at one captured step.
+type capTruth struct {
+	Trigger, Capture, Class string
+	Step                    int
+	Data                    struct {
+		NonFinite  []int64 `json:"nonfinite_samples"`
+		OutOfRange []int64 `json:"out_of_range_samples"`
 	}
+	FP16Forward struct {
+		Reaching  *string  `json:"first_reaching_output"`
+		NonFinite []string `json:"nonfinite"`
+	} `json:"fp16_forward"`
+	FP16Backward struct {
+		First *string `json:"first_nonfinite"`
+	} `json:"fp16_backward"`
+	LargestFiniteExp *int               `json:"largest_finite_exp"`
+	LostMass         map[string]float64 `json:"lost_mass"`
 }
 
 func readRunTruth(t *testing.T, dir string) runTruth {

@@ -135,6 +135,13 @@ func Run(ctx context.Context, cfg Config) (*report.Report, error) {
 
 // run is Run, returning the audit's state with its report.
 func run(ctx context.Context, cfg Config) (*audit, error) {
+	return runThen(ctx, cfg, nil)
+}
+
+// runThen is run, with then called on the finished audit while its
+// engine and shared weights are still open (the replay's forward of the
+// previous batch runs there, as one more run of the same audit).
+func runThen(ctx context.Context, cfg Config, then func(context.Context, *audit) error) (*audit, error) {
 	start := time.Now()
 	if cfg.Policy == "" {
 		cfg.Policy = precision.DefaultPolicy
@@ -243,6 +250,11 @@ func run(ctx context.Context, cfg Config) (*audit, error) {
 	a.report.Notes = append(a.report.Notes, d.Notes...)
 	if err := a.auditTraining(ctx); err != nil {
 		return nil, a.runError(err)
+	}
+	if then != nil {
+		if err := then(ctx, a); err != nil {
+			return nil, a.runError(err)
+		}
 	}
 	a.report.Tool.ElapsedSecs = time.Since(start).Seconds()
 	a.report.Tool.Timing = a.timing(loaded)

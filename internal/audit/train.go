@@ -53,10 +53,15 @@ type TrainConfig struct {
 	// more than this share of its L2 norm to fp16 (mass lost); 0 means
 	// DefaultGradMassTolerance.
 	Tolerance float64
-	// VerifyBF16 verifies the bf16 fix of the backward whenever the
-	// initial scale overflows or loses mass (the replay's question), not
-	// only when no fp16 scale is clean.
-	VerifyBF16 bool
+	// VerifyFixes verifies the backward's one-step fixes whenever the
+	// initial scale overflows or loses mass (the replay's question): bf16
+	// (not only when no fp16 scale is clean) and the failing modules kept
+	// in fp32.
+	VerifyFixes bool
+	// ForwardFirst skips the backward when the forward already goes
+	// NaN/Inf in fp32 or under the policy: the step failed before its
+	// backward (the replay's question), and the report says so.
+	ForwardFirst bool
 }
 
 // Defaults of the training audit: torch.amp's GradScaler starts at 2^16,
@@ -81,6 +86,13 @@ type trainer struct {
 	// inputs and target are the tensors the backward runs on.
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
+	// shapes are the backward's shape facts, made once for every
+	// backward graph of the audit.
+	shapes *grad.Facts
+	// sess is the backward's session, open until the training diagnosis
+	// ends: its alternative rounding (bf16, where its points are the
+	// policy's) verifies the bf16 fix without a session of its own.
+	sess *backward.MassSession
 }
 
 // applyMode rewrites the loaded model into the configured mode; every
@@ -178,7 +190,15 @@ const lmTokens = "input_ids"
 func (a *audit) auditTraining(ctx context.Context) error {
 	c := a.cfg.Train
 	f := a.trainingFacts()
-	if c.Loss != "" {
+	if c.Loss != "" && c.ForwardFirst && forwardFails(a.report) {
+		a.report.Notes = append(a.report.Notes, "the backward was not run: the forward already goes NaN/Inf, so the step fails before its gradients")
+	} else if c.Loss != "" {
+		defer func() {
+			if a.train.sess != nil {
+				a.train.sess.Close()
+				a.train.sess = nil
+			}
+		}()
 		b, err := a.backward(ctx)
 		if err != nil {
 			return err
@@ -213,16 +233,17 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	}
 	initExp := exponent(c.InitScale)
 	b := &training.Backward{Loss: grad.Loss(c.Loss), Target: c.Target, InitExp: initExp,
-		MinExp: min(judgedMinExp, initExp), MaxExp: max(judgedMaxExp, initExp), Tolerance: c.Tolerance, VerifyBF16: c.VerifyBF16,
+		MinExp: min(judgedMinExp, initExp), MaxExp: max(judgedMaxExp, initExp), Tolerance: c.Tolerance, VerifyFixes: c.VerifyFixes,
 		Runs: map[int]*grad.Run{}}
 	if len(a.batches) > 1 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the backward audit ran on the first of %d batches, the one its target belongs to", len(a.batches)))
 	}
-	res, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, a.static.Assign))
+	r := grad.AutocastRounding(a.up.Graph, a.static.Assign)
+	res, sess, err := a.backwardSession(ctx, r, a.bf16Rounding(r))
 	if err != nil {
 		return nil, err
 	}
-	defer sess.Close()
+	a.train.sess = sess
 	// An interrupt stops the run in flight, and the audit before the next.
 	defer sess.StopOn(ctx)()
 	b.Res, b.Output = res, res.Output
@@ -260,16 +281,16 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 }
 
 // backwardSession builds the backward graph with the rounding r and opens
-// its session. The graph needs every value's shape on the backward's
+// its session, with alt as its alternative rounding (nil: none). The graph needs every value's shape on the backward's
 // batch: the fp32 pass recorded them on its first batch, the same one,
 // and the probe's forward run (a session and a run of its own, 40–100 ms
 // of a ResNet-18's training audit) measures them only when that record
 // falls short.
-func (a *audit) backwardSession(ctx context.Context, r *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
+func (a *audit) backwardSession(ctx context.Context, r, alt *grad.Rounding) (*grad.Result, *backward.MassSession, error) {
 	c := a.cfg.Train
 	opt := a.engine.Session
-	var facts *grad.Facts
-	if fp32 := a.passes[report.PassFP32]; fp32 != nil {
+	facts := a.train.shapes
+	if fp32 := a.passes[report.PassFP32]; facts == nil && fp32 != nil {
 		facts = backward.Known(a.up, a.train.inputs, fp32.Shapes)
 	}
 	if facts == nil {
@@ -278,11 +299,12 @@ func (a *audit) backwardSession(ctx context.Context, r *grad.Rounding) (*grad.Re
 			return nil, nil, err
 		}
 	}
+	a.train.shapes = facts
 	res, err := grad.Build(a.up, facts, a.gradOptions(r))
 	if err != nil {
 		return nil, nil, &UsageError{Err: lossHint(err, c)}
 	}
-	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.engine.Weights, a.train.inputs, a.train.target)
+	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.engine.Weights, a.train.inputs, a.train.target, alt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -440,10 +462,35 @@ func exponent(x float64) int {
 	return e - 1
 }
 
+// bf16Rounding is the bf16 policy's rounding of the backward when it
+// holds gradients at the same points as r (the policy's), so that the
+// backward's session runs it too; nil when it does not (another policy's
+// lists, a model below opset 13).
+func (a *audit) bf16Rounding(r *grad.Rounding) *grad.Rounding {
+	if defaultOpset(a.up) < 13 || a.policy.Name == "autocast-bf16" {
+		return nil
+	}
+	pol, err := precision.PolicyByName("autocast-bf16")
+	if err != nil {
+		return nil
+	}
+	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
+	b := grad.AutocastRounding(a.up.Graph, asg)
+	if !backward.SameSites(r, b) {
+		return nil
+	}
+	return b
+}
+
 // BF16 runs the backward with the bf16 policy's rounding at scale 1 (the
-// fix training.Run verifies: learn.to_bf16() trains without loss scaling);
+// fix training.Run verifies: learn.to_bf16() trains without loss scaling)
+// — in the backward's own session where it holds the bf16 rounding —;
 // ctx ending stops its run.
 func (a *audit) BF16(ctx context.Context) (*grad.Run, error) {
+	if s := a.train.sess; s != nil && s.HasAlt() {
+		defer s.StopOn(ctx)()
+		return s.RunAlt(0)
+	}
 	pol, err := precision.PolicyByName("autocast-bf16")
 	if err != nil {
 		return nil, err
@@ -452,11 +499,26 @@ func (a *audit) BF16(ctx context.Context) (*grad.Run, error) {
 		return nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
 	}
 	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg))
+	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer sess.Close()
 	defer sess.StopOn(ctx)()
 	return sess.Run(0, true)
+}
+
+// KeepFP32 runs the backward at scale 2^exp with the nodes keep computing
+// in fp32 under the policy, forward and backward (the fix training.Run
+// verifies for the modules whose gradients fail); ctx ending stops its
+// run.
+func (a *audit) KeepFP32(ctx context.Context, keep map[int]bool, exp int) (*grad.Run, error) {
+	asg := precision.AssignKeepFP32(a.policy, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType, keep)
+	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close()
+	defer sess.StopOn(ctx)()
+	return sess.Run(exp, true)
 }

@@ -36,6 +36,11 @@ type Capture struct {
 	// Notes are facts about the folder a reader should know (files the
 	// manifest does not list, which nothing reads).
 	Notes []string
+
+	// hashed delivers the outcome of the sha256 checks Start left running
+	// (nil: none are); Verify reads it once into verified.
+	hashed   chan []Problem
+	verified *RefusedError
 }
 
 // Path returns the path of rel (a checked manifest path) inside the
@@ -87,11 +92,35 @@ const (
 	doEscape    = "a capture's paths are relative, use /, stay inside the folder and pass through no symlink; this folder was not written by fp16audit's recorder"
 )
 
+// hashInline is the size up to which Start hashes a file before it
+// returns; a larger one (the model's weights) is hashed by a goroutine
+// while the caller goes on (Verify waits for it). A variable for the
+// tests.
+var hashInline int64 = 4 << 20
+
 // Open reads and checks the capture folder dir. It returns a
 // *RefusedError naming every problem when the folder is not a capture,
 // comes from a newer format, names a path outside itself, holds a pickle,
 // or has a file that is missing, truncated or changed.
 func Open(dir string) (*Capture, error) {
+	c, err := Start(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Verify(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Start checks the capture folder dir as Open does, except that the
+// sha256 of a file larger than a few megabytes (the model's weights) is
+// computed by a goroutine, once, while the caller reads the folder:
+// every path, size, header and array is checked before Start returns, so
+// nothing the caller opens can be truncated, escape the folder or hold a
+// pickle; a file changed after the capture was written is refused by
+// Verify, which the caller must call before it trusts what it read.
+func Start(dir string) (*Capture, error) {
 	fi, err := os.Stat(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -139,18 +168,31 @@ func Open(dir string) (*Capture, error) {
 		}
 	}
 	c.Notes = append(c.Notes, walk(dir, m, add)...)
+	// The files the replay reads: the model and its external data, which
+	// may lie in the state's safetensors file (format 1.1 holds each
+	// weight once).
+	external := map[string]bool{}
+	if m.Model.Path != "" && !bad[m.Model.Path] {
+		external = checkModel(c, add)
+	}
 	// The files themselves: size, no pickle, and the sha256 of every file
-	// the replay reads. The state's tensors (the model's and the
-	// optimizer's) only the Python continuations read, which check their
-	// hashes themselves: here their sizes and headers are checked, not
-	// hashed (on a 100 M-parameter model that is a gigabyte not read).
+	// the replay reads. The state (the tensors the model does not read,
+	// the optimizer's and the RNG's JSON) only the Python continuations
+	// read, which check their hashes themselves: here their sizes (and the
+	// tensors' headers) are checked, not hashed (on a 100 M-parameter model
+	// with Adam that is a gigabyte not read).
+	var later []string
 	for _, name := range names {
 		if bad[name] {
 			continue
 		}
-		if p, ok := checkFile(dir, name, m.Files[name], !stateTensors(name)); !ok {
+		want := m.Files[name]
+		hash := !strings.HasPrefix(name, "state/") || external[name]
+		if p, ok := checkFile(dir, name, want, hash && want.Bytes <= hashInline); !ok {
 			add(p)
 			bad[name] = true
+		} else if hash && want.Bytes > hashInline {
+			later = append(later, name)
 		}
 	}
 	// What the replay reads: the arrays, the tensors' headers, the model.
@@ -174,13 +216,39 @@ func Open(dir string) (*Capture, error) {
 			}
 		}
 	}
-	if m.Model.Path != "" && !bad[m.Model.Path] {
-		checkModel(c, add)
-	}
 	if len(probs) > 0 {
 		return nil, &RefusedError{Dir: dir, Problems: probs}
 	}
+	if len(later) > 0 {
+		c.hashed = make(chan []Problem, 1)
+		go func() {
+			var ps []Problem
+			for _, name := range later {
+				if p, ok := checkHash(dir, name, m.Files[name]); !ok {
+					ps = append(ps, p)
+				}
+			}
+			c.hashed <- ps
+		}()
+	}
 	return c, nil
+}
+
+// Verify waits for the sha256 checks Start left running and returns a
+// *RefusedError naming each file whose content differs from the
+// manifest's; nil when every file is as the recorder wrote it (at once
+// after Open).
+func (c *Capture) Verify() error {
+	if c.hashed != nil {
+		if ps := <-c.hashed; len(ps) > 0 {
+			c.verified = &RefusedError{Dir: c.Dir, Problems: ps}
+		}
+		c.hashed = nil
+	}
+	if c.verified != nil {
+		return c.verified
+	}
+	return nil
 }
 
 func refuse(dir, path, what, do string) error {
@@ -413,10 +481,25 @@ func sniffPickle(path string) string {
 	return ""
 }
 
-// stateTensors reports whether name is one of the state's safetensors
-// files, which the Go replay reads only the headers of.
-func stateTensors(name string) bool {
-	return strings.HasPrefix(name, "state/") && strings.HasSuffix(name, ".safetensors")
+// checkHash checks one listed file's sha256, reading it front to back.
+func checkHash(dir, name string, want File) (Problem, bool) {
+	f, err := os.Open(filepath.Join(dir, filepath.FromSlash(name)))
+	if err != nil {
+		return Problem{name, err.Error(), doRecapture}, false
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return Problem{name, err.Error(), doRecapture}, false
+	}
+	return sumProblem(name, hex.EncodeToString(h.Sum(nil)), want)
+}
+
+func sumProblem(name, got string, want File) (Problem, bool) {
+	if !strings.EqualFold(got, want.SHA256) {
+		return Problem{name, fmt.Sprintf("sha256 %s differs from the manifest's %s: the file changed after the capture was written", short(got), short(want.SHA256)), doRecapture}, false
+	}
+	return Problem{}, true
 }
 
 // checkFile checks one listed file's size and, with hash, its sha256, and
@@ -451,8 +534,8 @@ func checkFile(dir, name string, want File, hash bool) (Problem, bool) {
 		}
 		return Problem{name, what, doRecapture}, false
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); hash && !strings.EqualFold(got, want.SHA256) {
-		return Problem{name, fmt.Sprintf("sha256 %s differs from the manifest's %s: the file changed after the capture was written", short(got), short(want.SHA256)), doRecapture}, false
+	if hash {
+		return sumProblem(name, hex.EncodeToString(h.Sum(nil)), want)
 	}
 	return Problem{}, true
 }
@@ -580,13 +663,15 @@ func checkJSON(path string) string {
 }
 
 // checkModel decodes the ONNX model and checks every external data
-// location it names as a manifest path before anything opens the data.
-func checkModel(c *Capture, add func(Problem)) {
+// location it names as a manifest path before anything opens the data;
+// it returns those paths.
+func checkModel(c *Capture, add func(Problem)) map[string]bool {
 	m := c.Manifest
+	used := map[string]bool{}
 	data, err := os.ReadFile(c.Path(m.Model.Path))
 	if err != nil {
 		add(Problem{m.Model.Path, err.Error(), doRecapture})
-		return
+		return used
 	}
 	var mp onnx.ModelProto
 	if err := proto.Unmarshal(data, &mp); err != nil || mp.GetGraph() == nil {
@@ -595,7 +680,7 @@ func checkModel(c *Capture, add func(Problem)) {
 			what += ": " + err.Error()
 		}
 		add(Problem{m.Model.Path, what, "the export at capture time failed or the file was damaged: " + doRecapture})
-		return
+		return used
 	}
 	seen := map[string]bool{}
 	_ = onnx.WalkTensors(&mp, func(where string, t *onnx.TensorProto) error {
@@ -624,9 +709,12 @@ func checkModel(c *Capture, add func(Problem)) {
 		}
 		if _, ok := m.Files[rel]; !ok {
 			add(Problem{field + " " + quote(loc), "is not listed in the manifest's files, so its size and sha256 cannot be checked", doRecapture})
+			return nil
 		}
+		used[rel] = true
 		return nil
 	})
+	return used
 }
 
 // StateNames returns the names of the tensors in the model's state (its

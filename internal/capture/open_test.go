@@ -21,10 +21,12 @@ import (
 
 // Real captures, written by the recorder in real CPU-fp16 runs
 // (fixtures/torch/runs.py): a TorchScript export with its weights inline,
-// and a dynamo export whose weights are external data.
+// and a dynamo export whose weights are external data, in the state's
+// safetensors file where the export kept a parameter's layout and in
+// model.onnx.data where it transposed one.
 const (
 	fixture         = "../../fixtures/torch/runs/data_nan/captures/step-000030-nonfinite-loss"
-	fixtureExternal = "../../fixtures/torch/runs/forward_growth/captures/step-000045-nonfinite-loss"
+	fixtureExternal = "../../fixtures/torch/runs/transformer_collapse/captures/step-000038-nonfinite-loss"
 )
 
 // copyCapture copies the fixture capture into a temporary folder.
@@ -219,6 +221,14 @@ func TestRefusals(t *testing.T) {
 			zw.Close()
 			os.WriteFile(filepath.Join(dir, "weights.bin"), b.Bytes(), 0o644)
 		}, "weights.bin", "pickle"},
+		{"changed weights in the state", func(t *testing.T, dir string) {
+			// the model's weights lie in the state's safetensors file: the
+			// replay reads them, so their sha256 is checked too
+			p := filepath.Join(dir, "state", "model.safetensors")
+			data, _ := os.ReadFile(p)
+			data[len(data)-1] ^= 1
+			os.WriteFile(p, data, 0o644)
+		}, "state/model.safetensors", "sha256"},
 		{"model does not load", func(t *testing.T, dir string) { rewrite(t, dir, "model.onnx", []byte("not a model at all")) },
 			"model.onnx", "does not decode as an ONNX model"},
 		{"external data escapes", func(t *testing.T, dir string) {
@@ -244,7 +254,7 @@ func TestRefusals(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyCapture(t)
-			if strings.Contains(c.path, ".data") {
+			if strings.Contains(c.path, ".data") || strings.Contains(c.name, "weights") {
 				// the cases about external data take the dynamo export
 				dir = copyFrom(t, fixtureExternal)
 			}
@@ -255,3 +265,42 @@ func TestRefusals(t *testing.T) {
 }
 
 func pickleObj() []byte { return []byte("\x80\x02cos\nsystem\nq\x00.") }
+
+// TestVerifyLater: Start hashes a large file beside its caller and Verify
+// refuses it when it changed; a truncated one Start refuses at once, by
+// its size, before anything reads it.
+func TestVerifyLater(t *testing.T) {
+	defer capture.SetHashInline(1)()
+	dir := copyFrom(t, fixtureExternal)
+	c, err := capture.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Verify(); err != nil {
+		t.Fatalf("the unchanged capture: %v", err)
+	}
+	p := filepath.Join(dir, "model.onnx.data")
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 1
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = capture.Start(dir); err != nil {
+		t.Fatalf("Start checks sizes and headers, and hashes the large files later: %v", err)
+	}
+	var re *capture.RefusedError
+	if err := c.Verify(); !errors.As(err, &re) {
+		t.Fatalf("Verify: want a refusal, got %v", err)
+	}
+	wantProblem(t, re, "model.onnx.data", "sha256")
+	if err := os.WriteFile(p, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := capture.Start(dir); !errors.As(err, &re) {
+		t.Fatalf("Start: want the truncated file refused, got %v", err)
+	}
+	wantProblem(t, re, "model.onnx.data", "truncated")
+}

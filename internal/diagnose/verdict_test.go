@@ -517,6 +517,29 @@ func TestConstantFill(t *testing.T) {
 	}
 }
 
+// TestWeightPastFP16: a Linear's weight that grew past 65504 is Inf once
+// autocast casts the fp32 master weight for the op. It is a parameter that
+// outgrew fp16, not a fill: the verdict and FP4004 say so and what keeps a
+// weight in range, and none of them asks for torch.finfo, which the mask
+// fill of TestConstantFill still gets.
+func TestWeightPastFP16(t *testing.T) {
+	v := make([]float32, 16)
+	for i := range v {
+		v[i] = 0.5
+	}
+	v[5] = 7e4
+	w := onnx.FloatTensor("fc.weight", []int64{4, 4}, v)
+	g := newGraph([]string{"y"}, []*onnx.TensorProto{w, weight("fc.bias", 4)}, node("Gemm", "/fc/Gemm", "x fc.weight fc.bias", "y", onnx.AttrInt("transB", 1)))
+	d, _ := diagnose(t, world{g: g, policy: "autocast-fp16", passes: map[string]map[string]*observe.Stats{
+		report.PassFP32: {"y": fin(5304)}, report.PassFP16: {"y": bad(3, 0, 8, 0)}}}, clean, Options{})
+	check(t, d, outcome{verdict: report.VerdictOverflow, origin: "/fc/Gemm", errors: []string{"FP4004"}, text: "takes the weight fc.weight", fixes: []string{"finfo-constant=works"}})
+	for _, text := range append([]string{d.VerdictText}, d.Findings[0].Message) {
+		if !strings.Contains(text, "weight decay") || !strings.Contains(text, "master weight") && !strings.Contains(text, "casts to fp16") || strings.Contains(text, "instead of a fixed") {
+			t.Errorf("want the weight's advice (weight decay, autocast's cast), not torch.finfo's: %s", text)
+		}
+	}
+}
+
 // TestFinfoFill: where the emulated pass writes a number torch.finfo(dtype)
 // wrote as its format's limit (fp32: -3.4e38, fp16: -65504, bf16: its
 // minimum), the diagnosis warns that only the dtype-aware idiom is fine

@@ -174,7 +174,7 @@ func BenchmarkGradient(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			s, err := backward.NewMassSession(lib, res, opt, "", nil, inputs, target(res))
+			s, err := backward.NewMassSession(lib, res, opt, "", nil, inputs, target(res), nil)
 			if err != nil {
 				b.Fatal(err)
 			}

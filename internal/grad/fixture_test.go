@@ -488,7 +488,7 @@ func TestMassSession(t *testing.T) {
 		return res
 	}
 	res, res32 := build(r), build(nil)
-	ms, err := backward.NewMassSession(lib, res, massOptions, m.Path, nil, l.inputs, l.target)
+	ms, err := backward.NewMassSession(lib, res, massOptions, m.Path, nil, l.inputs, l.target, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -511,6 +511,7 @@ static ortc_custom_op observe_op = {
 // threads share.
 typedef struct {
 	int to;
+	int alt; // the format when "on" is 2 (0: unrounded)
 } round_kernel;
 
 enum { round_chunk = 1 << 16 };
@@ -532,27 +533,37 @@ static void round_work(void *user, size_t it) {
 	fa_round(j->dst + lo, j->src + lo, hi - lo, j->to);
 }
 
-// round_enabled reads the optional input "on" of Round and Mass: when it
-// is given and its first element is 0, *to becomes 0 (Round copies its
-// input unrounded, Mass computes nothing).
-static OrtStatus *round_enabled(OrtKernelContext *ctx, int *to) {
+// round_switch reads the optional input "on" of Round and Mass (its
+// first element; 1 when absent).
+static OrtStatus *round_switch(OrtKernelContext *ctx, float *on) {
 	size_t n = 0;
 	OrtStatus *st = ORTC_FN(api, ortc_KernelContext_GetInputCount)(ctx, &n);
 	if (st != NULL || n < 2) {
 		return st;
 	}
-	const OrtValue *on = NULL;
-	if ((st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, 1, &on)) != NULL || on == NULL) {
+	const OrtValue *v = NULL;
+	if ((st = ORTC_FN(api, ortc_KernelContext_GetInput)(ctx, 1, &v)) != NULL || v == NULL) {
 		return st;
 	}
 	void *p = NULL;
-	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)((OrtValue *)on, &p)) != NULL) {
+	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)((OrtValue *)v, &p)) != NULL) {
 		return st;
 	}
-	if (p != NULL && *(const float *)p == 0) {
-		*to = 0;
+	if (p != NULL) {
+		*on = *(const float *)p;
 	}
 	return NULL;
+}
+
+// round_enabled sets *to to 0 when the input "on" is given and holds 0
+// (Mass computes nothing).
+static OrtStatus *round_enabled(OrtKernelContext *ctx, int *to) {
+	float on = 1;
+	OrtStatus *st = round_switch(ctx, &on);
+	if (st == NULL && on == 0) {
+		*to = 0;
+	}
+	return st;
 }
 
 static OrtStatus *round_compute(void *kernel, OrtKernelContext *ctx) {
@@ -589,9 +600,17 @@ static OrtStatus *round_compute(void *kernel, OrtKernelContext *ctx) {
 	if ((st = ORTC_FN(api, ortc_GetTensorMutableData)(out, &dst)) != NULL) {
 		return st;
 	}
-	round_job j = {(float *)dst, (const float *)src, (int64_t)count, ((const round_kernel *)kernel)->to};
-	if ((st = round_enabled(ctx, &j.to)) != NULL) {
+	const round_kernel *k = (const round_kernel *)kernel;
+	round_job j = {(float *)dst, (const float *)src, (int64_t)count, k->to};
+	// "on": 0 unrounded, 2 the alternative format, anything else "to"
+	float on = 1;
+	if ((st = round_switch(ctx, &on)) != NULL) {
 		return st;
+	}
+	if (on == 0) {
+		j.to = 0;
+	} else if (on == 2) {
+		j.to = k->alt;
 	}
 	int64_t iters = (j.n + round_chunk - 1) / round_chunk;
 	if (iters > 1) {
@@ -620,11 +639,20 @@ static OrtStatus *round_create(const ortc_custom_op *op, const void *api_, const
 	if (to != FA_ROUND_FP16 && to != FA_ROUND_BF16) {
 		return fail("fp16audit Round: \"to\" must be FLOAT16 (10) or BFLOAT16 (16)");
 	}
+	int64_t alt = to;
+	if ((st = ORTC_FN(api, ortc_KernelInfoGetAttribute_int64)(info, FA_ATTR_ALT, &alt)) != NULL) {
+		ORTC_RELEASE(api, ortc_ReleaseStatus)(st);
+		alt = to;
+	}
+	if (alt != 0 && alt != FA_ROUND_FP16 && alt != FA_ROUND_BF16) {
+		return fail("fp16audit Round: \"alt\" must be 0, FLOAT16 (10) or BFLOAT16 (16)");
+	}
 	round_kernel *k = fa_malloc(sizeof *k);
 	if (k == NULL) {
 		return fail("fp16audit Round: out of memory");
 	}
 	k->to = (int)to;
+	k->alt = (int)alt;
 	*out = k;
 	return NULL;
 }

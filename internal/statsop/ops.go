@@ -55,9 +55,15 @@ const (
 // float32 in one pass, bit for bit what Cast(to=AttrTo) → Cast(to=FLOAT)
 // returns in ONNX Runtime. Combine replaces the emulated passes' Cast
 // pairs with it.
+//
+// Round(x, on) with on a float scalar reads it per run: 0 copies x
+// unrounded, 2 rounds to the format of the optional int attribute AttrAlt
+// (FLOAT16, BFLOAT16, or 0 for unrounded; AttrTo's when absent), anything
+// else to AttrTo's.
 const (
 	OpRound = C.FA_OP_ROUND
 	AttrTo  = C.FA_ATTR_TO
+	AttrAlt = C.FA_ATTR_ALT
 )
 
 // OpMass is Mass(x) -> h in Domain: where the mass of the float tensor x

@@ -73,9 +73,14 @@ void fa_sink_free(int64_t id);
 // returns (see round.h), in one pass over the data. Combine puts it in
 // place of the emulated passes' Cast pairs. With the optional float input
 // on, a run whose on holds 0 copies x unrounded: one backward graph then
-// serves both the fp32 run and the emulated ones.
+// serves both the fp32 run and the emulated ones; a run whose on holds 2
+// rounds to the format of the optional attribute "alt" (0: unrounded).
 #define FA_OP_ROUND "Round"
 #define FA_ATTR_TO "to"
+// FA_ATTR_ALT is Round's optional int attribute: the format (FLOAT16,
+// BFLOAT16, or 0 for none) used when the input "on" is 2, so that one
+// session runs a second policy's rounding of the same points.
+#define FA_ATTR_ALT "alt"
 
 // FA_OP_MASS is Mass(x) -> h: where the mass of the float tensor x lies,
 // by binary exponent, as FA_MASS_LEN doubles: h[e] counts the elements

@@ -1,6 +1,7 @@
 package statsop_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -160,3 +161,89 @@ func roundInSession(t *testing.T, rt *ortcapi.Runtime, x []float32) [][]float32 
 	}
 	return res
 }
+
+// TestRoundSwitch runs Round(x, on) with the attribute alt as the backward
+// audit's session does: on 0 copies x, 1 rounds to "to", 2 to "alt" (0:
+// unrounded), every result bit for bit Round's own in C.
+func TestRoundSwitch(t *testing.T) {
+	rt := runtimes(t)
+	x := make([]float32, 3<<16+5)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * math.Ldexp(1, r.IntN(60)-40))
+	}
+	n := int64(len(x))
+	g := &onnx.GraphProto{Name: "round-switch"}
+	g.Input = append(g.Input, onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, n), onnx.TensorValueInfo("on", onnx.TensorProto_FLOAT))
+	// y_bf16 rounds to fp16, or to bf16 when on is 2; y_none to fp16, or
+	// not at all when on is 2; y_same has no alt: on 2 rounds to fp16.
+	nodes := []struct {
+		out string
+		alt *int64
+	}{{"y_bf16", ptr(int64(onnx.TensorProto_BFLOAT16))}, {"y_none", ptr(int64(0))}, {"y_same", nil}}
+	var outs []string
+	for _, nd := range nodes {
+		attrs := []*onnx.AttributeProto{onnx.AttrInt(statsop.AttrTo, int64(onnx.TensorProto_FLOAT16))}
+		if nd.alt != nil {
+			attrs = append(attrs, onnx.AttrInt(statsop.AttrAlt, *nd.alt))
+		}
+		node := onnx.Node(statsop.OpRound, "round_"+nd.out, []string{"x", "on"}, []string{nd.out}, attrs...)
+		node.Domain = statsop.Domain
+		g.Node = append(g.Node, node)
+		g.Output = append(g.Output, onnx.TensorValueInfo(nd.out, onnx.TensorProto_FLOAT, n))
+		outs = append(outs, nd.out)
+	}
+	m := onnx.NewModel(g, 17)
+	m.OpsetImport = append(m.OpsetImport, &onnx.OperatorSetIdProto{Domain: statsop.Domain, Version: 1})
+	s, err := statsop.NewModelSession(rt, m, "", nil, []string{"x", "on"}, outs, ortcapi.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	in, err := rt.NewTensor(ortcapi.Float32, []int64{n}, unsafe.Pointer(&x[0]), 4*len(x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Release()
+	rounded := func(to int32) []float32 {
+		if to == 0 {
+			return x
+		}
+		y := make([]float32, len(x))
+		statsop.Round(y, x, to)
+		return y
+	}
+	fp16, bf16 := int32(onnx.TensorProto_FLOAT16), int32(onnx.TensorProto_BFLOAT16)
+	for _, c := range []struct {
+		on   float32
+		want [3]int32 // per node: the format (0 none)
+	}{{0, [3]int32{0, 0, 0}}, {1, [3]int32{fp16, fp16, fp16}}, {2, [3]int32{bf16, 0, fp16}}} {
+		sw := []float32{c.on}
+		onv, err := rt.NewTensor(ortcapi.Float32, []int64{}, unsafe.Pointer(&sw[0]), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([][]float32, len(nodes))
+		var vals []*ortcapi.Value
+		for k := range got {
+			got[k] = make([]float32, len(x))
+			v, err := rt.NewTensor(ortcapi.Float32, []int64{n}, unsafe.Pointer(&got[k][0]), 4*len(x))
+			if err != nil {
+				t.Fatal(err)
+			}
+			vals = append(vals, v)
+		}
+		err = s.Run([]*ortcapi.Value{in, onv}, vals)
+		for _, v := range append(vals, onv) {
+			v.Release()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, nd := range nodes {
+			compareRounded(t, fmt.Sprintf("on=%g %s", c.on, nd.out), x, got[k], rounded(c.want[k]))
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

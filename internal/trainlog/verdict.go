@@ -268,6 +268,19 @@ func (f *Facts) captures() {
 	}
 	holds := f.captureHolds()
 	if holds == nil {
+		// The log alone names no failure, but a trigger of the recorder
+		// fired (a pinned scale with a flat loss and a gradient fp16 does
+		// not hold, a loss spike, a collapse): it saw what the log cannot
+		// judge (a plateau without its fp32 baseline), and the replay of
+		// its first capture decides.
+		for i, c := range cs {
+			if rc := &r.Captures[i]; rc.Replay != "" && c.Trigger != "request" {
+				rc.Decides = true
+				r.VerdictText = fmt.Sprintf("the recorder captured step %d (%s): its replay decides the class ('%s'); from the log alone: %s", c.Step, c.Trigger, rc.Replay, r.VerdictText)
+				r.Fix = fmt.Sprintf("run '%s': it replays step %d in fp32, fp16 and bf16 and says whether and where it fails%s", rc.Replay, c.Step, fixAfter(r.Fix))
+				return
+			}
+		}
 		return
 	}
 	pick, failed := -1, -1
@@ -298,6 +311,13 @@ func (f *Facts) captures() {
 		c.Decides = true
 		r.VerdictText += fmt.Sprintf("; the capture of step %d (%s) failed to write (%s), so the log decides", c.Step, c.Trigger, c.Error)
 	}
+}
+
+func fixAfter(fix string) string {
+	if fix == "" {
+		return ""
+	}
+	return " (from the log alone: " + fix + ")"
 }
 
 // captureHolds says which captures hold the failure the verdict names;

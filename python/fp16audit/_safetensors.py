@@ -56,8 +56,11 @@ def write(f: BinaryIO, tensors: Mapping[str, Any], metadata: Optional[Mapping[st
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     parts = []
     offset = 0
-    for name, t in tensors.items():
-        dtype, shape, raw = _bytes_of(t)
+    # Wider elements first: every tensor then starts at a multiple of its
+    # element size (the data starts 8-aligned), so a reader may map the file
+    # and use a tensor in place (the capture's ONNX model points into it).
+    items = sorted(((name, _bytes_of(t)) for name, t in tensors.items()), key=lambda kv: -_SIZES[kv[1][0]])
+    for name, (dtype, shape, raw) in items:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + raw.nbytes]}
         parts.append(raw)
         offset += raw.nbytes

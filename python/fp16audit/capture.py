@@ -44,6 +44,7 @@ import os
 import platform
 import random
 import shutil
+import struct
 import sys
 import time
 import warnings
@@ -54,7 +55,7 @@ from . import _safetensors
 __all__ = ["Capture", "CaptureCore", "CaptureEvent", "CaptureStop", "CaptureError", "TRIGGERS", "FORMAT_NAME", "FORMAT_VERSION"]
 
 FORMAT_NAME = "fp16audit.capture"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 
 #: The trigger kinds, as trigger.kind and the folder names spell them.
 TRIGGERS = ("nonfinite-loss", "scale-collapse", "pinned-plateau", "loss-spike", "request")
@@ -747,6 +748,7 @@ class CaptureCore:
         axes = _dynamic_axes(names, [(xs, None, None)])
         exporter, _why = _export(dup, args, names, out_names, os.path.join(tmp, "model.onnx"), self.capture.exporter, True, axes)
         del dup
+        _share_weights(tmp, "model.onnx", "state/model.safetensors")
         for fn in sorted(os.listdir(tmp)):
             p = os.path.join(tmp, fn)
             if os.path.isfile(p) and fn not in files and fn != "manifest.json":
@@ -864,6 +866,105 @@ def _put_json(tmp: str, rel: str, obj: Any, files: Optional[Dict[str, Dict[str, 
     data = (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode("utf-8")
     sink: Dict[str, Dict[str, Any]] = {} if files is None else files
     _put(tmp, rel, sink, lambda f: f.write(data), stream=True)
+
+
+# ONNX TensorProto data types by safetensors dtype.
+_ONNX_TYPES = {"F32": 1, "U8": 2, "I8": 3, "I16": 5, "I32": 6, "I64": 7, "BOOL": 9, "F16": 10, "F64": 11, "BF16": 16}
+# Initializers smaller than this stay inline: pointing into the state saves little and costs ONNX Runtime a read each.
+_SHARE_MIN_BYTES = 1024
+
+
+def _share_weights(tmp: str, model_rel: str, state_rel: str) -> None:
+    """Hold each weight once: an initializer of the exported model whose bytes are those of a tensor of the state
+    (the layout the exporter kept: not a weight it transposed or folded) becomes external data pointing into the
+    state's safetensors file, whose data is raw little-endian at known offsets; the other initializers the exporter
+    wrote to external data are written again, alone, into the model's data file. Without the onnx package the model
+    is left as exported (the weights are then held twice)."""
+    try:
+        import onnx
+        from onnx import numpy_helper  # noqa: F401 - part of the package check
+    except ImportError:
+        return
+    import numpy as np
+
+    mpath = os.path.join(tmp, model_rel)
+    spath = os.path.join(tmp, *state_rel.split("/"))
+    with open(spath, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+    base = 8 + n
+    # the state's tensors by (ONNX type, byte length): where their bytes lie
+    by_size: Dict[Tuple[int, int], List[Tuple[str, int]]] = {}
+    for name, e in header.items():
+        if name == "__metadata__" or e["dtype"] not in _ONNX_TYPES:
+            continue
+        begin, end = e["data_offsets"]
+        if end - begin >= _SHARE_MIN_BYTES:
+            by_size.setdefault((_ONNX_TYPES[e["dtype"]], end - begin), []).append((name, base + begin))
+    if not by_size:
+        return
+    model = onnx.load(mpath, load_external_data=False)
+    folder = os.path.dirname(mpath)
+    state = np.memmap(spath, dtype=np.uint8, mode="r")
+    ext_files = set()
+
+    def data_of(t) -> Optional[bytes]:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return t.raw_data if t.HasField("raw_data") else None
+        kv = {e.key: e.value for e in t.external_data}
+        ext_files.add(kv["location"])
+        with open(os.path.join(folder, kv["location"]), "rb") as f:
+            f.seek(int(kv.get("offset", 0)))
+            return f.read(int(kv["length"])) if "length" in kv else f.read()
+
+    kept: List[Tuple[Any, bytes]] = []
+    shared = 0
+    for t in model.graph.initializer:
+        data = data_of(t)
+        if data is None:
+            continue
+        match = None
+        cands = by_size.get((t.data_type, len(data)), [])
+        # the parameter of the same name first; a renamed one by its bytes
+        # (a few sampled bytes before all of them)
+        got = np.frombuffer(data, dtype=np.uint8)
+        probe = np.unique(np.linspace(0, len(data) - 1, 64).astype(np.int64))
+        for name, at in sorted(cands, key=lambda c: c[0] != t.name):
+            have = state[at:at + len(data)]
+            if np.array_equal(have[probe], got[probe]) and np.array_equal(have, got):
+                match = at
+                break
+        if match is not None:
+            del t.external_data[:]
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for k, v in (("location", state_rel), ("offset", str(match)), ("length", str(len(data)))):
+                t.external_data.add(key=k, value=v)
+            shared += 1
+        elif t.data_location == onnx.TensorProto.EXTERNAL:
+            kept.append((t, data))
+    del state
+    if not shared:
+        return
+    data_rel = model_rel + ".data"
+    if kept:
+        with open(os.path.join(folder, data_rel + ".tmp"), "wb") as f:
+            off = 0
+            for t, data in kept:
+                pad = -off % 64
+                f.write(b"\0" * pad)
+                off += pad
+                del t.external_data[:]
+                for k, v in (("location", data_rel), ("offset", str(off)), ("length", str(len(data)))):
+                    t.external_data.add(key=k, value=v)
+                f.write(data)
+                off += len(data)
+    for loc in ext_files:
+        os.remove(os.path.join(folder, loc))
+    if kept:
+        os.rename(os.path.join(folder, data_rel + ".tmp"), os.path.join(folder, data_rel))
+    with open(mpath, "wb") as f:
+        f.write(model.SerializeToString())
 
 
 def _fsync_dir(path: str) -> None:

@@ -452,7 +452,7 @@ def continue_from(capture: "os.PathLike[str] | str", model: Any, loader: Any, *,
     state, _ = _safetensors.read(_verified(capture, manifest, manifest["model"]["state"]))
     loss = loss_func if loss_func is not None else _loss_by_name(manifest.get("loss") or {})
     rng = None
-    rng_path = _inside(capture, manifest.get("rng"))
+    rng_path = _verified(capture, manifest, manifest.get("rng"))
     if rng_path is not None:
         with open(rng_path, encoding="utf-8") as f:
             rng = json.load(f).get("torch")

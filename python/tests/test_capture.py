@@ -261,7 +261,7 @@ class TestCaptureFolder(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(cap)), ["step-000012-nonfinite-loss"])  # no temporary folder left
         with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
             m = json.load(f)
-        self.assertEqual((m["format"], m["version"]), ("fp16audit.capture", "1.0"))
+        self.assertEqual((m["format"], m["version"]), ("fp16audit.capture", "1.1"))
         self.assertEqual(m["trigger"]["kind"], "nonfinite-loss")
         self.assertEqual(m["loss"]["name"], "cross-entropy")
         self.assertFalse(m["step_applied"])
@@ -429,6 +429,95 @@ class TestRealRuns(unittest.TestCase):
         self.assertEqual(py, random.getstate())
         self.assertIn("forward-overflow", str(r))
         self.assertIn("<html", r._repr_html_())
+
+    def test_scales_names_the_capture_and_the_replay_agrees(self):
+        """Record, capture, `fp16audit scales` on the log, `fp16audit replay` on the capture it names: one story."""
+        cwd = os.getcwd()
+        os.chdir(self.tmp)  # as a user's run: the capture line names the folder relative to the working directory
+        try:
+            train_growth({"log": "run.jsonl", "every": 10, "capture": Capture("caps", backoffs_in_a_row=None, scale_floor=None)})
+            exe = _binary.find_binary()
+            out = subprocess.run([exe, "scales", "run.jsonl", "--format", "json"], capture_output=True, text=True)
+            self.assertIn(out.returncode, (0, 1), out.stderr)
+            s = json.loads(out.stdout)
+            caps = s["captures"]
+            self.assertEqual([c["trigger"] for c in caps], ["nonfinite-loss"], caps)
+            c = caps[0]
+            self.assertTrue(c["decides"], s["verdict_text"])
+            self.assertTrue(c["path"].startswith("caps" + os.sep + "step-"), c)
+            self.assertIn(c["replay"], s["verdict_text"])
+            out = subprocess.run([exe, "replay", c["path"], "--format", "json"], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 1, out.stderr)  # a failure reproduced
+            r = json.loads(out.stdout)
+            self.assertEqual((r["verdict"], r["capture"]["step"]), ("forward-overflow", c["step"]), r["verdict_text"])
+            self.assertEqual(r["culprit"]["module"], "4")
+            self.assertEqual(fp16audit.replay(c["path"], progress=False).verdict, "forward-overflow")
+        finally:
+            os.chdir(cwd)
+
+    def test_keep_fp32_verified(self):
+        """A gradient failure's modules kept in fp32, verified by the replay's rerun, and by PyTorch with autocast off
+        around them: 12 Linear+Sigmoid layers whose first layers' gradients vanish below fp16 at 2^16, which bf16's 8
+        bits do not keep either."""
+
+        class DeepMLP(nn.Module):
+            def __init__(self, width=32, depth=12):
+                super().__init__()
+                self.layers = nn.Sequential()
+                for i in range(depth):
+                    self.layers.add_module("fc%d" % i, nn.Linear(width, width))
+                    self.layers.add_module("act%d" % i, nn.Sigmoid())
+                self.head = nn.Linear(width, 4)
+
+            def forward(self, x):
+                return self.head(self.layers(x))
+
+        torch.manual_seed(5)
+        model = DeepMLP()
+        g = torch.Generator().manual_seed(6)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+        rec = fp16audit.AmpRecorder(os.path.join(self.tmp, "run.jsonl"), torch.amp.GradScaler("cpu"), model,
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loss_func=nn.CrossEntropyLoss(),
+                                    capture=os.path.join(self.tmp, "caps"))
+        with rec:
+            rec.capture_now()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(model(x).float(), y)
+            rec.before_step(loss, batch=(x, y))
+        r = fp16audit.replay(rec.captures[0].path, progress=False)
+        self.assertEqual(r.verdict, "underflow", r.verdict_text)
+        fixes = {(f["kind"], f["verified"]): f for f in r.fixes}
+        keep = fixes[("keep-fp32", "one-step")]
+        self.assertTrue(keep["works"], keep["summary"])
+        self.assertIn("layers.fc0", keep["modules"])
+        self.assertFalse(fixes[("bf16", "one-step")]["works"])
+
+        # PyTorch's truth: the same step at 2^16, autocast off around the kept modules
+        def lost(kept):
+            mods = dict(model.named_modules())
+            hooks = []
+            for name in kept:
+                def pre(mod, inp):
+                    mod._fp32 = torch.autocast("cpu", enabled=False)
+                    mod._fp32.__enter__()
+                    return tuple(i.float() for i in inp)
+
+                def post(mod, inp, out):
+                    mod._fp32.__exit__(None, None, None)
+                hooks += [mods[name].register_forward_pre_hook(pre), mods[name].register_forward_hook(post)]
+            grads = {}
+            for scale, amp in ((1.0, False), (2.0 ** 16, True)):
+                model.zero_grad()
+                with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                    out = nn.functional.cross_entropy(model(x).float(), y)
+                (out * scale).backward()
+                grads[amp] = {n: p.grad.detach().float() / scale for n, p in model.named_parameters()}
+            for h in hooks:
+                h.remove()
+            return max(float((grads[True][n] - g32).norm() / g32.norm()) for n, g32 in grads[False].items() if g32.norm() > 0)
+
+        self.assertGreater(lost(()), 0.01)
+        self.assertLess(lost(keep["modules"]), 0.01)
 
     def test_weight_past_fp16_is_the_culprit(self):
         torch.manual_seed(0)

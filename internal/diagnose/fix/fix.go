@@ -223,9 +223,15 @@ func Constant(ctx context.Context, f *evidence.Facts, run Runner, batches []batc
 	if _, err := verify(ctx, f, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix); err != nil {
 		return nil, err
 	}
-	if fix.Works {
+	weights := !slices.ContainsFunc(origins, func(o report.Origin) bool { return o.Cause == report.CauseConstant && !f.WeightConstant(o) })
+	switch {
+	case weights && fix.Works:
+		fix.Summary = fmt.Sprintf("with the weights clamped to the format's range at %s (what keeping them in range in training does: weight decay, clipping, a lower learning rate) nothing non-finite reaches the outputs", strings.Join(readers, ", "))
+	case weights:
+		fix.Summary = fmt.Sprintf("the weights clamped to the format's range at %s do not make the step right: %s; keep them in range in training (weight decay, clipping, a lower learning rate) or train in bf16", strings.Join(readers, ", "), remains(f, fix))
+	case fix.Works:
 		fix.Summary = fmt.Sprintf("with the constants in range (torch.finfo(scores.dtype).min instead of the fixed value, at %s) nothing non-finite reaches the outputs and nothing raises", strings.Join(readers, ", "))
-	} else {
+	default:
 		fix.Summary = fmt.Sprintf("constants in range at %s do not remove the NaN/Inf: %s", strings.Join(readers, ", "), remains(f, fix))
 	}
 	return fix, nil

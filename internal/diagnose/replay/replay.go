@@ -562,12 +562,14 @@ func (d *diag) underflow(b *report.BackwardReport) {
 		d.addFix(report.ReplayFix{Kind: report.FixInitScale, Verified: report.VerifiedOneStep, Works: &works, Scale: &s,
 			Summary: fmt.Sprintf("at the scales 2^%d to 2^%d the captured step loses at most %.0f%% of any gradient's norm and nothing overflows: start the GradScaler at 2^%d instead of the captured 2^%d", w.From, w.To, 100*b.Tolerance, e, exp)}, nil)
 	}
-	var names []string
-	for _, m := range mods {
-		names = append(names, m.Module)
-	}
-	if len(names) > 0 {
-		d.addFix(report.ReplayFix{Kind: report.FixKeepFP32, Summary: "keep the modules that lose their gradients in fp32 (not verified by the replay: the backward audit verifies bf16 only)", Modules: names}, names)
+	if !slices.ContainsFunc(b.Fixes, func(f report.Fix) bool { return f.Kind == report.FixKeepFP32 }) {
+		var names []string
+		for _, m := range mods {
+			names = append(names, m.Module)
+		}
+		if len(names) > 0 {
+			d.addFix(report.ReplayFix{Kind: report.FixKeepFP32, Summary: "keep the modules that lose their gradients in fp32 (not verified: the replay's backward did not rerun them)", Modules: names}, names)
+		}
 	}
 }
 
@@ -578,10 +580,17 @@ func limitMods(m []report.ModuleLoss, n int) []report.ModuleLoss {
 	return m[:n]
 }
 
+// backwardFixes takes the backward's one-step fixes, verified by its
+// reruns of the captured step: bf16, and the failing modules kept in fp32
+// at the captured scale.
 func (d *diag) backwardFixes(b *report.BackwardReport) {
 	for _, f := range b.Fixes {
-		if f.Kind == report.FixBF16 {
+		switch f.Kind {
+		case report.FixBF16:
 			d.addFix(report.ReplayFix{Kind: report.FixBF16, Verified: report.VerifiedOneStep, Works: ptrB(f.Works), Summary: "one step in bf16: " + f.Summary}, nil)
+		case report.FixKeepFP32:
+			d.addFix(report.ReplayFix{Kind: report.FixKeepFP32, Verified: report.VerifiedOneStep, Works: ptrB(f.Works), Summary: "one step: " + f.Summary,
+				Modules: f.Modules}, f.Modules)
 		}
 	}
 }

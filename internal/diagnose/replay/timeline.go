@@ -142,16 +142,17 @@ func (d *diag) series(c *report.Culprit) *report.Series {
 // the captured step, or, lower, the median norm the log's telemetry
 // measured on earlier steps whose gradients were finite.
 func (d *diag) clipNorm() {
-	b := d.backward()
-	if b == nil || len(b.Parameters) == 0 {
-		return
+	// the step's fp32 gradient norm; where the forward failed first and
+	// the backward did not run, the norm the telemetry logged
+	norm := math.NaN()
+	if b := d.backward(); b != nil && len(b.Parameters) > 0 {
+		sum := 0.0
+		for _, p := range b.Parameters {
+			sum += p.Norm * p.Norm
+		}
+		norm = math.Sqrt(sum)
 	}
-	sum := 0.0
-	for _, p := range b.Parameters {
-		sum += p.Norm * p.Norm
-	}
-	norm := math.Sqrt(sum)
-	if typical, ok := d.loggedNorm(); ok && typical < norm {
+	if typical, ok := d.loggedNorm(); ok && (math.IsNaN(norm) || typical < norm) {
 		norm = typical
 	}
 	if !(norm > 0) || math.IsInf(norm, 0) || math.IsNaN(norm) {

@@ -11,6 +11,7 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/grad"
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/precision"
 	"fp16audit/internal/rewrite"
 	"fp16audit/report"
 )
@@ -296,7 +297,7 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 	}
 	f.verdict(br, findings)
 	initBad := br.FirstOverflow != nil || (br.LostMass != nil && *br.LostMass > b.Tolerance)
-	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale || (b.VerifyBF16 && initBad)) && run != nil {
+	if (br.Verdict == report.BackwardUnderflow || br.Verdict == report.BackwardOverflowEveryScale || (b.VerifyFixes && initBad)) && run != nil {
 		fix, err := f.bf16Fix(ctx, run, br)
 		if err != nil {
 			return nil, err
@@ -308,7 +309,123 @@ func (f *Facts) backwardReport(ctx context.Context, findings []checks.Finding, r
 			br.VerdictText = strings.Replace(br.VerdictText, "use "+f.bf16()+" or keep", f.bf16()+" does not keep them either (verified): keep", 1)
 		}
 	}
+	if b.VerifyFixes && initBad && run != nil {
+		fix, err := f.keepFix(ctx, run, br)
+		if err != nil {
+			return nil, err
+		}
+		if fix != nil {
+			br.Fixes = append(br.Fixes, *fix)
+		}
+	}
 	return br, nil
+}
+
+// keepFix verifies keeping in fp32 the modules whose gradients fail at
+// the initial scale (those that overflow there, or else those that lose
+// more than the tolerance): the backward at that scale with their nodes
+// computing in fp32, forward and backward, must keep every parameter
+// gradient finite and lose at most the tolerance of its norm. nil when no
+// module is named.
+func (f *Facts) keepFix(ctx context.Context, run Runner, br *report.BackwardReport) (*report.Fix, error) {
+	b := f.Backward
+	t := f.gradients()
+	var mods []string
+	seen := map[string]bool{}
+	addMod := func(m string) {
+		if m != "" && !seen[m] {
+			seen[m] = true
+			mods = append(mods, m)
+		}
+	}
+	if br.FirstOverflow != nil {
+		for i := len(t.entries) - 1; i >= 0; i-- {
+			e := t.entries[i]
+			if m := e.mass(b.FP32); m != nil && m.Overflows(b.InitExp, e.format) {
+				addMod(e.module)
+			}
+		}
+	} else {
+		for _, m := range br.Underflowing {
+			addMod(m)
+		}
+	}
+	keep := f.moduleNodes(mods)
+	if len(keep) == 0 || f.coversHalf(keep) {
+		// nothing named, or every module the policy computes in reduced
+		// precision: that is fp32 training, which one step does not need
+		// to rerun (the fp32 continuation verifies it over steps)
+		return nil, nil
+	}
+	r, err := run.KeepFP32(ctx, keep, b.InitExp)
+	if err != nil {
+		return nil, fmt.Errorf("keep-fp32 backward: %w", err)
+	}
+	names := make([]string, len(t.params))
+	for i, p := range t.params {
+		names[i] = p.value
+	}
+	lost, finite := lostMasses(r, b.FP32, names, r.Exp)
+	bad, over := 0, 0
+	worst, name := 0.0, ""
+	for i, p := range t.params {
+		switch {
+		case !finite[i]:
+			bad++
+			continue
+		case p.noise:
+			continue
+		case lost[i] > b.Tolerance:
+			over++
+		}
+		if lost[i] > worst {
+			worst, name = lost[i], p.name()
+		}
+	}
+	fix := &report.Fix{Kind: report.FixKeepFP32, Works: bad == 0 && over == 0, Modules: mods}
+	list := strings.Join(mods, ", ")
+	if fix.Works {
+		fix.Summary = fmt.Sprintf("keeping %s in fp32 (forward and backward), the backward at the scale 2^%d is finite and loses at most %.2f%% of any parameter gradient's norm", list, b.InitExp, 100*worst)
+		if name != "" {
+			fix.Summary += " (" + name + ")"
+		}
+	} else {
+		fix.Summary = fmt.Sprintf("keeping %s in fp32 does not fix it: at the scale 2^%d %d parameter gradient(s) are still NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", list, b.InitExp, bad, over, 100*b.Tolerance, 100*worst, name)
+	}
+	return fix, nil
+}
+
+// coversHalf reports whether keeping the nodes keep in fp32 leaves no node
+// the policy computes in fp16 or bf16 (the ops that follow their inputs'
+// type follow the kept ones into fp32).
+func (f *Facts) coversHalf(keep map[int]bool) bool {
+	m := f.Model
+	asg := precision.AssignKeepFP32(f.Policy, m.Proto.Graph, m.Index.Order(), m.Index.ElemType, keep)
+	for _, p := range asg.Node {
+		if p == precision.FP16 || p == precision.BF16 {
+			return false
+		}
+	}
+	return true
+}
+
+// moduleNodes returns the nodes of the modules mods (a node of module m,
+// or of a module inside it).
+func (f *Facts) moduleNodes(mods []string) map[int]bool {
+	keep := map[int]bool{}
+	if len(mods) == 0 {
+		return keep
+	}
+	for i, n := range f.Model.Proto.Graph.Node {
+		p := onnx.ModulePath(n)
+		for _, m := range mods {
+			if p == m || strings.HasPrefix(p, m+".") {
+				keep[i] = true
+				break
+			}
+		}
+	}
+	return keep
 }
 
 // gradientReport describes entry e, with its own rounding's loss at the
@@ -457,6 +574,10 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 		switch {
 		case !ok:
 			bad++
+			continue
+		case p.noise:
+			// zero up to rounding in fp32 (a bias before a BatchNorm):
+			// its relative loss measures nothing, as in the verdict
 			continue
 		case l > b.Tolerance:
 			over++

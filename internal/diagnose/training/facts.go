@@ -75,10 +75,11 @@ type Backward struct {
 	// Tolerance: a scale is clean when no parameter gradient loses more
 	// than this share of its L2 norm.
 	Tolerance float64
-	// VerifyBF16 verifies the bf16 fix whenever the initial scale
-	// overflows or loses mass, not only when no fp16 scale is clean (a
-	// replay of a captured step asks whether bf16 would have held there).
-	VerifyBF16 bool
+	// VerifyFixes verifies the one-step fixes whenever the initial scale
+	// overflows or loses mass, not only bf16 when no fp16 scale is clean
+	// (a replay of a captured step asks what would have held there): bf16,
+	// and the modules whose gradients fail kept in fp32.
+	VerifyFixes bool
 	// Count counts the backward runs; Elapsed their time with the graph
 	// generation, in seconds.
 	Count   int
@@ -106,9 +107,12 @@ type runPair struct{ run, fp32 *grad.Run }
 
 // Runner verifies a fix by running the backward again: BF16 runs it with
 // the rounding of the bf16 policy (learn.to_bf16(), which trains without
-// loss scaling) at scale 1; ctx ending stops the run.
+// loss scaling) at scale 1; KeepFP32 with the nodes keep computing in
+// fp32 (autocast disabled around their modules), forward and backward,
+// at scale 2^exp. ctx ending stops the run.
 type Runner interface {
 	BF16(ctx context.Context) (*grad.Run, error)
+	KeepFP32(ctx context.Context, keep map[int]bool, exp int) (*grad.Run, error)
 }
 
 // entry is one gradient the policy holds in reduced precision: the

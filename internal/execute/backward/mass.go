@@ -36,6 +36,7 @@ type MassSession struct {
 	rt     *ortcapi.Runtime
 	s      *statsop.ModelSession
 	res    *grad.Result
+	alt    *grad.Rounding
 	inputs []*tensor.Tensor
 	target *tensor.Tensor
 	// The outputs, in the session's output order: the loss and the
@@ -61,12 +62,15 @@ type massKey struct {
 // opt.ExternalDataDir, the weights are handed to ONNX Runtime over the
 // memory res.Model holds them in rather than copied (statsop.HandsOver);
 // w, when set, hands over the audit's shared weights (statsop.Weights).
-func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, modelFile string, w *statsop.Weights, inputs []*tensor.Tensor, target *tensor.Tensor) (*MassSession, error) {
+// alt, when set, is a second rounding of the same points (another
+// policy's: bf16 where res was built for fp16, see SameSites) that RunAlt
+// runs in this session.
+func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions, modelFile string, w *statsop.Weights, inputs []*tensor.Tensor, target *tensor.Tensor, alt *grad.Rounding) (*MassSession, error) {
 	rt, err := ortcapi.Open(library)
 	if err != nil {
 		return nil, err
 	}
-	ms := &MassSession{rt: rt, res: res, inputs: inputs, target: target}
+	ms := &MassSession{rt: rt, res: res, inputs: inputs, target: target, alt: alt}
 	m, outputs, err := ms.graph()
 	if err != nil {
 		return nil, err
@@ -139,8 +143,9 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	}
 	drop := map[int]bool{}
 	var added []*onnx.NodeProto
-	// round replaces the Cast pair raw → mid → rounded by Round(raw, on).
-	round := func(raw, rounded string, et int32) error {
+	// round replaces the Cast pair raw → mid → rounded by Round(raw, on),
+	// alt the format of the alternative rounding there.
+	round := func(raw, rounded string, et, alt int32) error {
 		i, ok := producer[rounded]
 		if !ok || g.Node[i].OpType != "Cast" || len(g.Node[i].Input) != 1 {
 			return fmt.Errorf("backward session: %q is not a rounding Cast", rounded)
@@ -151,7 +156,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 		}
 		drop[i], drop[j] = true, true
 		n := onnx.Node(statsop.OpRound, rounded+"::round"+vjp.Internal, []string{raw, RoundInput}, []string{rounded},
-			onnx.AttrInt(statsop.AttrTo, int64(et)))
+			onnx.AttrInt(statsop.AttrTo, int64(et)), onnx.AttrInt(statsop.AttrAlt, int64(alt)))
 		n.Domain = statsop.Domain
 		added = append(added, n)
 		return nil
@@ -169,14 +174,23 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 		if gr.Raw == "" {
 			continue
 		}
-		if err := round(gr.Raw, gr.Name, elemTypeOf(g, gr.Name, producer)); err != nil {
+		et := elemTypeOf(g, gr.Name, producer)
+		alt := et
+		if ms.alt != nil {
+			alt = ms.alt.Values[gr.Value]
+		}
+		if err := round(gr.Raw, gr.Name, et, alt); err != nil {
 			return nil, nil, err
 		}
 		mass(gr.Raw, massKey{key: gr.Value})
 		masses = append(masses, gr.Raw+"::mass"+vjp.Internal)
 	}
 	for _, s := range res.Sites {
-		if err := round(s.Raw, s.Rounded, s.ElemType); err != nil {
+		alt := s.ElemType
+		if ms.alt != nil {
+			alt = ms.alt.Inputs[grad.Slot{Node: s.Node, Input: s.Input}]
+		}
+		if err := round(s.Raw, s.Rounded, s.ElemType, alt); err != nil {
 			return nil, nil, err
 		}
 		mass(s.Raw, massKey{key: s.Rounded, site: true})
@@ -239,10 +253,55 @@ func (ms *MassSession) Close() {
 // the unrounded run summarises the 16-bit gradients (Grads and Sites): a
 // rounded run's are empty, its Mass nodes switched off.
 func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
-	scale := []float32{float32(math.Ldexp(1, exp))}
-	on, masses := []float32{0}, []float32{1}
+	on := float32(0)
 	if rounded {
-		on[0], masses[0] = 1, 0
+		on = 1
+	}
+	return ms.run(exp, on)
+}
+
+// HasAlt reports whether the session was opened with an alternative
+// rounding (RunAlt).
+func (ms *MassSession) HasAlt() bool { return ms.alt != nil }
+
+// RunAlt runs forward and backward at loss scale 2^exp with the gradients
+// rounded as the alternative rounding holds them; its result is a rounded
+// run's.
+func (ms *MassSession) RunAlt(exp int) (*grad.Run, error) {
+	if ms.alt == nil {
+		return nil, fmt.Errorf("backward: the session has no alternative rounding")
+	}
+	return ms.run(exp, 2)
+}
+
+// SameSites reports whether the roundings a and b hold gradients at the
+// same points (the same values and op input slots), whatever their
+// formats: then one session serves both (NewMassSession's alt).
+func SameSites(a, b *grad.Rounding) bool {
+	if len(a.Values) != len(b.Values) || len(a.Inputs) != len(b.Inputs) {
+		return false
+	}
+	for v := range a.Values {
+		if _, ok := b.Values[v]; !ok {
+			return false
+		}
+	}
+	for s := range a.Inputs {
+		if _, ok := b.Inputs[s]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// run runs the session with the rounding switch on (0 off, 1 the
+// rounding res was built with, 2 the alternative one).
+func (ms *MassSession) run(exp int, on float32) (*grad.Run, error) {
+	rounded := on != 0
+	scale := []float32{float32(math.Ldexp(1, exp))}
+	masses := []float32{1}
+	if rounded {
+		masses[0] = 0
 	}
 	feeds := append([]*tensor.Tensor(nil), ms.inputs...)
 	if ms.res.Target != "" {
@@ -257,7 +316,7 @@ func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backward: %w", err)
 	}
-	for _, s := range [][]float32{scale, on, masses} {
+	for _, s := range [][]float32{scale, {on}, masses} {
 		v, err := tensorOf(ms.rt, []int64{}, s)
 		if err != nil {
 			return nil, err
