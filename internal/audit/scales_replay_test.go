@@ -82,7 +82,7 @@ func TestScalesDefersToReplay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if rp.Verdict == report.ReplayNotReproduced || rp.Verdict != tr.Captures[i].Class {
+				if rp.Verdict != tr.Captures[i].Class {
 					t.Errorf("the deciding capture (step %d, %s) replays as %s, PyTorch's record says %s", c.Step, c.Trigger, rp.Verdict, tr.Captures[i].Class)
 				}
 			}
