@@ -94,9 +94,11 @@ class FP16Preflight(pl.Callback):
     backward (a loss module, or a fp16audit.capture.LOSS_KEYS
     description). n_inp: how many leading elements of a tuple batch are
     forward's inputs (the next is the target; a dict batch's labels key is
-    the target). telemetry: the log's per-module gradient telemetry every
-    `every` steps (default: on with a capture). Other keyword arguments go
-    to fp16audit.audit (max_memory, exporter, progress, fixes, ...). After
+    the target). telemetry=True adds the log's per-module gradient
+    telemetry (as the Hugging Face callback's: the pinned-plateau trigger
+    and the culprit's history need it; off unless asked for, for its cost
+    at every step). Other keyword arguments go to fp16audit.audit
+    (max_memory, exporter, progress, fixes, ...). After
     the preflight, `report` holds its Report and `log_path` the log's
     path; `captures` lists the captures of the run.
 
@@ -108,7 +110,7 @@ class FP16Preflight(pl.Callback):
     """
 
     def __init__(self, n_batches: int = 2, *, warn: bool = False, preflight: bool = True, policy: Optional[str] = None,
-                 log: Any = None, capture: Any = None, loss_func: Any = None, n_inp: int = 1, telemetry: Optional[bool] = None,
+                 log: Any = None, capture: Any = None, loss_func: Any = None, n_inp: int = 1, telemetry: bool = False,
                  every: int = 100, **audit_kwargs: Any):
         super().__init__()
         self.n_batches, self.warn, self.preflight, self.policy = n_batches, warn, preflight, policy
@@ -118,7 +120,7 @@ class FP16Preflight(pl.Callback):
             raise ValueError("FP16Preflight: capture needs the log (log=False): a capture holds the log so far, and the log names "
                              "the capture")
         self.loss_func, self.n_inp = loss_func, n_inp
-        self.telemetry = self.capture is not None if telemetry is None else bool(telemetry)
+        self.telemetry = bool(telemetry)
         self.every = every
         self.report: Optional[Report] = None
         self.loss_log: Optional[LossLog] = None

@@ -122,10 +122,12 @@ class FP16AuditCallback(TrainerCallback):
     fp16audit.Capture (docs/capture.md); it needs the log. loss_func: the
     loss the model computes, for the replay's backward (a loss module such
     as nn.L1Loss(), or a fp16audit.capture.LOSS_KEYS description); a
-    Hugging Face model's own loss is recognised (model_loss). telemetry:
-    the log's per-module gradient telemetry every `every` steps (default:
-    on with a capture, whose pinned-plateau trigger and culprit history
-    need it). Other keyword arguments go to fp16audit.audit (max_memory,
+    Hugging Face model's own loss is recognised (model_loss).
+    telemetry=True adds the log's per-module gradient telemetry (in full
+    every `every` steps, its overflow part at every other step): the
+    capture's pinned-plateau trigger and the replay's history of the
+    culprit need it, and it costs time at every step, so it is off unless
+    asked for. Other keyword arguments go to fp16audit.audit (max_memory,
     exporter, progress, fixes, ...). After the preflight, `report` holds
     its Report and `log_path` the log's path; `captures` lists the
     captures of the run.
@@ -138,7 +140,7 @@ class FP16AuditCallback(TrainerCallback):
     """
 
     def __init__(self, n_batches: int = 2, *, warn: bool = False, preflight: bool = True, policy: Optional[str] = None,
-                 log: Any = None, capture: Any = None, loss_func: Any = None, telemetry: Optional[bool] = None, every: int = 100,
+                 log: Any = None, capture: Any = None, loss_func: Any = None, telemetry: bool = False, every: int = 100,
                  **audit_kwargs: Any):
         self.n_batches, self.warn, self.preflight, self.policy = n_batches, warn, preflight, policy
         self.log, self.audit_kwargs = log, audit_kwargs
@@ -147,7 +149,7 @@ class FP16AuditCallback(TrainerCallback):
             raise ValueError("FP16AuditCallback: capture needs the log (log=False): a capture holds the log so far, and the log "
                              "names the capture")
         self.loss_func = loss_func
-        self.telemetry = self.capture is not None if telemetry is None else bool(telemetry)
+        self.telemetry = bool(telemetry)
         self.every = every
         self.report: Optional[Report] = None
         self.loss_log: Optional[LossLog] = None

@@ -213,7 +213,7 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
                 batches[step] = (batch[0].clone(), batch[1].clone())
                 scales[step] = trainer.precision_plugin.scaler.get_scale()
 
-        cb = FP16Preflight(preflight=False, capture=Capture(self.path("caps")), loss_func=nn.MSELoss(), every=5)
+        cb = FP16Preflight(preflight=False, capture=Capture(self.path("caps")), loss_func=nn.MSELoss(), telemetry=True, every=5)
         m = collapse_module()
         tr = trainer(self.tmp, [Record(), cb], max_steps=42)
         tr.fit(m, train_dataloaders=tanh_loader())

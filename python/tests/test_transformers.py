@@ -337,7 +337,8 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
 
         model = GrowthRegressor()
         rec, snaps, batches = recording(model)
-        cb = FP16AuditCallback(preflight=False, capture=Capture(self.path("caps"), on_event="stop"), loss_func=nn.L1Loss(), every=10)
+        cb = FP16AuditCallback(preflight=False, capture=Capture(self.path("caps"), on_event="stop"), loss_func=nn.L1Loss(), telemetry=True,
+                               every=10)
         tr = quiet(Trainer(model=model, args=args(self.path("out"), fp16=True, max_steps=120, per_device_train_batch_size=32,
                                                   learning_rate=0.05, lr_scheduler_type="constant"),
                            train_dataset=Prices(), callbacks=[rec, cb]))
@@ -380,6 +381,7 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual(r["verdict"], truth["class"], r["verdict_text"])
         self.assertEqual(r["verdict"], "forward-overflow")
         self.assertEqual(r["culprit"]["module"], "net." + truth["fp16_forward"]["first_reaching_output"])
+        self.assertTrue(r["culprit"]["earlier"], "the log's telemetry saw the activation grow")
         # the fixes in the Trainer's words
         self.assertEqual(r["capture"]["trainer_label"], "Hugging Face Trainer")
         bf16 = [f for f in r["fixes"] if f["kind"] == "bf16"]
