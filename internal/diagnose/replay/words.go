@@ -26,11 +26,18 @@ type phrases struct {
 // of the user's own, said in PyTorch's words.
 const torchRow = "torch"
 
-func phrasesFor(trainer, device, policy string) phrases {
-	t, ok := words.Lookup(trainer)
-	if !ok || trainer == "" {
-		t = words.For(torchRow)
+// TrainerRow is the row of the words table (words.Names) a capture's
+// fixes follow: the trainer that made it, or PyTorch's for a trainer the
+// table lacks. The replay's training audit words its own fixes by it too.
+func TrainerRow(trainer string) string {
+	if _, ok := words.Lookup(trainer); !ok || trainer == "" {
+		return torchRow
 	}
+	return trainer
+}
+
+func phrasesFor(trainer, device, policy string) phrases {
+	t := words.For(TrainerRow(trainer))
 	if device == "" {
 		device = "cuda"
 	}
