@@ -392,6 +392,13 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual([x["kind"] for x in lines][-2:], ["step", "capture"])
         self.assertEqual(lines[-1]["path"], caps[0].path)
         self.assertEqual((lines[-2]["step"], lines[-2]["loss"], lines[-2]["skipped"]), (step, "Infinity", True))
+        # fp16audit scales reads the Trainer's log and points to the capture, whose replay decides
+        from fp16audit import _binary
+
+        p = subprocess.run([_binary.find_binary(), "scales", cb.log_path, "--format", "json"], capture_output=True, text=True)
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        named = json.loads(p.stdout).get("captures") or []
+        self.assertEqual([(c["step"], c["path"], c["replay"]) for c in named], [(step, caps[0].path, "fp16audit replay " + caps[0].path)])
 
     def test_a_language_models_capture_replays_its_backward_and_leaves_the_run_as_it_was(self):
         from transformers import Trainer
