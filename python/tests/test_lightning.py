@@ -258,6 +258,31 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual(lines[-1]["kind"], "end")
         self.assertEqual(tr.global_step, 42)
 
+    def test_a_stop_where_the_scaler_skips_the_step_ends_the_fit_in_lightnings_way(self):
+        import lightning as L
+
+        from fp16audit import Capture
+        from fp16audit.lightning import FP16Preflight
+
+        snaps = {}
+
+        class Record(L.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                snaps[trainer.global_step] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+        cb = FP16Preflight(preflight=False, capture=Capture(self.path("caps"), on_event="stop"), loss_func=nn.MSELoss())
+        m = collapse_module()
+        tr = trainer(self.tmp, [Record(), cb], max_steps=42)
+        tr.fit(m, train_dataloaders=tanh_loader())  # no exception: trainer.should_stop
+        self.assertEqual([(e.trigger, e.step) for e in cb.captures], [("loss-spike", 21)])
+        # the spike's gradients overflow: the GradScaler skipped step 21, and the fit ended after it
+        self.assertEqual(tr.global_step, 22)
+        for k, v in m.state_dict().items():
+            self.assertTrue(torch.equal(v, snaps[21][k]), k)
+        lines = [json.loads(x) for x in open(cb.log_path, encoding="utf-8")]
+        self.assertEqual([x["kind"] for x in lines][-3:], ["step", "capture", "end"])
+        self.assertEqual((lines[-3]["step"], lines[-3]["skipped"]), (21, True))
+
     def test_a_requested_capture_comes_before_the_update_and_a_stop_keeps_the_update_out(self):
         import lightning as L
 
