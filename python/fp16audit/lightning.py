@@ -98,9 +98,9 @@ class FP16Preflight(pl.Callback):
     telemetry (as the Hugging Face callback's: the pinned-plateau trigger
     and the culprit's history need it; off unless asked for, for its cost
     at every step). Other keyword arguments go to fp16audit.audit
-    (max_memory, exporter, progress, fixes, ...). After
-    the preflight, `report` holds its Report and `log_path` the log's
-    path; `captures` lists the captures of the run.
+    (max_memory, exporter, progress, fixes, ...). After the preflight,
+    `report` holds its Report and `log_path` the log's path; `captures`
+    lists the captures of the run.
 
     on_event="stop" ends the fit at the captured step: Lightning's own way
     (trainer.should_stop) after the step when the capture came after the
@@ -255,6 +255,10 @@ class FP16Preflight(pl.Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # a fit that failed: its log ends without its end line
+        self._close(ended=False)
 
     def _close(self, ended: bool = True) -> None:
         if self.loss_log is not None:
