@@ -176,6 +176,15 @@ class CaptureTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual(r["capture"]["trainer_label"], "Accelerate")
         words = {f["kind"]: f["words"] for f in r["fixes"]}
         self.assertEqual(words.get("bf16"), 'Accelerator(mixed_precision="bf16")', r["fixes"])
+        # the continuations from the prepared model: each copy runs the forward its class defines under its own
+        # precision, not Accelerate's fp16 autocast wrapper (fp32 and bf16 would overflow as fp16 does)
+        import fp16audit
+
+        rr = fp16audit.replay(ev.path, model=model, loader=torch.utils.data.DataLoader(prices(), batch_size=32), loss_func=loss_fn,
+                              steps=5, progress=False)
+        runs = {x["fix"]: x for x in rr.continuations["runs"]}
+        self.assertEqual((runs["fp32"]["outcome"], runs["bf16"]["outcome"]), ("finite", "finite"), runs)
+        self.assertIn("_original_forward", m.__dict__, "the user's prepared model keeps its wrapper")
 
     def test_a_cpu_fp16_run_is_captured_as_the_fp32_it_trains_in(self):
         from fp16audit.accelerate import capture_policy, recorder
