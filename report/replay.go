@@ -118,9 +118,13 @@ type CaptureInfo struct {
 	Step    int    `json:"step"`
 	Epoch   *int   `json:"epoch"`
 	Created string `json:"created"`
-	// Trainer is who trained (torch, fastai, ...); the fixes use its
-	// words.
+	// Trainer is who trained (the capture's manifest.trainer: torch,
+	// fastai, transformers, lightning, accelerate); the fixes' Words
+	// are in its words.
 	Trainer string `json:"trainer"`
+	// TrainerLabel names that trainer in a report ("Hugging Face
+	// Trainer"); a trainer the words table lacks is said as PyTorch.
+	TrainerLabel string `json:"trainer_label"`
 	// Policy and AutocastDevice are the run's --policy and
 	// torch.autocast device_type; Device and DeviceName where it ran.
 	Policy         string `json:"policy"`
@@ -257,9 +261,13 @@ type ReplayFix struct {
 	Verified string `json:"verified"`
 	Works    *bool  `json:"works"`
 	Summary  string `json:"summary"`
-	// Fastai and Torch say the fix in fastai's and PyTorch's words.
+	// Words says the fix in the words of the trainer that made the
+	// capture (CaptureInfo.Trainer, named by TrainerLabel).
+	Words string `json:"words"`
+	// Fastai says it in fastai's words.
 	Fastai string `json:"fastai"`
-	Torch  string `json:"torch"`
+	// Torch says it in PyTorch's words.
+	Torch string `json:"torch"`
 	// Modules are the modules a keep-fp32 fix keeps.
 	Modules []string `json:"modules,omitempty"`
 	// ClipNorm and LR are a clipping fix's max_norm and a lower

@@ -169,6 +169,9 @@ func replayConfig(rc ReplayConfig, c *capture.Capture) (Config, replay.Input, er
 	}
 	cfg := Config{
 		ModelPath: c.Path(m.Model.Path), Inputs: []string{c.Path(m.Batches.Failing.Inputs)}, Policy: m.Precision.Policy,
+		// the step's own audit words its fixes as the replay's are: in
+		// the words of the trainer that made the capture
+		Trainer:        replay.TrainerRow(m.Trainer),
 		AutocastDevice: m.Precision.AutocastDevice, ORTLib: rc.ORTLib, Threads: rc.Threads, Device: rc.Device,
 		MaxMemory: rc.MaxMemory, Progress: rc.Progress, NoFixes: rc.NoFixes, Passes: []string{PassesAuto},
 	}

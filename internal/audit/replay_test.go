@@ -169,6 +169,68 @@ func TestHealthyRunNoCapture(t *testing.T) {
 	}
 }
 
+// TestReplayInTheTrainersWords: a capture says which trainer made it,
+// and the replay's fixes, the step's own audit's included, are in that
+// trainer's words, from the one table; the text report shows them beside
+// PyTorch's.
+func TestReplayInTheTrainersWords(t *testing.T) {
+	ortinit.Init(t)
+	src := filepath.Join(runsDir, "collapse", "captures", "step-000023-scale-collapse")
+	for trainer, want := range map[string]string{
+		"transformers": "bf16=True in TrainingArguments",
+		"lightning":    `Trainer(precision="bf16-mixed")`,
+		"accelerate":   `Accelerator(mixed_precision="bf16")`,
+		"torch":        "dtype=torch.bfloat16",
+	} {
+		t.Run(trainer, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "capture")
+			if err := os.CopyFS(dir, os.DirFS(src)); err != nil {
+				t.Fatal(err)
+			}
+			// the manifest is the one file the capture does not hash
+			var m map[string]any
+			data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+			if err == nil {
+				err = json.Unmarshal(data, &m)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m["trainer"] = trainer
+			if data, err = json.Marshal(m); err == nil {
+				err = os.WriteFile(filepath.Join(dir, "manifest.json"), data, 0o644)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := audit.Replay(context.Background(), audit.ReplayConfig{Capture: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bf16 []string
+			for _, f := range r.Fixes {
+				if strings.Contains(f.Summary+f.Words, "learn.") {
+					t.Errorf("fix %s is in fastai's words: %q, %q", f.Kind, f.Summary, f.Words)
+				}
+				if f.Kind == report.FixBF16 {
+					bf16 = append(bf16, f.Summary, f.Words)
+				}
+			}
+			if !strings.Contains(strings.Join(bf16, " | "), want) {
+				t.Errorf("the bf16 fix says %q, want %q", bf16, want)
+			}
+			var b bytes.Buffer
+			f, err := render.New("text", report.KindReplay, render.Options{})
+			if err == nil {
+				err = f.Render(&b, r)
+			}
+			if err != nil || !strings.Contains(b.String(), r.Capture.TrainerLabel+": ") {
+				t.Errorf("the text report does not name the trainer %q beside its words (%v)", r.Capture.TrainerLabel, err)
+			}
+		})
+	}
+}
+
 // renderReplay renders r in every format and reads its JSON back.
 func renderReplay(t *testing.T, r *report.ReplayReport) {
 	t.Helper()

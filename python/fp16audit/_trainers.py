@@ -19,7 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .audit import AuditFailure, Report, audit
 
-__all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model"]
+__all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model",
+           "update_will_be_skipped"]
 
 
 class PreflightFailed(AuditFailure):
@@ -216,12 +217,29 @@ class LossLog:
     trainer's own logging shows: the Hugging Face Trainer's
     logging_nan_inf_filter replaces a NaN or Inf loss by the running mean
     in its logs, while this log keeps it. Losses of a step's micro-batches
-    (gradient accumulation) are averaged; one NaN makes the step's NaN."""
+    (gradient accumulation) are averaged; one NaN makes the step's NaN.
 
-    def __init__(self, path: str, scaler: Any, source: str, **header: Any):
+    With capture (a folder or a fp16audit.Capture) the same recorder keeps
+    the failing step (fp16audit.capture, docs/capture.md): model,
+    optimizer (the torch optimizer itself, not a trainer's wrapper),
+    loss_func (a loss module, or a description of the loss the model
+    computes: capture.LOSS_KEYS), policy (what the run trains under) and
+    autocast_device go to the capture; telemetry and every are the
+    recorder's per-module gradient telemetry (the pinned-plateau trigger
+    and the culprit's logged growth need it).
+    """
+
+    def __init__(self, path: str, scaler: Any, source: str, *, model: Any = None, capture: Any = None, optimizer: Any = None,
+                 loss_func: Any = None, policy: Optional[str] = None, autocast_device: Optional[str] = None,
+                 telemetry: bool = False, every: int = 100, n_inp: int = 1, **header: Any):
         from .recorder import AmpRecorder
 
-        self.recorder = AmpRecorder(path, scaler, source=source, **header)
+        kw: Dict[str, Any] = {}
+        if capture is not None:
+            kw = dict(capture=capture, optimizer=optimizer, loss_func=loss_func, policy=policy, autocast_device=autocast_device)
+        watched = model if (capture is not None or telemetry) else None
+        self.recorder = AmpRecorder(path, scaler, watched, source=source, telemetry=telemetry, every=every if telemetry else 0,
+                                    n_inp=n_inp, **kw, **header)
         self.path = self.recorder.path
         self._losses: List[float] = []
 
@@ -236,13 +254,62 @@ class LossLog:
             loss = loss.detach().float().item()
         self._losses.append(float(loss))
 
-    def step(self, epoch: Optional[int] = None, iter: Optional[int] = None) -> Optional[float]:
+    def _loss(self) -> Optional[float]:
+        return sum(self._losses) / len(self._losses) if self._losses else None
+
+    @property
+    def capturing(self) -> bool:
+        """Whether a capture is armed."""
+        return self.recorder.capture is not None
+
+    def before_step(self, inputs: Any, target: Any = None, *, epoch: Optional[int] = None, iter: Optional[int] = None) -> None:
+        """Between the backward and the optimizer step: the capture's loss triggers, at the step's weights. With
+        on_event="stop" it raises fp16audit.CaptureStop after writing the step's lines (the adapter stops the run)."""
+        if not self.capturing:
+            return
+        try:
+            self.recorder.before_step(self._loss(), inputs=inputs, target=target, epoch=epoch, iter=iter)
+        except BaseException:
+            self._losses = []
+            raise
+
+    def step(self, epoch: Optional[int] = None, iter: Optional[int] = None, *, inputs: Any = None, target: Any = None) -> Optional[float]:
         """Write the step's line (after the optimizer step and the scaler's
-        update); returns the loss written."""
-        loss = sum(self._losses) / len(self._losses) if self._losses else None
+        update); returns the loss written. With a capture, inputs and
+        target are the step's batch; CaptureStop is raised as in
+        before_step."""
+        loss = self._loss()
         self._losses = []
-        self.recorder.step(loss, epoch=epoch, iter=iter)
+        self.recorder.step(loss, epoch=epoch, iter=iter, inputs=inputs, target=target)
         return loss
+
+    def capture_now(self) -> None:
+        """Capture the next step (trigger "request")."""
+        self.recorder.capture_now()
+
+    @property
+    def captures(self) -> List[Any]:
+        """The captures written (or failed) so far (fp16audit.capture.CaptureEvent)."""
+        return self.recorder.captures
 
     def close(self) -> None:
         self.recorder.close()
+
+    def abort(self) -> None:
+        """Close the log without its end line: the run stopped early."""
+        self.recorder.abort()
+
+
+def update_will_be_skipped(scaler: Any, model: Any) -> bool:
+    """Whether the optimizer step about to run will be skipped by an
+    enabled GradScaler: the model's gradients hold Inf/NaN. A capture that
+    stops the run before the update may then let the trainer finish the
+    step in its own way, since no update will be applied."""
+    from .recorder import _grads_finite
+
+    try:
+        enabled = scaler is not None and bool(scaler.is_enabled())
+    except Exception:  # noqa: BLE001 - anything scaler-like
+        enabled = scaler is not None
+    return enabled and not _grads_finite(model)
+

@@ -22,6 +22,21 @@ what "fp16" would do. Its fixes are in Accelerate's words
 CPU, Accelerator(mixed_precision="fp16") trains in fp32, and the audit
 says what fp16 does on a GPU.
 
+With capture="captures/" (or a fp16audit.Capture) the recorder also keeps
+the failing step (docs/capture.md), for `fp16audit replay`, as
+AmpRecorder does in a plain loop: give it the optimizer and the loss, and
+the batch at every step; rec.before_step() between the backward and
+optimizer.step() captures before an update is applied:
+
+    with recorder(accelerator, "run.jsonl", model, capture="captures/", optimizer=optimizer,
+                  loss_func=loss_func) as rec:
+        for batch in loader:
+            ...
+            accelerator.backward(loss)
+            rec.before_step(loss, batch=batch)
+            optimizer.step(); optimizer.zero_grad()
+            rec.step(loss, batch=batch)          # raises CaptureStop with on_event="stop"
+
 `import fp16audit` does not import this module (nor accelerate).
 """
 
@@ -34,7 +49,7 @@ from accelerate import Accelerator
 from ._trainers import PreflightFailed, decide, draw_batches, run_preflight
 from .audit import Report
 
-__all__ = ["preflight", "recorder", "accelerator_policy", "PreflightFailed"]
+__all__ = ["preflight", "recorder", "accelerator_policy", "capture_policy", "PreflightFailed"]
 
 
 def accelerator_policy(accelerator: Accelerator) -> Tuple[str, Optional[float], str]:
@@ -51,6 +66,23 @@ def accelerator_policy(accelerator: Accelerator) -> Tuple[str, Optional[float], 
     if mp == "bf16":
         return "autocast-bf16", None, ""
     return "autocast-fp16", None, 'the Accelerator\'s mixed_precision is %r: audited as mixed_precision="fp16" would train it' % mp
+
+
+def capture_policy(accelerator: Accelerator) -> str:
+    """The policy an Accelerator's run really trains under, for its capture
+    (what the replay emulates): mixed_precision="fp16" is autocast-fp16
+    where it holds a GradScaler and fp32 where it holds none (a CPU: no
+    autocast either); "bf16" is autocast-bf16 where its autocast is on."""
+    mp = str(accelerator.mixed_precision)
+    scaler = getattr(accelerator, "scaler", None)
+    if mp == "fp16" and scaler is not None and scaler.is_enabled():
+        return "autocast-fp16"
+    if mp == "bf16" and getattr(accelerator, "native_amp", False):
+        return "autocast-bf16"
+    if mp in ("fp16", "bf16", "no"):
+        return "fp32"
+    raise ValueError("fp16audit.accelerate: mixed_precision=%r has no fp16audit policy to replay a capture under; record "
+                     "without capture=" % mp)
 
 
 def preflight(accelerator: Accelerator, model: Any, dataloader: Any = None, *, batches: Optional[Sequence[Any]] = None,
@@ -81,14 +113,27 @@ def preflight(accelerator: Accelerator, model: Any, dataloader: Any = None, *, b
     return r
 
 
-def recorder(accelerator: Accelerator, path: Any, model: Any = None, **kwargs: Any) -> Any:
+def recorder(accelerator: Accelerator, path: Any, model: Any = None, *, capture: Any = None, optimizer: Any = None,
+             loss_func: Any = None, **kwargs: Any) -> Any:
     """An fp16audit.AmpRecorder over the accelerator's GradScaler (None in
     bf16, fp32 and for fp16 on a CPU: losses only): call rec.step(loss)
     after each optimizer.step(). model and the keyword arguments are
-    AmpRecorder's (per-module gradient telemetry, every, ...)."""
+    AmpRecorder's (per-module gradient telemetry, every, n_inp, ...).
+
+    capture (a folder or a fp16audit.Capture) keeps the failing step: it
+    needs the model, and takes the optimizer (the one prepare() returned,
+    or the torch optimizer inside it) and the loss function; the policy
+    and the autocast device are the accelerator's (capture_policy). Pass
+    the batch to rec.step (and rec.before_step) at every step."""
     from .recorder import AmpRecorder
 
     kwargs.setdefault("source", "accelerate")
     kwargs.setdefault("mixed_precision", str(accelerator.mixed_precision))
     inner = accelerator.unwrap_model(model, keep_fp32_wrapper=True) if model is not None else None
+    if capture is not None:
+        kwargs.setdefault("policy", capture_policy(accelerator))
+        kwargs.setdefault("autocast_device", accelerator.device.type)
+        # prepare() wraps the optimizer in an AcceleratedOptimizer: the
+        # capture keeps the torch optimizer's class and state
+        kwargs.update(capture=capture, optimizer=getattr(optimizer, "optimizer", optimizer), loss_func=loss_func)
     return AmpRecorder(path, getattr(accelerator, "scaler", None), inner, **kwargs)

@@ -191,13 +191,27 @@ class Capture:
 _FUNCTIONS = {"cross_entropy": "cross-entropy", "binary_cross_entropy_with_logits": "bce", "mse_loss": "mse", "l1_loss": "l1"}
 
 
+#: The keys of a loss given as a description rather than a loss module:
+#: the manifest's loss entry without its value.
+LOSS_KEYS = ("function", "name", "class_axis", "ignore_index", "lm_shift", "output")
+
+
 def loss_entry(loss_func: Any, value: Optional[float]) -> Dict[str, Any]:
-    """The manifest's loss entry for a loss module or function (fastai's flat losses through their .func)."""
-    from .audit import _loss_name
+    """The manifest's loss entry for a loss module or function (fastai's flat losses through their .func), or for a
+    description of the loss (a mapping of LOSS_KEYS): a trainer's adapter describes a loss the model computes itself
+    (a Hugging Face model given labels)."""
+    from .audit import LOSSES, _loss_name
 
     entry: Dict[str, Any] = {"value": _encode(value), "function": None, "name": None, "class_axis": None,
                              "ignore_index": None, "lm_shift": False, "output": None}
     if loss_func is None:
+        return entry
+    if isinstance(loss_func, Mapping):
+        unknown = sorted(set(loss_func) - set(LOSS_KEYS))
+        if unknown or loss_func.get("name") not in LOSSES + (None,):
+            raise ValueError("capture: the loss %r: want a loss module or function, or a mapping of %s whose name is one of %s" % (
+                dict(loss_func), ", ".join(LOSS_KEYS), ", ".join(LOSSES)))
+        entry.update(loss_func)
         return entry
     inner = getattr(loss_func, "func", None)  # fastai's BaseLoss wraps a torch loss
     # a function has a __name__ (F.cross_entropy), a module instance its class
@@ -401,9 +415,28 @@ def _optimizer_entry(optimizer, model) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return doc, tensors
 
 
+_OBSERVER = "_fp16audit_observer"
+
+# The module attributes that hold hooks, keyed by the hook's handle id.
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_forward_hooks_with_kwargs",
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called", "_state_dict_hooks", "_load_state_dict_pre_hooks")
+
+
+def observer(hook: Any) -> Any:
+    """Mark a module hook as one of fp16audit's observers (the gradient telemetry's, a trainer adapter's loss hook):
+    the capture's copy of the model leaves it out. An observer watches the run; it is no part of the model, may hold
+    what cannot be copied (an open log), and must not fire while the copy is exported."""
+    setattr(hook, _OBSERVER, True)
+    return hook
+
+
+def _is_observer(hook: Any) -> bool:
+    return bool(getattr(getattr(hook, "__func__", hook), _OBSERVER, False))
+
+
 def _cpu_copy(model):
     """A deep copy of the model on the CPU, its parameters and buffers copied straight to the host (never a second
-    copy on the model's device)."""
+    copy on the model's device), without fp16audit's observer hooks (the model's own hooks stay)."""
     torch = _torch()
     memo: Dict[int, Any] = {}
     for p in model.parameters():
@@ -412,6 +445,15 @@ def _cpu_copy(model):
     for b in model.buffers():
         if id(b) not in memo:
             memo[id(b)] = b.detach().to("cpu", copy=True)
+    for m in model.modules():
+        hooks = [getattr(m, a, None) for a in _HOOK_DICTS]
+        own = {k for d in hooks if isinstance(d, dict) for k, v in d.items() if _is_observer(v)}
+        if not own:
+            continue
+        for d in hooks:
+            if isinstance(d, dict):
+                # the copy's dict, without the observers; the hooks kept are the model's own, shared as a function hook is
+                memo[id(d)] = type(d)((k, v) for k, v in d.items() if k not in own)
     return copy.deepcopy(model, memo)
 
 
@@ -696,17 +738,29 @@ class CaptureCore:
         return final
 
     def _write_into(self, tmp, trigger, step, detail, loss, scale, epoch, iter, step_applied) -> Dict[str, Any]:
-        from .audit import _arrange_dict, _dynamic_axes, _export, _input_names, _output_names, _split
+        from ._trainers import _rng_kept, exportable
+
+        # The model is exported from a CPU copy, as the audit exports a
+        # trainer's model (exportable): a PEFT model's base model, with the
+        # forward its class defines (Accelerate's autocast wrapper would be
+        # traced into the graph) and transformers' key-value cache off. Its
+        # train-mode forward draws dropout masks: every random state is put
+        # back, so the run goes on as it would have without the capture
+        # (state/rng.json holds them as they were before).
+        with _rng_kept(), exportable(_cpu_copy(self.model)) as em:
+            return self._write_model(tmp, em, trigger, step, detail, loss, scale, epoch, iter, step_applied)
+
+    def _write_model(self, tmp, em, trigger, step, detail, loss, scale, epoch, iter, step_applied) -> Dict[str, Any]:
+        from .audit import _arrange_dict, _dynamic_axes, _export, _input_names, _output_names
 
         torch = _torch()
         files: Dict[str, Dict[str, Any]] = {}
         _, inputs, target = self._cur
         xs, t, keys = _batch_parts(inputs, target)
         if keys is not None:
-            xs, t2, keys = _arrange_dict(self.model, xs, keys, 0)
+            xs, t2, keys = _arrange_dict(em, xs, keys, 0)
             t = t if t is not None else t2
-        names = _input_names(self.model, len(xs), keys)
-        # the state first: the copy the export runs is made from the same weights
+        names = _input_names(em, len(xs), keys)
         os.mkdir(os.path.join(tmp, "state"))
         _put(tmp, "state/model.safetensors", files, lambda f: _safetensors.write(f, self.model.state_dict()), stream=True)
         opt_doc = None
@@ -724,7 +778,7 @@ class CaptureCore:
         if self._prev is not None and self._prev[1] is not None:
             pxs, pt, pkeys = _batch_parts(self._prev[1], self._prev[2])
             if pkeys is not None:
-                pxs, pt2, pkeys = _arrange_dict(self.model, pxs, pkeys, 0)
+                pxs, pt2, pkeys = _arrange_dict(em, pxs, pkeys, 0)
                 pt = pt if pt is not None else pt2
             if len(pxs) == len(xs):
                 os.mkdir(os.path.join(tmp, "previous"))
@@ -738,16 +792,14 @@ class CaptureCore:
         if self.log_path and os.path.isfile(self.log_path):
             _put(tmp, "log.jsonl", files, lambda f: _copy_into(self.log_path, f), stream=True)
             log = "log.jsonl"
-        # the model, exported at these weights in train mode from a CPU copy
-        dup = _cpu_copy(self.model)
-        dup.train()
+        # the model, exported at these weights in train mode
+        em.train()
         args = [x.detach().to("cpu") for x in xs]
         if any(a.is_floating_point() and a.dtype != torch.float32 for a in args):
             args = [a.float() if a.is_floating_point() else a for a in args]
-        out_names = _output_names(dup, args)
+        out_names = _output_names(em, args)
         axes = _dynamic_axes(names, [(xs, None, None)])
-        exporter, _why = _export(dup, args, names, out_names, os.path.join(tmp, "model.onnx"), self.capture.exporter, True, axes)
-        del dup
+        exporter, _why = _export(em, args, names, out_names, os.path.join(tmp, "model.onnx"), self.capture.exporter, True, axes)
         _share_weights(tmp, "model.onnx", "state/model.safetensors")
         for fn in sorted(os.listdir(tmp)):
             p = os.path.join(tmp, fn)

@@ -277,20 +277,27 @@ def _load_into(dup, state):
 
 
 def _copy_model(model, state, device):
-    """The user's module, deep-copied once per continuation with the captured state on device and no hooks."""
+    """The user's module, deep-copied once per continuation with the captured state on device and no hooks, with the
+    forward its class defines: Accelerate's prepare() wraps a model's forward in autocast (kept as _original_forward),
+    which would run every continuation, fp32 and bf16 included, in the run's fp16."""
     torch = _torch()
     memo = {}
     for p in model.parameters():
         memo.setdefault(id(p), torch.nn.Parameter(torch.zeros(0), requires_grad=p.requires_grad))
     for b in model.buffers():
         memo.setdefault(id(b), torch.zeros(0))
+    for m in model.modules():
+        # the hooks are not copied at all: an observer's may hold what cannot be (a trainer callback's open log)
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called"):
+            d = getattr(m, attr, None)
+            if isinstance(d, dict):
+                memo[id(d)] = type(d)()
     dup = copy.deepcopy(model, memo)
     for m in dup.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                     "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs"):
-            d = getattr(m, attr, None)
-            if hasattr(d, "clear"):
-                d.clear()
+        d = m.__dict__
+        if "_original_forward" in d and "forward" in d:
+            d["forward"] = d.pop("_original_forward")
     names = {k for k, _ in dup.named_parameters()} | {k for k, _ in dup.named_buffers()}
     missing = sorted(names - set(state))
     if missing:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from .capture import observer
 from .logfile import FP16_MIN_NORMAL
 
 # Index of each count in a counts tensor (see grad_stats).
@@ -243,7 +244,8 @@ class GradTelemetry:
         self._modules = dict(self.watched)
         self._handles = []
         for name, m in self.watched:
-            self._handles.append(m.register_forward_hook(functools.partial(self._forward_hook, name)))
+            # an observer: a capture's copy of the model leaves it out
+            self._handles.append(m.register_forward_hook(observer(functools.partial(self._forward_hook, name))))
             if params:
                 for p in m.parameters(recurse=False):
                     if p.requires_grad:

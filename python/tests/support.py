@@ -113,3 +113,33 @@ class TempDirMixin:
 
     def path(self, name):
         return os.path.join(self.tmp, name)
+
+
+def accelerate_cpu_fp16(accelerator):
+    """Accelerate's fp16 mixed precision on the CPU, as it runs on a GPU.
+
+    Accelerate 1.16 enables fp16's autocast and GradScaler only on an
+    accelerator: Accelerator(mixed_precision="fp16") on a CPU trains in
+    fp32, and so does the Hugging Face Trainer's fp16=True. This sets the
+    two attributes its constructor sets on a GPU, before prepare(): with
+    them, prepare() wraps the model's forward in torch.autocast("cpu",
+    dtype=torch.float16) (real fp16 kernels), accelerator.backward()
+    scales the loss, clip_grad_norm_() unscales the gradients and the
+    prepared optimizer steps through GradScaler.step() and update(), all
+    Accelerate's own code. Returns the scaler."""
+    scaler = torch.amp.GradScaler("cpu")
+    accelerator.native_amp = True
+    accelerator.scaler = scaler
+    return scaler
+
+
+def pytorch_record():
+    """fixtures/torch/runs.py, whose truth_of is PyTorch's record of a
+    captured step (hooks: the first non-finite module, the gradients, the
+    class by the fixtures' rule), made without fp16audit."""
+    import importlib
+
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fixtures", "torch")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("runs")

@@ -107,5 +107,119 @@ class AccelerateTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual(len([x for x in lines if x["kind"] == "step"]), 4)
 
 
+def growth_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def prices():
+    torch.manual_seed(1000)
+    X = torch.randn(512, 16)
+    w = torch.randn(16)
+    return torch.utils.data.TensorDataset(X, (X @ w).unsqueeze(1) * 8000 + 60000)
+
+
+class CaptureTest(support.TempDirMixin, unittest.TestCase):
+    """The capture in a real Accelerate custom loop. Accelerate 1.16 trains
+    mixed_precision="fp16" in fp32 on a CPU; this loop gives the
+    Accelerator the GradScaler and autocast it holds on a GPU
+    (support.accelerate_cpu_fp16), so prepare(), accelerator.backward()
+    and the prepared optimizer run Accelerate's own fp16 path in real CPU
+    fp16 kernels, and the run (fixtures/torch/runs.py's forward_growth:
+    regression on unnormalized targets) fails by itself."""
+
+    def test_a_mid_training_nan_stops_the_loop_at_its_capture(self):
+        import os
+
+        from fp16audit import Capture, CaptureStop
+        from fp16audit.accelerate import recorder
+
+        acc = accelerator("fp16")
+        support.accelerate_cpu_fp16(acc)
+        m = growth_net()
+        model, opt, dl = acc.prepare(m, torch.optim.Adam(m.parameters(), lr=0.05), torch.utils.data.DataLoader(prices(), batch_size=32))
+        loss_fn = nn.L1Loss()
+        snaps, batches = [], []
+        with self.assertRaises(CaptureStop) as ctx:
+            with recorder(acc, self.path("run.jsonl"), model, capture=Capture(self.path("caps"), on_event="stop"), optimizer=opt,
+                          loss_func=loss_fn, every=10) as rec:
+                for epoch in range(4):
+                    for x, y in dl:
+                        snaps.append({k: v.detach().clone() for k, v in m.state_dict().items()})
+                        batches.append((x.clone(), y.clone()))
+                        with acc.autocast():
+                            loss = loss_fn(model(x).float(), y)
+                        acc.backward(loss)
+                        rec.before_step(loss, batch=(x, y))
+                        opt.step()
+                        opt.zero_grad()
+                        rec.step(loss, batch=(x, y))
+        ev = ctx.exception.event
+        step = ev.step
+        self.assertEqual(ev.trigger, "nonfinite-loss")
+        self.assertGreater(step, 20, "a mid-training failure, not one at the first steps")
+        self.assertEqual(len(snaps), step + 1)
+        for k, v in m.state_dict().items():
+            self.assertTrue(torch.equal(v, snaps[step][k]), "the failing step's update was applied to %s" % k)
+        with open(os.path.join(ev.path, "manifest.json"), encoding="utf-8") as f:
+            man = json.load(f)
+        self.assertEqual((man["trainer"], man["precision"]["policy"], man["precision"]["autocast_device"]), ("accelerate", "autocast-fp16", "cpu"))
+        self.assertEqual((man["optimizer"]["class"], man["loss"]["name"], man["step_applied"]), ("Adam", "l1", False))
+        x, y = batches[step]
+        net = growth_net()
+        net.load_state_dict(snaps[step])
+        truth = support.pytorch_record().truth_of(net, x, y, batches[step - 1][0], loss_fn, step, man["grad_scaler"]["scale"])
+        r = replay_json(ev.path)
+        self.assertEqual(r["verdict"], truth["class"], r["verdict_text"])
+        self.assertEqual(r["verdict"], "forward-overflow")
+        self.assertEqual(r["culprit"]["module"], truth["fp16_forward"]["first_reaching_output"])
+        self.assertEqual(r["capture"]["trainer_label"], "Accelerate")
+        words = {f["kind"]: f["words"] for f in r["fixes"]}
+        self.assertEqual(words.get("bf16"), 'Accelerator(mixed_precision="bf16")', r["fixes"])
+        # the continuations from the prepared model: each copy runs the forward its class defines under its own
+        # precision, not Accelerate's fp16 autocast wrapper (fp32 and bf16 would overflow as fp16 does)
+        import fp16audit
+
+        rr = fp16audit.replay(ev.path, model=model, loader=torch.utils.data.DataLoader(prices(), batch_size=32), loss_func=loss_fn,
+                              steps=5, progress=False)
+        runs = {x["fix"]: x for x in rr.continuations["runs"]}
+        self.assertEqual((runs["fp32"]["outcome"], runs["bf16"]["outcome"]), ("finite", "finite"), runs)
+        self.assertIn("_original_forward", m.__dict__, "the user's prepared model keeps its wrapper")
+
+    def test_a_cpu_fp16_run_is_captured_as_the_fp32_it_trains_in(self):
+        from fp16audit.accelerate import capture_policy, recorder
+
+        acc = accelerator("fp16")  # on a CPU: no GradScaler, no autocast
+        self.assertEqual(capture_policy(acc), "fp32")
+        m = net(False)
+        model, opt, dl = acc.prepare(m, torch.optim.SGD(m.parameters(), 0.1), loader())
+        with recorder(acc, self.path("run.jsonl"), model, capture=self.path("caps"), optimizer=opt, loss_func=nn.CrossEntropyLoss()) as rec:
+            rec.capture_now()
+            for x, y in dl:
+                with acc.autocast():
+                    loss = nn.functional.cross_entropy(model(x), y)
+                acc.backward(loss)
+                rec.before_step(loss, batch=(x, y))
+                opt.step()
+                opt.zero_grad()
+                rec.step(loss, batch=(x, y))
+        path = rec.captures[0].path
+        with open(path + "/manifest.json", encoding="utf-8") as f:
+            man = json.load(f)
+        self.assertEqual((man["precision"]["policy"], man["grad_scaler"]), ("fp32", None))
+        self.assertEqual(replay_json(path)["verdict"], "not-reproduced")
+
+
+def replay_json(folder):
+    import subprocess
+
+    from fp16audit import _binary
+
+    p = subprocess.run([_binary.find_binary(), "replay", folder, "--format", "json"], capture_output=True, text=True)
+    if p.returncode not in (0, 1):
+        raise AssertionError("fp16audit replay %s: exit %d: %s" % (folder, p.returncode, p.stderr))
+    return json.loads(p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

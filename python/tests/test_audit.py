@@ -43,14 +43,43 @@ def standardized(x):
     return (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
 
 
-def temp_entries():
-    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("fp16audit-")}
+class PrivateTemp:
+    """A temporary folder of this test's own, as the one place where the
+    audit and the binary it starts may write temporary files: Python's
+    tempfile (tempfile.tempdir) and the child's TMPDIR point into it, so
+    what is left there afterwards is this audit's, never another process's
+    (colleagues' audits run in the shared /tmp at the same time).
+    `entries()` lists what it holds."""
+
+    def __enter__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="fp16audit-test-private-")
+        self.path = self._dir.name
+        self._saved = tempfile.tempdir, os.environ.get("TMPDIR")
+        tempfile.tempdir = self.path
+        os.environ["TMPDIR"] = self.path
+        return self
+
+    def entries(self):
+        out = []
+        for root, dirs, files in os.walk(self.path):
+            out += [os.path.relpath(os.path.join(root, n), self.path) for n in dirs + files]
+        return sorted(out)
+
+    def __exit__(self, *exc):
+        tempfile.tempdir, tmpdir = self._saved
+        if tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = tmpdir
+        self._dir.cleanup()
+        return False
 
 
 class AuditTest(unittest.TestCase):
     def test_raw_pixels_are_unnormalized_input_and_standardized_ones_healthy(self):
         m = stem_cnn()
-        before = temp_entries()
+        private = PrivateTemp().__enter__()
+        self.addCleanup(private.__exit__)
         r = fp16audit.audit(m, raw_pixels(), progress=False)
         self.assertEqual(r.verdict, "unnormalized-input", r.verdict_text)
         self.assertFalse(r.ok)
@@ -66,7 +95,7 @@ class AuditTest(unittest.TestCase):
         ok = fp16audit.audit(m, standardized(raw_pixels()), progress=False)
         self.assertEqual(ok.verdict, "healthy", ok.verdict_text)
         self.assertIs(ok.raise_for_failure(), ok)
-        self.assertEqual(temp_entries(), before, "audit left files in the temporary folder")
+        self.assertEqual(private.entries(), [], "audit left files in the temporary folder")
 
     def test_the_exporter_used_is_said(self):
         r = fp16audit.audit(stem_cnn(gain=1.0), standardized(raw_pixels()), progress=False)
@@ -190,7 +219,8 @@ class AuditTest(unittest.TestCase):
         # Ctrl-C arrives while the binary runs: as the first progress line
         # is read, this process is sent SIGINT, as a terminal or Jupyter's
         # interrupt does.
-        before = temp_entries()
+        private = PrivateTemp().__enter__()
+        self.addCleanup(private.__exit__)
         children = []
         real_popen = audit_mod.subprocess.Popen
 
@@ -212,7 +242,7 @@ class AuditTest(unittest.TestCase):
             audit_mod.subprocess.Popen, audit_mod._Progress.update = real_popen, saved
         self.assertEqual(len(children), 1)
         self.assertIsNotNone(children[0].poll(), "the binary is still running")
-        self.assertEqual(temp_entries(), before, "an interrupted audit left files behind")
+        self.assertEqual(private.entries(), [], "an interrupted audit left files behind")
 
 
 if __name__ == "__main__":

@@ -380,6 +380,51 @@ class TestCaptureFolder(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "needs the model"):
             fp16audit.AmpRecorder(os.path.join(self.tmp, "r.jsonl"), EmulatedGradScaler(), capture=os.path.join(self.tmp, "c"))
 
+    def test_the_copy_leaves_out_fp16audits_observers_and_the_run_its_random_state(self):
+        from fp16audit.capture import _cpu_copy, observer
+
+        class Log:
+            """An observer holding what cannot be copied, as a trainer adapter's loss hook holds its open log."""
+
+            def __init__(self, path):
+                self.f = open(path, "w", encoding="utf-8")
+                self.calls = 0
+
+            @observer
+            def hook(self, module, args, output):
+                self.calls += 1
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+        own = []
+        model[2].register_forward_hook(lambda m, a, o: own.append(1))  # the model's own hook stays
+        log = Log(os.path.join(self.tmp, "log.txt"))
+        self.addCleanup(log.f.close)
+        model.register_forward_hook(log.hook)
+        dup = _cpu_copy(model)
+        dup(torch.zeros(1, 4))
+        self.assertEqual((log.calls, len(own)), (0, 1))
+        # a capture of a train-mode step with dropout: its export draws masks, and the run's generators are put back
+        core = CaptureCore(Capture(os.path.join(self.tmp, "caps")), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                           scaler=EmulatedGradScaler(), loss_func=nn.CrossEntropyLoss(), policy="autocast-fp16")
+        core.request()
+        rng = torch.get_rng_state()
+        ev = core.before_update(0, torch.tensor(0.7), torch.randn(4, 4, generator=torch.Generator().manual_seed(1)),
+                                torch.zeros(4, dtype=torch.long), scale=1.0)
+        self.assertIsNotNone(ev.path, ev.error)
+        self.assertTrue(torch.equal(rng, torch.get_rng_state()))
+        self.assertEqual(log.calls, 0, "the export ran the observer")
+
+    def test_a_loss_described_rather_than_given(self):
+        from fp16audit.capture import loss_entry
+
+        e = loss_entry({"function": "ForCausalLMLoss", "name": "cross-entropy", "class_axis": "last", "ignore_index": -100,
+                        "lm_shift": True, "output": "logits"}, 2.5)
+        self.assertEqual((e["value"], e["name"], e["lm_shift"], e["output"]), (2.5, "cross-entropy", True, "logits"))
+        for bad in ({"name": "hinge"}, {"name": "mse", "reduction": "sum"}):
+            with self.assertRaises(ValueError):
+                loss_entry(bad, 1.0)
+
     def test_replay_refuses_what_is_not_a_capture(self):
         with self.assertRaisesRegex(fp16audit.ReplayError, "manifest.json"):
             fp16audit.replay(self.tmp, progress=False)

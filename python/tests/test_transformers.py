@@ -260,6 +260,188 @@ class RawLossTest(support.TempDirMixin, unittest.TestCase):
         self.assertEqual(doc["losses"]["first_nonfinite_step"], 2)
 
 
+class GrowthRegressor(nn.Module):
+    """fixtures/torch/runs.py's forward_growth run as a model the Trainer
+    trains: regression on unnormalized targets (about 60000) whose output
+    layer's activation grows with training until it passes fp16's 65504;
+    forward(x, labels) returns a ModelOutput with its L1 loss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x, labels=None):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        y = self.net(x)
+        return SequenceClassifierOutput(loss=None if labels is None else nn.functional.l1_loss(y.float(), labels), logits=y)
+
+
+class Prices(torch.utils.data.Dataset):
+    def __init__(self):
+        torch.manual_seed(1000)
+        self.x = torch.randn(512, 16)
+        w = torch.randn(16)
+        self.y = (self.x @ w).unsqueeze(1) * 8000 + 60000
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def recording(model):
+    """PyTorch's side of a Trainer run, made without fp16audit: the weights
+    before every optimizer step and the batch each training forward of the
+    model (not a copy of it) was given."""
+    from transformers import TrainerCallback
+
+    snaps, batches = {}, []
+
+    class Record(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            snaps[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def pre(m, args, kwargs):
+        if m is model and m.training:
+            batches.append({k: v.detach().clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    return Record(), snaps, batches
+
+
+def replay_json(folder):
+    from fp16audit import _binary
+
+    p = subprocess.run([_binary.find_binary(), "replay", folder, "--format", "json"], capture_output=True, text=True)
+    if p.returncode not in (0, 1):
+        raise AssertionError("fp16audit replay %s: exit %d: %s" % (folder, p.returncode, p.stderr))
+    return json.loads(p.stdout)
+
+
+class CaptureTest(support.TempDirMixin, unittest.TestCase):
+    """The capture of the failing step in the real Trainer. transformers
+    5.25 trains fp16=True in fp32 on a CPU (Accelerate holds no GradScaler
+    there); these runs give the Trainer's Accelerator the GradScaler and
+    autocast it holds on a GPU (support.accelerate_cpu_fp16), so the
+    Trainer's own loop trains in real CPU fp16 kernels and fails by
+    itself."""
+
+    def test_a_mid_training_nan_is_captured_and_replayed_as_pytorch_records_it(self):
+        from transformers import Trainer
+
+        from fp16audit import Capture, CaptureStop
+        from fp16audit.transformers import FP16AuditCallback
+
+        model = GrowthRegressor()
+        rec, snaps, batches = recording(model)
+        cb = FP16AuditCallback(preflight=False, capture=Capture(self.path("caps"), on_event="stop"), loss_func=nn.L1Loss(), telemetry=True,
+                               every=10)
+        tr = quiet(Trainer(model=model, args=args(self.path("out"), fp16=True, max_steps=120, per_device_train_batch_size=32,
+                                                  learning_rate=0.05, lr_scheduler_type="constant"),
+                           train_dataset=Prices(), callbacks=[rec, cb]))
+        support.accelerate_cpu_fp16(tr.accelerator)
+        # The loss is Inf, but L1's gradient is its sign: finite, so the
+        # GradScaler would apply the step. on_event="stop" keeps the
+        # Trainer from that update the one way it can: CaptureStop.
+        with self.assertRaises(CaptureStop) as ctx:
+            tr.train()
+        caps = [e for e in cb.captures if e.path]
+        self.assertEqual([e.trigger for e in caps], ["nonfinite-loss"], cb.captures)
+        self.assertIs(ctx.exception.event, caps[0])
+        step = caps[0].step
+        self.assertGreater(step, 20, "a mid-training failure, not one at the first steps")
+        self.assertEqual(tr.state.global_step, step)
+        for k, v in model.state_dict().items():
+            self.assertTrue(torch.equal(v, snaps[step][k]), "the failing step's update was applied to %s" % k)
+        with open(os.path.join(caps[0].path, "manifest.json"), encoding="utf-8") as f:
+            m = json.load(f)
+        self.assertEqual((m["trainer"], m["precision"]["policy"], m["precision"]["autocast_device"]), ("transformers", "autocast-fp16", "cpu"))
+        self.assertEqual((m["optimizer"]["class"], m["loss"]["name"], m["step_applied"]), ("AdamW", "l1", False))
+        self.assertEqual(m["model"]["inputs"], ["x"])
+        self.assertTrue(m["grad_scaler"]["enabled"])
+        # the capture holds the step's weights and batch, as PyTorch's side recorded them
+        from fp16audit import _safetensors
+
+        state, _ = _safetensors.read(os.path.join(caps[0].path, "state", "model.safetensors"))
+        for k, v in snaps[step].items():
+            self.assertTrue(torch.equal(state[k], v), k)
+        import numpy as np
+
+        with np.load(os.path.join(caps[0].path, "batch.npz"), allow_pickle=False) as z:
+            self.assertTrue(np.array_equal(z["x"], batches[step]["x"].numpy()))
+        # PyTorch's record at that state: hooks on the step's forward and backward
+        net = GrowthRegressor()
+        net.load_state_dict(snaps[step])
+        truth = support.pytorch_record().truth_of(net.net, batches[step]["x"], batches[step]["labels"], batches[step - 1]["x"],
+                                                  nn.L1Loss(), step, m["grad_scaler"]["scale"])
+        r = replay_json(caps[0].path)
+        self.assertEqual(r["verdict"], truth["class"], r["verdict_text"])
+        self.assertEqual(r["verdict"], "forward-overflow")
+        self.assertEqual(r["culprit"]["module"], "net." + truth["fp16_forward"]["first_reaching_output"])
+        self.assertTrue(r["culprit"]["earlier"], "the log's telemetry saw the activation grow")
+        # the fixes in the Trainer's words
+        self.assertEqual(r["capture"]["trainer_label"], "Hugging Face Trainer")
+        bf16 = [f for f in r["fixes"] if f["kind"] == "bf16"]
+        self.assertTrue(bf16 and all(f["words"] == "bf16=True in TrainingArguments" for f in bf16), r["fixes"])
+        # the log: the raw losses to the failing step, its capture line last
+        lines = [json.loads(x) for x in open(cb.log_path, encoding="utf-8")]
+        # a run that stopped early: no end line
+        self.assertEqual([x["kind"] for x in lines][-2:], ["step", "capture"])
+        self.assertEqual(lines[-1]["path"], caps[0].path)
+        self.assertEqual((lines[-2]["step"], lines[-2]["loss"], lines[-2]["skipped"]), (step, "Infinity", True))
+        # fp16audit scales reads the Trainer's log and points to the capture, whose replay decides
+        from fp16audit import _binary
+
+        p = subprocess.run([_binary.find_binary(), "scales", cb.log_path, "--format", "json"], capture_output=True, text=True)
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        named = json.loads(p.stdout).get("captures") or []
+        self.assertEqual([(c["step"], c["path"], c["replay"]) for c in named], [(step, caps[0].path, "fp16audit replay " + caps[0].path)])
+
+    def test_a_language_models_capture_replays_its_backward_and_leaves_the_run_as_it_was(self):
+        from transformers import Trainer
+
+        from fp16audit.transformers import FP16AuditCallback
+
+        class Request(FP16AuditCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                if state.global_step == 2:
+                    self.capture_now()
+
+        def run(callbacks, out):
+            m = llama(planted=False, seed=3)
+            m.config.attention_dropout = 0.2  # the export's train-mode forward draws dropout masks too
+            for layer in m.model.layers:
+                layer.self_attn.attention_dropout = 0.2
+            tr = quiet(Trainer(model=m, args=args(out, fp16=True, max_steps=4, per_device_train_batch_size=2), train_dataset=Tokens(),
+                               callbacks=callbacks))
+            support.accelerate_cpu_fp16(tr.accelerator)
+            tr.train()
+            return m
+
+        cb = Request(preflight=False, capture=self.path("caps"))
+        with_cb = run([cb], self.path("a"))
+        without = run([], self.path("b"))
+        # the capture (an export in train mode, with dropout) changed nothing in the run
+        for (k, a), (_, b) in zip(with_cb.state_dict().items(), without.state_dict().items()):
+            self.assertTrue(torch.equal(a, b), k)
+        self.assertEqual([(e.trigger, e.step) for e in cb.captures], [("request", 2)])
+        path = cb.captures[0].path
+        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+            m = json.load(f)
+        self.assertFalse(m["step_applied"], "a request is captured before the step's update")
+        # the model computes its own loss: a causal LM's, said to the replay
+        self.assertEqual((m["loss"]["name"], m["loss"]["lm_shift"], m["loss"]["class_axis"]), ("cross-entropy", True, "last"))
+        self.assertEqual(m["model"]["inputs"], ["input_ids"])
+        r = replay_json(path)
+        # a healthy step: clean in every precision, as PyTorch's CPU fp16 step was (its loss finite, the step applied)
+        self.assertEqual(r["verdict"], "not-reproduced", r["verdict_text"])
+        self.assertIsNotNone(r["audit"]["training"]["backward"], "the LM loss's backward is replayed")
+        self.assertTrue(math.isfinite(m["loss"]["value"]))
+
+
 class SFTTrainerTest(support.TempDirMixin, unittest.TestCase):
     def setUp(self):
         super().setUp()

@@ -94,7 +94,7 @@ func Judge(r *report.ReplayReport, c *Continuations) {
 		}
 	}
 	r.Continuations = cr
-	w := wordsFor(r.Capture.Trainer, r.Capture.AutocastDevice)
+	w := phrasesFor(r.Capture.Trainer, r.Capture.AutocastDevice, r.Capture.Policy)
 	for _, x := range cr.Runs {
 		if x.Fix == "as-run" {
 			continue
@@ -105,7 +105,7 @@ func Judge(r *report.ReplayReport, c *Continuations) {
 		}
 		f := report.ReplayFix{Kind: x.Fix, Verified: report.VerifiedContinuation, Works: &works, Summary: runSummary(x, c.Steps, fp32),
 			ClipNorm: x.ClipNorm, LR: x.LR}
-		f.Fastai, f.Torch = w.say(f.Kind, nil, f.ClipNorm, f.LR)
+		w.set(&f, nil)
 		replaced := false
 		for i, old := range r.Fixes {
 			if old.Kind == f.Kind && old.Verified == "" {

@@ -63,7 +63,8 @@ func Diagnose(in Input) *report.ReplayReport {
 		r.Tool = in.Audit.Tool
 	}
 	r.Timeline = timeline(in.Log, m.Trigger.Step)
-	d := &diag{in: in, r: r, words: wordsFor(m.Trainer, m.Precision.AutocastDevice)}
+	d := &diag{in: in, r: r, words: phrasesFor(m.Trainer, m.Precision.AutocastDevice, m.Precision.Policy)}
+	r.Capture.TrainerLabel = d.words.label()
 	d.classify()
 	d.clipNorm()
 	d.proposeStepFixes()
@@ -87,7 +88,7 @@ func Diagnose(in Input) *report.ReplayReport {
 type diag struct {
 	in    Input
 	r     *report.ReplayReport
-	words words
+	words phrases
 }
 
 func (d *diag) backward() *report.BackwardReport {
@@ -632,10 +633,7 @@ func (d *diag) notReproduced(b *report.BackwardReport) {
 // -- helpers ---------------------------------------------------------------------
 
 func (d *diag) addFix(f report.ReplayFix, modules []string) {
-	f.Fastai, f.Torch = d.words.say(f.Kind, modules, f.ClipNorm, f.LR)
-	if f.Kind == report.FixInitScale && f.Scale != nil {
-		f.Fastai, f.Torch = d.words.initScale(*f.Scale)
-	}
+	d.words.set(&f, modules)
 	d.r.Fixes = append(d.r.Fixes, f)
 }
 

@@ -73,11 +73,54 @@ func TestVerdictOrder(t *testing.T) {
 				t.Errorf("culprit %+v, want module %s", r.Culprit, tc.culpritOf)
 			}
 			for _, f := range r.Fixes {
-				if f.Fastai == "" || f.Torch == "" {
+				if f.Words == "" || f.Fastai == "" || f.Torch == "" {
 					t.Errorf("fix %s has no words: %+v", f.Kind, f)
 				}
 			}
 		})
+	}
+}
+
+// TestTrainersWords: the fixes follow the trainer that made the capture,
+// from the one table; a trainer the table lacks is a loop of the user's
+// own, said in PyTorch's words.
+func TestTrainersWords(t *testing.T) {
+	c, err := capture.Open("../../../fixtures/torch/runs/collapse/captures/step-000021-loss-spike")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gemm := report.Origin{Pass: "fp16", Cause: report.CauseOverflow, Node: "g", OpType: "Gemm", Module: "fc", Value: "v", FP32MaxAbs: 7e4}
+	in := Input{Capture: c, Failing: []*tensor.Tensor{tensor.FromFloat32s("input", []int64{2, 1}, []float32{1, 2})},
+		Audit: &report.Report{Passes: []string{report.PassFP32, "fp16", report.PassBF16}, Origins: []report.Origin{gemm},
+			Fixes: []report.Fix{{Kind: report.FixBF16, Works: true}}}}
+	clip := 0.5
+	for trainer, want := range map[string][3]string{
+		"fastai":       {"fastai", "learn.to_bf16()", "GradientClip(max_norm=0.5)"},
+		"transformers": {"Hugging Face Trainer", "bf16=True in TrainingArguments", "max_grad_norm=0.5 in TrainingArguments"},
+		"lightning":    {"Lightning", `Trainer(precision="bf16-mixed")`, "Trainer(gradient_clip_val=0.5)"},
+		"accelerate":   {"Accelerate", `Accelerator(mixed_precision="bf16")`, "accelerator.clip_grad_norm_(model.parameters(), max_norm=0.5)"},
+		"torch":        {"PyTorch", "torch.autocast(device_type=", "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)"},
+		"keras":        {"PyTorch", "torch.autocast(device_type=", "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)"},
+	} {
+		c.Manifest.Trainer = trainer
+		r := Diagnose(in)
+		if r.Capture.TrainerLabel != want[0] {
+			t.Errorf("%s: the report names the trainer %q, want %q", trainer, r.Capture.TrainerLabel, want[0])
+		}
+		var bf16 *report.ReplayFix
+		for i := range r.Fixes {
+			if r.Fixes[i].Kind == report.FixBF16 {
+				bf16 = &r.Fixes[i]
+			}
+		}
+		if bf16 == nil || !strings.Contains(bf16.Words, want[1]) || bf16.Fastai != "learn.to_bf16()" || !strings.Contains(bf16.Torch, "dtype=torch.bfloat16") {
+			t.Errorf("%s: the bf16 fix says %+v; want its words to say %q", trainer, bf16, want[1])
+		}
+		f := report.ReplayFix{Kind: report.FixClip, ClipNorm: &clip}
+		phrasesFor(trainer, "cpu", "autocast-fp16").set(&f, nil)
+		if !strings.Contains(f.Words, want[2]) {
+			t.Errorf("%s: clipping is %q, want %q", trainer, f.Words, want[2])
+		}
 	}
 }
 

@@ -5,64 +5,92 @@ import (
 	"math"
 	"strings"
 
+	"fp16audit/internal/diagnose/words"
 	"fp16audit/report"
 )
 
-// words says a fix in fastai's and in PyTorch's words: one table for the
-// replay's fixes, the trainer's wording chosen from it.
-type words struct {
-	// device is torch.autocast's device_type of the run.
+// phrases says a replay's fix from the one table of the trainers' words
+// (internal/diagnose/words): in the words of the trainer that made the
+// capture (its manifest's trainer), and in fastai's and PyTorch's, which
+// the report keeps beside them.
+type phrases struct {
+	trainer, fastai, torch *words.Trainer
+	// device is torch.autocast's device_type of the run; half whether it
+	// trained under model.half() (the half policy), where modules are
+	// kept in fp32 otherwise than under autocast.
 	device string
+	half   bool
 }
 
-func wordsFor(_ string, device string) words {
+// torchRow is the row of a capture whose trainer the table lacks: a loop
+// of the user's own, said in PyTorch's words.
+const torchRow = "torch"
+
+// TrainerRow is the row of the words table (words.Names) a capture's
+// fixes follow: the trainer that made it, or PyTorch's for a trainer the
+// table lacks. The replay's training audit words its own fixes by it too.
+func TrainerRow(trainer string) string {
+	if _, ok := words.Lookup(trainer); !ok || trainer == "" {
+		return torchRow
+	}
+	return trainer
+}
+
+func phrasesFor(trainer, device, policy string) phrases {
+	t := words.For(TrainerRow(trainer))
 	if device == "" {
 		device = "cuda"
 	}
-	return words{device: device}
+	return phrases{trainer: t, fastai: words.For("fastai"), torch: words.For(torchRow), device: device, half: policy == "half"}
 }
 
-// say returns (fastai, torch) for a fix of kind.
-func (w words) say(kind string, modules []string, clip, lr *float64) (string, string) {
-	switch kind {
+// label names the trainer whose words a fix's Words are.
+func (p phrases) label() string { return p.trainer.Label }
+
+// set fills a fix's words: the capture's trainer's, fastai's and
+// PyTorch's.
+func (p phrases) set(f *report.ReplayFix, modules []string) {
+	f.Words = p.say(p.trainer, f, modules)
+	f.Fastai = p.say(p.fastai, f, modules)
+	f.Torch = p.say(p.torch, f, modules)
+}
+
+// say is one fix in one trainer's words.
+func (p phrases) say(t *words.Trainer, f *report.ReplayFix, modules []string) string {
+	switch f.Kind {
 	case report.FixBF16:
-		return "learn.to_bf16()",
-			fmt.Sprintf("torch.autocast(device_type=%q, dtype=torch.bfloat16), without a GradScaler", w.device)
+		return t.BF16For(p.device)
 	case report.FixFP32:
-		return "learn.to_fp32()", "train without torch.autocast and without the GradScaler"
+		return t.FP32
 	case report.FixKeepFP32:
-		mods := "the module"
+		mods, it, its, returns := "the module", "it", "its", "returns"
 		if len(modules) > 0 {
 			mods = strings.Join(modules, ", ")
 		}
-		s := fmt.Sprintf("run %s under torch.autocast(device_type=%q, enabled=False) with its input cast by .float()", mods, w.device)
-		return s, s
+		if len(modules) > 1 {
+			it, its, returns = "them", "their", "return"
+		}
+		return fmt.Sprintf("keep %s in fp32: %s", mods, t.Keep(p.half, p.device, it, its, returns))
 	case report.FixDropBatch:
-		return "skip it: a callback whose after_loss raises CancelBatchException() when the loss is not finite (or remove the samples from the Dataset)",
-			"skip it: `if not torch.isfinite(loss): optimizer.zero_grad(); continue` before the backward (or remove the samples from the Dataset)"
+		return t.DropBatch
 	case report.FixClip:
 		c := "C"
-		if clip != nil {
-			c = fmt.Sprintf("%.3g", *clip)
+		if f.ClipNorm != nil {
+			c = fmt.Sprintf("%.3g", *f.ClipNorm)
 		}
-		return fmt.Sprintf("learn.fit_one_cycle(..., cbs=GradientClip(max_norm=%s))", c),
-			fmt.Sprintf("scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=%s) before scaler.step(optimizer)", c)
+		return t.ClipAt(c)
 	case report.FixLowerLR:
 		l := "a tenth of it"
-		if lr != nil {
-			l = fmt.Sprintf("%.3g", *lr)
+		if f.LR != nil {
+			l = fmt.Sprintf("%.3g", *f.LR)
 		}
-		return fmt.Sprintf("learn.fit_one_cycle(..., lr_max=%s)", l),
-			fmt.Sprintf("for g in optimizer.param_groups: g[\"lr\"] = %s", l)
+		return t.LowerLRTo(l)
+	case report.FixInitScale:
+		if f.Scale != nil {
+			return t.StartScale(exponentOf(*f.Scale))
+		}
 	}
-	return "", ""
-}
-
-// initScale says starting the GradScaler at scale s.
-func (w words) initScale(s float64) (string, string) {
-	e := fmt.Sprintf("2**%d", exponentOf(s))
-	return fmt.Sprintf("learn.to_fp16(init_scale=%s)", e),
-		fmt.Sprintf("torch.amp.GradScaler(%q, init_scale=%s)", w.device, e)
+	return ""
 }
 
 func exponentOf(s float64) int {

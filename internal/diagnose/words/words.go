@@ -2,9 +2,13 @@
 // trainer (fastai, the Hugging Face Trainer, Lightning, Accelerate, plain
 // PyTorch) saying how its users switch to bf16, switch mixed precision
 // off, start the GradScaler at a scale, keep modules in fp32 and
-// standardize an input. The verdicts, the fixes and the reports are the
-// same document for every trainer; the fix texts read their phrases from
-// here (fp16audit run --trainer), so no trainer's adapter rewrites them.
+// standardize an input, and, for the fixes a replayed training step
+// verifies, how they train in fp32, clip the gradients, lower the
+// learning rate and leave a batch out. The verdicts, the fixes and the
+// reports are the same document for every trainer; the fix texts read
+// their phrases from here (fp16audit run --trainer, and the trainer that
+// made a capture for fp16audit replay), so no trainer's adapter rewrites
+// them.
 package words
 
 import (
@@ -15,8 +19,11 @@ import (
 
 // Trainer is one row of the table: a trainer's phrases.
 type Trainer struct {
-	// Name is the --trainer value.
+	// Name is the --trainer value (and a capture's manifest.trainer).
 	Name string
+	// Label names the trainer where a report shows its words beside
+	// PyTorch's ("Hugging Face Trainer").
+	Label string
 	// BF16 is how the trainer trains in bf16 ("learn.to_bf16()"); with
 	// torch's row it holds a %q for the autocast device.
 	BF16 string
@@ -38,6 +45,15 @@ type Trainer struct {
 	// tables; "" otherwise), %[3]s PyTorch's. NormalizeOther without a
 	// fastai call falls back to NormalizeTorch.
 	NormalizeImage, NormalizeOther, NormalizeTorch string
+	// FP32 trains without mixed precision (with torch's row: no
+	// autocast, no GradScaler).
+	FP32 string
+	// Clip clips the gradients' norm: one %s, the max_norm.
+	Clip string
+	// LowerLR trains at a lower learning rate: one %s, the rate.
+	LowerLR string
+	// DropBatch leaves out a batch whose loss is not finite.
+	DropBatch string
 }
 
 // Default is the trainer the texts follow when none is named: fastai,
@@ -52,9 +68,18 @@ const keepAutocast = "wrap %[1]s in torch.autocast(device_type=%[3]q, enabled=Fa
 // weights, so both directions are cast.
 const keepHalf = "call .float() on %[1]s and cast %[2]s input with .float(); cast what %[1]s %[3]s back with .half() where a half Linear, Conv or LayerNorm reads it"
 
+// torchLowerLR is how a loop that builds its own optimizer lowers the
+// learning rate.
+const torchLowerLR = `for g in optimizer.param_groups: g["lr"] = %s`
+
+// dropInLoop is how a loop of one's own leaves out a batch whose loss is
+// not finite: before the backward, so that no gradient of it exists.
+const dropInLoop = "skip it: `if not torch.isfinite(loss): optimizer.zero_grad(); continue` before %s (or remove the samples from the Dataset)"
+
 var table = []Trainer{
 	{
 		Name:           "fastai",
+		Label:          "fastai",
 		BF16:           "learn.to_bf16()",
 		MixedOff:       "switching to_fp16() off",
 		InitScale:      "learn.to_fp16(init_scale=2.**%d)",
@@ -63,6 +88,10 @@ var table = []Trainer{
 		NormalizeImage: "for %[1]q add %[2]s to the DataLoaders' batch_tfms (fastai) or use %[3]s (PyTorch)",
 		NormalizeOther: "for %[1]q use %[2]s (fastai) or %[3]s (PyTorch)",
 		NormalizeTorch: "for %[1]q: %[3]s",
+		FP32:           "learn.to_fp32()",
+		Clip:           "learn.fit_one_cycle(..., cbs=GradientClip(max_norm=%s))",
+		LowerLR:        "learn.fit_one_cycle(..., lr_max=%s)",
+		DropBatch:      "skip it: a callback whose after_loss raises CancelBatchException() when the loss is not finite (or remove the samples from the Dataset)",
 	},
 	{
 		// The Trainer runs fp16=True as torch.autocast with a GradScaler
@@ -73,6 +102,7 @@ var table = []Trainer{
 		// float32 Linear in fp16 all the same, and model.half() casts
 		// those modules too.
 		Name:      "transformers",
+		Label:     "Hugging Face Trainer",
 		BF16:      "bf16=True in TrainingArguments",
 		MixedOff:  "fp16=False in TrainingArguments",
 		InitScale: `trainer.accelerator.scaler = torch.amp.GradScaler("cuda", init_scale=2.**%d) before trainer.train() (TrainingArguments has no init_scale)`,
@@ -83,9 +113,18 @@ var table = []Trainer{
 		NormalizeImage: "for %[1]q let the image processor rescale and normalize it (do_rescale=True, do_normalize=True), or apply %[3]s in the data collator",
 		NormalizeOther: "for %[1]q scale it in the data collator: %[3]s",
 		NormalizeTorch: "for %[1]q scale it in the data collator: %[3]s",
+		FP32:           "fp16=False and bf16=False in TrainingArguments",
+		// The Trainer clips at max_grad_norm (1.0 by default) after
+		// Accelerate unscales the gradients.
+		Clip:    "max_grad_norm=%s in TrainingArguments",
+		LowerLR: "learning_rate=%s in TrainingArguments",
+		// The Trainer has no switch that skips a batch; the data can be
+		// filtered before it.
+		DropBatch: "remove the samples from the training dataset (datasets' Dataset.filter, or the collator)",
 	},
 	{
 		Name:           "lightning",
+		Label:          "Lightning",
 		BF16:           `Trainer(precision="bf16-mixed")`,
 		MixedOff:       `Trainer(precision="32-true")`,
 		InitScale:      `Trainer(plugins=[MixedPrecision("16-mixed", "cuda", scaler=torch.amp.GradScaler("cuda", init_scale=2.**%d))])`,
@@ -94,9 +133,17 @@ var table = []Trainer{
 		NormalizeImage: "for %[1]q use %[3]s in the LightningDataModule's transforms",
 		NormalizeOther: "for %[1]q in the LightningDataModule: %[3]s",
 		NormalizeTorch: "for %[1]q in the LightningDataModule: %[3]s",
+		FP32:           `Trainer(precision="32-true")`,
+		// The precision plugin unscales the gradients before it clips.
+		Clip:    "Trainer(gradient_clip_val=%s)",
+		LowerLR: "lr=%s for the optimizer configure_optimizers returns",
+		// automatic optimization skips a batch whose training_step
+		// returns None
+		DropBatch: "return None from training_step when the loss is not finite (Lightning then skips the batch), or remove the samples from the Dataset",
 	},
 	{
 		Name:           "accelerate",
+		Label:          "Accelerate",
 		BF16:           `Accelerator(mixed_precision="bf16")`,
 		MixedOff:       `Accelerator(mixed_precision="no")`,
 		InitScale:      `Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.**%d)])`,
@@ -105,9 +152,15 @@ var table = []Trainer{
 		NormalizeImage: "for %[1]q use %[3]s in the dataset's transform",
 		NormalizeOther: "for %[1]q: %[3]s",
 		NormalizeTorch: "for %[1]q: %[3]s",
+		FP32:           `Accelerator(mixed_precision="no")`,
+		// Accelerator.clip_grad_norm_ unscales fp16's gradients first.
+		Clip:      "accelerator.clip_grad_norm_(model.parameters(), max_norm=%s) between accelerator.backward(loss) and optimizer.step()",
+		LowerLR:   torchLowerLR,
+		DropBatch: fmt.Sprintf(dropInLoop, "accelerator.backward(loss)"),
 	},
 	{
 		Name:           "torch",
+		Label:          "PyTorch",
 		BF16:           "torch.autocast(device_type=%q, dtype=torch.bfloat16) without a GradScaler",
 		MixedOff:       "switching torch.autocast off",
 		InitScale:      "torch.amp.GradScaler(init_scale=2.**%d)",
@@ -116,6 +169,12 @@ var table = []Trainer{
 		NormalizeImage: "for %[1]q use %[3]s",
 		NormalizeOther: "for %[1]q: %[3]s",
 		NormalizeTorch: "for %[1]q: %[3]s",
+		FP32:           "train without torch.autocast and without the GradScaler",
+		// GradScaler's gradients are scaled until unscale_: clipping
+		// them before would clip at max_norm times the scale.
+		Clip:      "scaler.unscale_(optimizer); torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=%s) before scaler.step(optimizer)",
+		LowerLR:   torchLowerLR,
+		DropBatch: fmt.Sprintf(dropInLoop, "the backward"),
 	},
 }
 
@@ -181,6 +240,18 @@ func (t *Trainer) Keep(half bool, d, it, its, returns string) string {
 		return fmt.Sprintf(t.KeepHalf, it, its, returns)
 	}
 	return fmt.Sprintf(t.KeepAutocast, it, its, device(d))
+}
+
+// ClipAt is how to clip the gradients' norm at maxNorm (a number, or a
+// name such as "C" where the replay found none).
+func (t *Trainer) ClipAt(maxNorm string) string {
+	return fmt.Sprintf(t.Clip, maxNorm)
+}
+
+// LowerLRTo is how to train at the learning rate lr (a number, or words
+// such as "a tenth of it").
+func (t *Trainer) LowerLRTo(lr string) string {
+	return fmt.Sprintf(t.LowerLR, lr)
 }
 
 // Normalize says how to standardize one input: image tells an image

@@ -26,6 +26,11 @@ func TestTable(t *testing.T) {
 			"Normalize img":  tr.Normalize("pixel_values", true, "Normalize.from_stats([0.5], [0.2])", "transforms.Normalize(mean=[0.5], std=[0.2])"),
 			"Normalize tab":  tr.Normalize("x", false, "procs=[Normalize]", "x = (x - 1) / 2"),
 			"Normalize else": tr.Normalize("wave", false, "", "wave = wave / 32768"),
+			"Label":          tr.Label,
+			"FP32":           tr.FP32,
+			"Clip":           tr.ClipAt("0.37"),
+			"LowerLR":        tr.LowerLRTo("0.0005"),
+			"DropBatch":      tr.DropBatch,
 		}
 		for what, s := range texts {
 			if s == "" || strings.Contains(s, "%!") {
@@ -37,6 +42,9 @@ func TestTable(t *testing.T) {
 		}
 		if !strings.Contains(texts["Keep autocast"], `device_type="cpu"`) {
 			t.Errorf("%s: the keep-fp32 text does not name the autocast device: %q", tr.Name, texts["Keep autocast"])
+		}
+		if !strings.Contains(texts["Clip"], "0.37") || !strings.Contains(texts["LowerLR"], "0.0005") {
+			t.Errorf("%s: the clip or learning-rate text loses its number: %q, %q", tr.Name, texts["Clip"], texts["LowerLR"])
 		}
 		if !strings.Contains(texts["Normalize img"], `"pixel_values"`) || !strings.Contains(texts["Normalize else"], "32768") {
 			t.Errorf("%s: the normalize texts lose the input or the call: %q, %q", tr.Name, texts["Normalize img"], texts["Normalize else"])
@@ -63,6 +71,17 @@ func TestWords(t *testing.T) {
 	}
 	if For("keras").Name != Default {
 		t.Error("For of an unknown name is not the default row")
+	}
+	for name, want := range map[string]string{
+		"fastai":       "GradientClip(max_norm=1)",
+		"transformers": "max_grad_norm=1 in TrainingArguments",
+		"lightning":    "Trainer(gradient_clip_val=1)",
+		"accelerate":   "accelerator.clip_grad_norm_(model.parameters(), max_norm=1)",
+		"torch":        "scaler.unscale_(optimizer)",
+	} {
+		if got := For(name).ClipAt("1"); !strings.Contains(got, want) {
+			t.Errorf("%s: clipping is %q, want it to say %q", name, got, want)
+		}
 	}
 	if half := For("transformers").Keep(true, "", "it", "its", "returns"); !strings.Contains(half, "_keep_in_fp32_modules") {
 		t.Errorf("transformers under half: %q does not name _keep_in_fp32_modules", half)

@@ -14,8 +14,8 @@ import (
 )
 
 // HTML writes the replay as one self-contained page: the verdict and its
-// culprit, the fixes in fastai's and PyTorch's words, the run's timeline
-// to the capture (the loss, log2 of the loss scale with the skipped steps,
+// culprit, the fixes in the words of the trainer that made the capture
+// and in PyTorch's, the run's timeline to the capture (the loss, log2 of the loss scale with the skipped steps,
 // the culprit's logged magnitude against fp16's 65504), the
 // continuations' losses, and the step's training audit (its per-node
 // picture) as the audit's own page in a frame. It loads nothing from the
@@ -42,7 +42,8 @@ func HTML(w io.Writer, r *report.ReplayReport) error {
 			cls = map[bool]string{true: "works", false: "fails"}[*f.Works]
 		}
 		mark, _ := fixMark(f)
-		v.Fixes = append(v.Fixes, fixView{F: f, Class: cls, Mark: mark, How: verifiedText(f), Torch: f.Torch != f.Fastai})
+		label, words := fixWords(r.Capture, f)
+		v.Fixes = append(v.Fixes, fixView{F: f, Class: cls, Mark: mark, How: verifiedText(f), Label: label, Words: words, Torch: torchToo(f, words)})
 	}
 	if t := r.Timeline; t != nil && len(t.Steps) > 0 {
 		v.Timeline = template.HTML(timelineSVG(t, c.Step))
@@ -75,7 +76,10 @@ type fixView struct {
 	F           report.ReplayFix
 	Class, Mark string
 	How         string
-	Torch       bool
+	// Label and Words: the fix in the words of the trainer that made the
+	// capture; Torch shows PyTorch's beside them.
+	Label, Words string
+	Torch        bool
 }
 
 type replayView struct {
@@ -119,7 +123,7 @@ var replayPage = markup.Page("replay", template.FuncMap{
 {{if .Culprit}}<dl class="kv"><dt>culprit</dt><dd>{{.Culprit}}</dd>{{if .Earlier}}<dt>logged before</dt><dd>{{.Earlier}}</dd>{{end}}{{if .Scales}}<dt>scales</dt><dd>{{.Scales}}</dd>{{end}}{{if .R.Data}}<dt>samples</dt><dd>{{range $i, $s := .R.Data.Samples}}{{if $i}}, {{end}}{{$s}}{{end}} (index in the failing batch)</dd>{{end}}{{if .R.ClipNorm}}<dt>clipping norm</dt><dd>max_norm {{printf "%.3g" (deref .R.ClipNorm)}} (the fp32 gradient norm before the failure)</dd>{{end}}</dl>{{end}}
 {{if .R.Underflow}}<table class="plain"><tr><th>module</th><th>parameter</th><th class="num">gradient norm lost at 2^{{.R.Underflow.ScaleExp}}</th></tr>{{range .R.Underflow.Modules}}<tr><td><code>{{.Module}}</code></td><td><code>{{.Parameter}}</code></td><td class="num">{{pct .LostMass}}</td></tr>{{end}}</table>{{end}}
 </section>
-{{if .Fixes}}<section class="card"><h2>Fixes</h2><ul class="fixes">{{range .Fixes}}<li class="{{.Class}}"><span class="fk">{{.Mark}} {{.F.Kind}}</span><span class="ba">{{.How}}</span><div>{{.F.Summary}}</div>{{if .F.Fastai}}<div class="snip">fastai: <code>{{.F.Fastai}}</code></div>{{end}}{{if .Torch}}<div class="snip">PyTorch: <code>{{.F.Torch}}</code></div>{{end}}</li>{{end}}</ul></section>{{end}}
+{{if .Fixes}}<section class="card"><h2>Fixes</h2><ul class="fixes">{{range .Fixes}}<li class="{{.Class}}"><span class="fk">{{.Mark}} {{.F.Kind}}</span><span class="ba">{{.How}}</span><div>{{.F.Summary}}</div>{{if .Words}}<div class="snip">{{.Label}}: <code>{{.Words}}</code></div>{{end}}{{if .Torch}}<div class="snip">PyTorch: <code>{{.F.Torch}}</code></div>{{end}}</li>{{end}}</ul></section>{{end}}
 {{if .Continuations}}<section class="card"><h2>Continuations</h2><p class="small">{{.R.Continuations.Steps}} steps from the captured state on {{.R.Continuations.Device}} ({{.R.Continuations.Batches}}); the run as it was {{.Reproduced}}.</p>{{.Continuations}}
 <table class="plain"><tr><th>fix</th><th>precision</th><th>outcome</th><th class="num">final loss</th><th class="num">vs fp32</th></tr>{{range .Runs}}<tr><td>{{index . 0}}</td><td>{{index . 1}}</td><td>{{index . 2}}</td><td class="num">{{index . 3}}</td><td class="num">{{index . 4}}</td></tr>{{end}}</table></section>{{end}}
 {{if .Timeline}}<section class="card"><h2>The run to the capture</h2><p class="small">The loss and log2 of the loss scale at every logged step (red: a skipped step), the captured step dashed.</p>{{.Timeline}}{{if .CulpritChart}}<h3>{{.R.Timeline.Culprit.What}} of {{.R.Timeline.Culprit.Module}}</h3>{{.CulpritChart}}{{end}}</section>{{end}}

@@ -8,8 +8,9 @@ import (
 )
 
 // Markdown writes the replay as GitHub-flavoured Markdown: the capture,
-// the verdict and its culprit, the fixes in fastai's and PyTorch's words,
-// the continuations and the timeline's sparklines.
+// the verdict and its culprit, the fixes in the words of the trainer
+// that made the capture and in PyTorch's, the continuations and the
+// timeline's sparklines.
 func Markdown(w io.Writer, r *report.ReplayReport) error {
 	p := markup.NewWriter(w, false)
 	c := r.Capture
@@ -36,10 +37,16 @@ func Markdown(w io.Writer, r *report.ReplayReport) error {
 		}
 	}
 	if len(r.Fixes) > 0 {
-		p.Printf("\n| fix | verified | holds | what | fastai | PyTorch |\n|---|---|---|---|---|---|\n")
+		label, _ := fixWords(r.Capture, r.Fixes[0])
+		p.Printf("\n| fix | verified | holds | what | %s | PyTorch |\n|---|---|---|---|---|---|\n", markup.MDText(label))
 		for _, f := range r.Fixes {
 			mark, _ := fixMark(f)
-			p.Printf("| %s | %s | %s | %s | %s | %s |\n", f.Kind, verifiedText(f), mark, markup.MDText(f.Summary), markup.MDCode(f.Fastai), markup.MDCode(f.Torch))
+			_, words := fixWords(r.Capture, f)
+			torch := ""
+			if torchToo(f, words) {
+				torch = markup.MDCode(f.Torch)
+			}
+			p.Printf("| %s | %s | %s | %s | %s | %s |\n", f.Kind, verifiedText(f), mark, markup.MDText(f.Summary), markup.MDCode(words), torch)
 		}
 	}
 	if co := r.Continuations; co != nil {

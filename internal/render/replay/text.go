@@ -17,9 +17,9 @@ import (
 )
 
 // Text writes the replay for the terminal: the capture, the verdict and
-// its culprit, the fixes in fastai's and PyTorch's words, the
-// continuations, the timeline as sparklines, then the step's training
-// audit (flagged nodes only).
+// its culprit, the fixes in the words of the trainer that made the
+// capture and in PyTorch's, the continuations, the timeline as
+// sparklines, then the step's training audit (flagged nodes only).
 func Text(w io.Writer, r *report.ReplayReport, opt audit.TextOptions) error {
 	p := markup.NewWriter(w, opt.Color)
 	c := r.Capture
@@ -50,10 +50,11 @@ func Text(w io.Writer, r *report.ReplayReport, opt audit.TextOptions) error {
 		for _, f := range r.Fixes {
 			mark, st := fixMark(f)
 			p.Printf("  %s %s (%s): %s\n", p.Style(st, mark), f.Kind, verifiedText(f), f.Summary)
-			if f.Fastai != "" {
-				p.Printf("      fastai:  %s\n", f.Fastai)
+			label, words := fixWords(r.Capture, f)
+			if words != "" {
+				p.Printf("      %s: %s\n", label, words)
 			}
-			if f.Torch != "" && f.Torch != f.Fastai {
+			if torchToo(f, words) {
 				p.Printf("      PyTorch: %s\n", f.Torch)
 			}
 		}
@@ -206,6 +207,25 @@ func gradientScales(g *report.GradientFinding) string {
 		s += "; chronic (the steps before skipped too)"
 	}
 	return s
+}
+
+// fixWords is a fix in the words of the trainer that made the capture,
+// with the trainer's name; a replay written before the fixes had such
+// words gives fastai's.
+func fixWords(c report.CaptureInfo, f report.ReplayFix) (string, string) {
+	if f.Words == "" {
+		return "fastai", f.Fastai
+	}
+	if c.TrainerLabel == "" {
+		return c.Trainer, f.Words
+	}
+	return c.TrainerLabel, f.Words
+}
+
+// torchToo says whether PyTorch's words of a fix are shown beside the
+// trainer's: where they say something else.
+func torchToo(f report.ReplayFix, words string) bool {
+	return f.Torch != "" && f.Torch != words
 }
 
 func fixMark(f report.ReplayFix) (string, string) {
