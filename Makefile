@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test test-torch2 demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
+.PHONY: all ort build test test-torch2 demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fixtures-trained fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -217,6 +217,19 @@ fixtures-torch2:
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family recipes --out fixtures/torch/recipes
 	$(TORCH2_VENV)/bin/python fixtures/torch/dynamo_train.py
 	$(TORCH2_VENV)/bin/python fixtures/torch/train/gen.py --exporter dynamo
+
+# fixtures-trained regenerates issue 41's front-door fixtures: trained-
+# BatchNorm CNNs, folded and as fp16audit.audit() exports them
+# (fixtures/torch/cases_trained.py), and recurrent and sequence-first models
+# with their state (cases_stateful.py); the TorchScript families with
+# Debian's torch 1.13 (PYTHON_TORCH, which needs python3-onnx), the dynamo
+# families with the torch 2.x of make test-torch2's virtualenv, each with
+# that torch's truth.
+fixtures-trained: torch2-venv
+	$(PYTHON_TORCH) fixtures/torch/realcases.py --family trained --out fixtures/torch/cases_trained
+	$(PYTHON_TORCH) fixtures/torch/realcases.py --family stateful --out fixtures/torch/cases_stateful
+	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family trained --exporter dynamo --out fixtures/torch/cases_trained_dynamo
+	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family stateful --exporter dynamo --out fixtures/torch/cases_stateful_dynamo
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
