@@ -175,7 +175,7 @@ def plan(model, names: Sequence[str], drawn, outputs: Sequence[Tuple[str, Any]],
         sizes = {first[i].shape[given[n]] for i, n in enumerate(names) if given[n] is not None}
         if len(sizes) > 1:
             raise BatchError("fp16audit.audit: batch_axes gives axes of different sizes (%s): a batch axis holds the same number of "
-                             "samples in every input" % ", ".join("%s axis %d: %d" % (n, given[n], first[i].shape[given[n]])
+                             "samples in every input" % ", ".join("%s axis %s: %d" % (n, given[n], first[i].shape[given[n]])
                                                                   for i, n in enumerate(names) if given[n] is not None))
         assign = given
         b = sizes.pop() if sizes else None
@@ -186,8 +186,9 @@ def plan(model, names: Sequence[str], drawn, outputs: Sequence[Tuple[str, Any]],
     dynamic: Dict[str, Dict[int, str]] = {}
     for n, x in zip(names, first):
         d = {k: "%s_dim%d" % (n, k) for k in varying[n]}
-        if assign.get(n) is not None:
-            d[assign[n]] = "batch"
+        a = assign.get(n)
+        if a is not None:
+            d[a] = "batch"
         dynamic[n] = d
     for on, a in out_axes.items():
         if a is not None:
@@ -218,49 +219,50 @@ def _infer(model, names, first, outputs, target, run) -> Tuple[Dict[str, Optiona
     if not shaped:
         return {n: None for n in names}, None, "the inputs are scalars", {on: None for on, _ in outputs}
     seq_first = _sequence_first(model)
-    # B: the target's first axis where every input has an axis that size;
-    # else the size every input shares (the first input's axis 0, or 1 in
-    # a sequence-first model, where that is one of them); else the first
-    # input's own
+    # B, the likeliest first: the target's first axis where every input
+    # has an axis that size; the size every input shares at the first
+    # input's axis 0 (axis 1 in a sequence-first model), or its only one;
+    # the first input's axis 0
     common = set.intersection(*[set(x.shape) for _, x in shaped])
-    n0, x0 = shaped[0]
+    x0 = shaped[0][1]
     pref = 1 if seq_first and x0.dim() >= 2 else 0
-    b = None
+    sizes: List[int] = []
     if target is not None and getattr(target, "dim", lambda: 0)() > 0 and target.shape[0] in common:
-        b = target.shape[0]
-    elif x0.shape[pref] in common:
-        b = x0.shape[pref]
-    elif x0.shape[0] in common:
-        b = x0.shape[0]
-    elif len(common) == 1:
-        b = next(iter(common))
-    else:
-        b = x0.shape[0]
+        sizes.append(int(target.shape[0]))
+    sizes += [int(x0.shape[k]) for k in (pref, 0) if x0.shape[k] in common]
+    if len(common) == 1:
+        sizes.append(int(next(iter(common))))
+    sizes.append(int(x0.shape[0]))
+    sizes = list(dict.fromkeys(sizes))
 
-    def order(x) -> List[int]:
+    def order(x, b) -> List[int]:
         # the axes of size b, the likeliest first: 1 in a sequence-first
         # model ((T, B, F) features, (T, B) ids, (layers, B, H) states), else 0
         ks = [k for k in range(x.dim()) if x.shape[k] == b]
         likeliest = 1 if seq_first and x.dim() >= 2 else 0
         return sorted(ks, key=lambda k: (k != likeliest, k))
 
-    cands = {n: order(x) for n, x in zip(names, first)}
+    b = sizes[0]
+    cands = {n: order(x, b) for n, x in zip(names, first)}
     plain = not seq_first and all(cands[n][:1] == [0] and len(cands[n]) == 1 for n, _ in shaped)
     if plain or b < 2 or run is None:
         assign = {n: (cands[n][0] if cands[n] else None) for n in names}
         why = "axis 0 of every input" if plain else "the size %d the inputs share" % b
         return assign, b, why, _by_size(outputs, b)
-    # try the likeliest assignments, each checked by running one sample
-    options = [c if c else [None] for c in (cands[n] for n in names)]
-    for combo in itertools.islice(itertools.product(*options), 8):
-        assign = dict(zip(names, combo))
-        if all(a is None for a in assign.values()):
+    # the likeliest assignments, each checked by running one sample
+    for b in sizes:
+        if b < 2:
             continue
-        out_axes = _check(assign, first, names, outputs, b, run)
-        if out_axes is not None:
-            how = "inferred from the size %d %s and checked by running one sample%s" % (
-                b, "the inputs share" if len(shaped) > 1 else "of the batch",
-                " (sequence-first layers: %s)" % ", ".join(seq_first[:2]) if seq_first else "")
-            return assign, b, how, out_axes
-    return {n: None for n in names}, None, "no axis of size %d checked out as the batch's by running one sample: static shapes" % b, \
-        {on: None for on, _ in outputs}
+        options = [c if c else [None] for c in (order(x, b) for x in first)]
+        for combo in itertools.islice(itertools.product(*options), 8):
+            assign = dict(zip(names, combo))
+            if all(a is None for a in assign.values()):
+                continue
+            out_axes = _check(assign, first, names, outputs, b, run)
+            if out_axes is not None:
+                how = "inferred from the size %d %s and checked by running one sample%s" % (
+                    b, "the inputs share" if len(shaped) > 1 else "of the batch",
+                    " (sequence-first layers: %s)" % ", ".join(seq_first[:2]) if seq_first else "")
+                return assign, b, how, out_axes
+    return {n: None for n in names}, None, "no axis of size %s checked out as the batch's by running one sample: static shapes" % (
+        " or ".join(map(str, sizes))), {on: None for on, _ in outputs}

@@ -187,7 +187,7 @@ def _guards(frame: traceback.FrameSummary) -> bool:
     if not (frame.line or "").strip().startswith("if "):
         return False
     for k in range(1, 4):
-        nxt = linecache.getline(frame.filename, frame.lineno + k).strip()
+        nxt = linecache.getline(frame.filename, (frame.lineno or 0) + k).strip()
         if nxt:
             return nxt.startswith("raise ")
     return False
@@ -227,7 +227,7 @@ def branch_sites(cap: Captured) -> List[str]:
             continue
         if _is_assert(user):
             continue
-        text = "%s:%d" % (user.filename, user.lineno)
+        text = "%s:%s" % (user.filename, user.lineno)
         if user.line:
             text += " (%s)" % user.line.strip()
         if site is not user:
@@ -279,6 +279,7 @@ def cause(e: BaseException) -> str:
             # innermost error; a message that ends with ":" goes on in the
             # lines below it ("- Received user-specified dim hint ...")
             m = _SUMMARY.match(lines[at].strip())
+            assert m is not None
             msg = m.group(2).strip()
             if msg.endswith(":"):
                 more = list(itertools.takewhile(lambda s: s.strip(), lines[at + 1:at + 4]))
@@ -626,13 +627,16 @@ class ExportCache:
             if key in self.entries:
                 self._drop(key)
             try:
-                ref = weakref.ref(model, lambda _r, k=key: self.forget(k))
+                ref = weakref.ref(model, self._forgetter(key))
             except TypeError:
                 shutil.rmtree(folder, ignore_errors=True)
                 return
             self.entries[key] = (ref, folder, ex)
             while len(self.entries) > self.size:
                 self._drop(next(iter(self.entries)))
+
+    def _forgetter(self, key: Tuple):
+        return lambda _ref: self.forget(key)
 
     def forget(self, key: Tuple) -> None:
         with self.lock:

@@ -138,6 +138,22 @@ class BatchAxesTest(unittest.TestCase):
                 axes = {n: next(iter(d)) for n, d in cases_stateful.axes(name).items()}
                 self.assertEqual(r.batch_axes, axes, r.exporter_note)
 
+    def test_images_into_a_sequence_first_layer_keep_their_batch_first(self):
+        class ConvAttention(nn.Module):
+            # DETR's way: conv features as a (HW, B, C) sequence
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.conv, self.attn, self.head = nn.Conv2d(3, 16, 3, padding=1), nn.MultiheadAttention(16, 2), nn.Linear(16, 4)
+
+            def forward(self, x):
+                f = self.conv(x).flatten(2).permute(2, 0, 1)
+                return self.head(self.attn(f, f, f)[0].mean(0))
+
+        r = fp16audit.audit(ConvAttention().eval(), torch.randn(2, 3, 8, 8), progress=False)
+        self.assertEqual(r.verdict, "healthy", r.verdict_text)
+        self.assertEqual(r.batch_axes, {"x": 0, "output": 0}, r.exporter_note)
+
     def test_the_user_says_the_batch_axes(self):
         m, arrays = cases_stateful.model("lstm_state_overflow")
         r = fp16audit.audit(m, tensors(arrays), batch_axes={"h0": 1, "c0": 1}, progress=False)
