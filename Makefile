@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test test-torch2 demo bench bench-peers llama-bench proto fixtures fixtures-torch2 fixtures-trained fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
+.PHONY: all ort build test test-torch2 demo bench bench-audit bench-peers llama-bench proto fixtures fixtures-torch2 fixtures-trained fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -141,13 +141,27 @@ demo: ort build
 # 100 MB model, then the audit against plain ONNX Runtime inference of the
 # same models and batches in the same run: time, peak memory, and a batch
 # over --max-memory (see docs/performance.md), then the training audit
-# against the forward audit of the same models.
+# against the forward audit of the same models, then fp16audit.audit()
+# from Python (bench-audit).
 bench: ort llama-bench
 	$(GO) test -run '^$$' -bench 'Kernel' -benchtime 1s ./internal/statsop/
 	$(GO) test -run '^$$' -bench 'Lint100MB' -benchtime 1x ./internal/lint/
 	$(GO) test -run '^$$' -bench 'FullAudit|ReferencePass|Memory|Budget|Exporters' -benchtime 1x -timeout 30m ./internal/audit/
 	$(GO) test -run '^$$' -bench 'TrainingAudit' -benchtime 1x ./internal/audit/
 	$(GO) test -run '^$$' -bench 'LLM' -benchtime 1x -timeout 60m ./internal/audit/
+	$(MAKE) --no-print-directory bench-audit
+
+# bench-audit: what fp16audit.audit() costs on 14 torchvision architectures
+# (python/bench_audit.py): the export, the binary and the rest, the median
+# and the export's share, a second audit of the same weights, and
+# PyTorch's own forward beside them; on torch 1.13 (.venv-py) and, where
+# make torch2-venv made it, torch 2.x.
+bench-audit: ort build pyvenv
+	$(PYVENV)/bin/python -W ignore python/bench_audit.py
+	@if [ -x $(TORCH2_TEST_VENV)/bin/python ]; then \
+	  echo "$(TORCH2_TEST_VENV)/bin/python python/bench_audit.py"; \
+	  $(TORCH2_TEST_VENV)/bin/python -W ignore python/bench_audit.py; \
+	else echo "bench-audit: no torch 2.x virtualenv at $(TORCH2_TEST_VENV) (make torch2-venv makes it): torch 1.13 alone"; fi
 
 # bench-peers runs fp16audit beside the tools a user would pick instead
 # (Polygraphy, onnxconverter-common, ModelOpt AutoCast, a PyTorch hooks

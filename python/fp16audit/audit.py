@@ -670,7 +670,7 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
                 print("fp16audit: " + _CPU_NOTE, file=sys.stderr)
         note = [ex.note] if ex.note else []
         if (axes.made_up and any(a not in (0, None) for a in axes.batch.values())) or axes.how.startswith("no axis"):
-            note.append("batch axes: " + axes.describe())
+            note.append(axes.describe())
         if retried:
             note.append(retried)
         if reused:
