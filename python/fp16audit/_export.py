@@ -161,20 +161,24 @@ _WARNINGS_FILE = os.path.realpath(warnings.__file__)
 
 def _inside(path: str, roots: Sequence[str]) -> bool:
     p = os.path.realpath(path)
-    return any(p == r or p.startswith(r + os.sep) for r in roots)
+    for r in roots:
+        if p == r or p.startswith(r + os.sep):
+            # a conda environment's site-packages sits inside Python's own
+            # library: the models installed there are the user's
+            return r != roots[-1] or not any(d in p[len(r):].split(os.sep) for d in ("site-packages", "dist-packages"))
+    return False
 
 
 def _library_roots() -> List[str]:
     """Folders whose frames are not the user's: torch's, this package's,
-    Python's own library."""
+    Python's own library (last)."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
 
         _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__))
-    roots = [_TORCH_DIR, os.path.realpath(os.path.dirname(os.path.abspath(__file__))),
-             os.path.realpath(os.path.dirname(contextlib.__file__))]
-    return roots
+    return [_TORCH_DIR, os.path.realpath(os.path.dirname(os.path.abspath(__file__))),
+            os.path.realpath(os.path.dirname(contextlib.__file__))]
 
 
 def _is_assert(frame: traceback.FrameSummary) -> bool:
