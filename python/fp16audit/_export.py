@@ -86,13 +86,89 @@ class Captured:
 
     def __init__(self):
         self.warnings: List[Tuple[warnings.WarningMessage, List[traceback.FrameSummary]]] = []
+        # the warnings (by index) raised by a condition that reads sizes only
+        self.on_sizes: set = set()
         self.output = ""
 
     def show(self, message, category, filename, lineno, file=None, line=None):
         # warnings.showwarning runs inside warn(), on the stack that warned:
         # the frames above it say where in the user's code the tracer was
         stack = traceback.extract_stack()[:-1]
+        if "Python boolean" in str(message):
+            f = sys._getframe(1)
+            while f is not None and os.path.realpath(f.f_code.co_filename) == _WARNINGS_FILE:
+                f = f.f_back
+            if f is not None and _reads_sizes_only(f):
+                self.on_sizes.add(len(self.warnings))
         self.warnings.append((warnings.WarningMessage(message, category, filename, lineno, file, line), stack))
+
+
+def _reads_sizes_only(frame) -> bool:
+    """Whether the condition the frame is testing reads nothing but sizes:
+    every name in it, and every attribute it reads off one, is a Python
+    value, a module or a 0-dim integer tensor the tracer computed from
+    sizes (torch 2.x's tracer holds a size as one: torchvision's Swin pads
+    by `if window_size[0] >= pad_H`, pad_H from x.shape). A tensor of
+    values, float or integer (ids.max()), makes it a branch on a value."""
+    import ast
+
+    torch = torch_module()
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    m = re.match(r"(?:el)?if (.*):\s*(#.*)?$|while (.*):\s*(#.*)?$", text)
+    if not m:
+        return False
+    try:
+        tree = ast.parse(m.group(1) or m.group(3), mode="eval")
+    except SyntaxError:
+        return False
+    scope = dict(frame.f_globals, **frame.f_locals)
+
+    def value(node):
+        if isinstance(node, ast.Name):
+            return scope.get(node.id, _MISSING)
+        if isinstance(node, ast.Attribute):
+            base = value(node.value)
+            return _MISSING if base is _MISSING else getattr(base, node.attr, _MISSING)
+        return _MISSING
+
+    def sizes(v) -> bool:
+        if isinstance(v, torch.Tensor):
+            return v.dim() == 0 and not v.is_floating_point() and _traced_from_sizes(torch, v)
+        if isinstance(v, (tuple, list)):
+            return all(sizes(x) for x in v)
+        return True
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            v = value(node)
+            if v is _MISSING or not sizes(v):
+                return False
+    return True
+
+
+_MISSING = object()
+_SIZE_OPS = frozenset(("aten::size", "aten::numel", "aten::dim", "aten::len", "prim::shape"))
+
+
+def _traced_from_sizes(torch, t) -> bool:
+    """Whether the tracer computed t from tensors' sizes alone: no path of
+    the trace from t back to a graph input (prim::Param) avoids an
+    aten::size. ids.max() is a value; x.shape[1] % 3 is a size."""
+    try:
+        stack = [torch._C._get_value_trace(t).node()]
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+    for _ in range(10000):
+        if not stack:
+            return True
+        n = stack.pop()
+        k = n.kind()
+        if k in _SIZE_OPS:
+            continue
+        if k == "prim::Param":
+            return False
+        stack.extend(i.node() for i in n.inputs())
+    return False
 
 
 _fd_lock = threading.Lock()
@@ -215,7 +291,7 @@ def branch_sites(cap: Captured) -> List[str]:
     checks, the user's asserts are left out."""
     roots = _library_roots()
     out = []
-    for w, stack in cap.warnings:
+    for i, (w, stack) in enumerate(cap.warnings):
         if "Python boolean" not in str(w.message) or w.category.__name__ != "TracerWarning":
             continue
         frames = [f for f in stack if not f.filename.startswith("<") and os.path.realpath(f.filename) != _WARNINGS_FILE]
@@ -224,7 +300,7 @@ def branch_sites(cap: Captured) -> List[str]:
         site = frames[-1] if frames else None
         if site is None:
             continue
-        if _is_assert(site) or _guards(site) or _on_a_shape(site):
+        if _is_assert(site) or _guards(site) or _on_a_shape(site) or i in cap.on_sizes:
             continue
         user = next((f for f in reversed(frames) if not _inside(f.filename, roots)), None)
         if user is None:
@@ -367,6 +443,9 @@ class Exported:
         # where the tracer kept one branch of an `if` on a tensor: such an
         # export holds this batch's branch and is not reused for another
         self.branches = list(branches)
+        # the graph's inputs (None: not read): the TorchScript exporter
+        # leaves out those the trace does not read
+        self.inputs: Optional[List[str]] = None
 
     @property
     def note(self) -> str:
@@ -520,12 +599,74 @@ def _try(torch, which, model, args, names, out_names, sub, train_mode, axes) -> 
         shutil.rmtree(sub, ignore_errors=True)
         return None, cause(e), data_dependent(e)
     done = Exported(which, path, axes, [], False)
+    done.inputs = graph_inputs(path)
+    gone = [n for n in names if done.inputs is not None and n not in done.inputs]
+    if gone:
+        done.notes.append("%s: input%s %s %s not in the export: the traced graph does not read %s" % (
+            which, "s" if len(gone) > 1 else "", ", ".join(repr(n) for n in gone), "are" if len(gone) > 1 else "is",
+            "them" if len(gone) > 1 else "it"))
     if which == "torchscript":
         done.branches = branch_sites(cap)
         if done.branches:
             done.notes.append("torchscript: the tracer turned a tensor into a Python bool at %s: where the model branches on a "
                               "value there, the export holds only the branch this batch takes" % "; ".join(done.branches))
     return done, "", False
+
+
+# -- what an export holds ------------------------------------------------------------
+
+def _varint(buf: bytes, i: int) -> Tuple[int, int]:
+    out = shift = 0
+    while True:
+        c = buf[i]
+        i += 1
+        out |= (c & 0x7F) << shift
+        if c < 0x80:
+            return out, i
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a protobuf message: value is the
+    bytes of a length-delimited field, else its number."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(buf, i)
+            yield num, wt, v
+        elif wt == 2:
+            n, i = _varint(buf, i)
+            yield num, wt, buf[i:i + n]
+            i += n
+        elif wt == 1:
+            i += 8
+        elif wt == 5:
+            i += 4
+        else:
+            raise ValueError("protobuf wire type %d" % wt)
+
+
+def graph_inputs(path: str) -> Optional[List[str]]:
+    """The names of an ONNX file's graph inputs that are not initializers,
+    read off the protobuf (ModelProto.graph = 7, GraphProto.input = 11,
+    .initializer = 5, ValueInfoProto/TensorProto name = 1 and 8) without the
+    onnx package; None when it cannot be read. The TorchScript exporter
+    leaves out an input the trace does not read."""
+    try:
+        with open(path, "rb") as f:
+            model = f.read()
+        graph = next(v for n, wt, v in _fields(model) if n == 7 and wt == 2)
+        names, inits = [], set()
+        for n, wt, v in _fields(graph):
+            if n == 11 and wt == 2:
+                names += [x.decode() for k, t, x in _fields(v) if k == 1 and t == 2]
+            elif n == 5 and wt == 2:
+                inits.update(x.decode() for k, t, x in _fields(v) if k == 8 and t == 2)
+        return [x for x in names if x not in inits]
+    except (OSError, StopIteration, ValueError, IndexError, UnicodeDecodeError):
+        return None
 
 
 # -- reusing an export -------------------------------------------------------------

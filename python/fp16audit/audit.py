@@ -714,8 +714,10 @@ def _run(tmp, ex, names, drawn, policy, device_type, train_mode, loss_name, targ
     bdir = os.path.join(tmp, "batches")
     shutil.rmtree(bdir, ignore_errors=True)
     os.mkdir(bdir)
+    # the inputs the export has (an input the trace never read is not one)
+    keep = [i for i, n in enumerate(names) if ex.inputs is None or n in ex.inputs]
     for i, (xs, _, _) in enumerate(drawn):
-        _write_npz(os.path.join(bdir, "batch%d.npz" % i), names, xs)
+        _write_npz(os.path.join(bdir, "batch%d.npz" % i), [names[k] for k in keep], [xs[k] for k in keep])
     report_path = os.path.join(tmp, "report.json")
     if os.path.exists(report_path):
         os.remove(report_path)

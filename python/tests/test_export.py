@@ -231,6 +231,43 @@ class ErrorsTest(unittest.TestCase):
         self.assertIn("test_export.py", r.exporter_note)
         self.assertIn("if x.mean() > 0", r.exporter_note)
 
+    def test_a_condition_on_sizes_is_not_a_branch_on_a_value(self):
+        class Padded(nn.Module):
+            # pads by its input's size, as torchvision's Swin does, and
+            # branches on a value of its integer input
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(6, 4)
+
+            def forward(self, x, ids):
+                pad = x.shape[1] % 3
+                if pad > 0:
+                    x = torch.nn.functional.pad(x, (0, 3 - pad))
+                n = ids.max()
+                if n > 5:
+                    x = x * 2
+                return self.fc(x)
+
+        r = fp16audit.audit(Padded().eval(), (torch.randn(4, 4), torch.randint(0, 9, (4, 3))), exporter="torchscript",
+                            progress=False)
+        self.assertIn("if n > 5", r.exporter_note)
+        self.assertNotIn("if pad > 0", r.exporter_note)
+        # the trace reads ids only in that branch: the export has no such input
+        self.assertIn("input 'ids' is not in the export", r.exporter_note)
+
+    def test_an_input_the_model_does_not_read(self):
+        class Unread(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 4)
+
+            def forward(self, x, mask):
+                return self.fc(x)
+
+        r = fp16audit.audit(Unread().eval(), (torch.randn(4, 8), torch.ones(4, 8)), progress=False)
+        self.assertEqual(r.verdict, "healthy", r.verdict_text)
+        self.assertEqual([i["name"] for i in r.json["inputs"]], ["x"])
+
     def test_the_exporters_narration_never_reaches_the_notebook(self):
         # a notebook shows what is written to the process's stdout and
         # stderr descriptors, C++'s included: torch 2.x's TorchScript
