@@ -434,7 +434,7 @@ class Exported:
     has, and what the note of the audit says about how it was made."""
 
     def __init__(self, exporter: str, path: str, axes: Optional[Dict[str, Dict[int, str]]], notes: List[str], static_fallback: bool,
-                 branches: Sequence[str] = ()):
+                 branches: Sequence[str] = (), out_names: Optional[Sequence[str]] = None):
         self.exporter = exporter
         self.path = path
         self.axes = axes
@@ -446,6 +446,10 @@ class Exported:
         # the graph's inputs (None: not read): the TorchScript exporter
         # leaves out those the trace does not read
         self.inputs: Optional[List[str]] = None
+        # what the audit that made it decided, for one that reuses it: the
+        # batch axes (audit's _axes.Axes) and the outputs' names
+        self.plan: Any = None
+        self.out_names: List[str] = list(out_names) if out_names is not None else []
 
     @property
     def note(self) -> str:
@@ -744,7 +748,9 @@ class ExportCache:
     An entry is keyed by the model object (a weak reference: it goes when
     the model does), the fingerprint of its weights, modules and hooks, and
     everything the export was asked for (exporter, mode, input names,
-    dtypes, shapes and dynamic axes, output names). Its files live in a
+    every batch's dtypes and shapes, the batch axes the user gave). An
+    audit that finds one runs neither the model nor the exporter. Its
+    files live in a
     private temporary folder, removed when the model is collected, when
     the entry is pushed out (the last `size` exports are kept) and at
     exit."""

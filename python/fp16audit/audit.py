@@ -563,13 +563,17 @@ def _shapes(names: Sequence[str], xs) -> str:
     return ", ".join("%s %s %s" % (n, tuple(x.shape), str(x.dtype).replace("torch.", "")) for n, x in zip(names, xs))
 
 
-def _cache_key(torch, model, names, inputs, out_names, exporter, train_mode, axes: _axes.Axes, device) -> Optional[Tuple]:
+def _cache_key(torch, model, names, drawn, target0, exporter, train_mode, batch_axes, dynamic_axes, device) -> Optional[Tuple]:
+    """What an export, its outputs' names and its axes depend on: the model
+    (fingerprint), how it is exported, and the inputs' dtypes and shapes in
+    every batch drawn; None when the model's tensors cannot be read."""
     fp = _exp.fingerprint(model)
     if fp is None:
         return None
-    sig = tuple((str(x.dtype), tuple(x.shape)) for x in inputs)
-    dyn = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in axes.dynamic.items()))
-    return (id(model), fp, exporter, train_mode, tuple(names), tuple(out_names), sig, dyn, str(device), torch.__version__)
+    sig = tuple(tuple((str(x.dtype), tuple(x.shape)) for x in xs) for xs, _, _ in drawn)
+    tshape = tuple(target0.shape) if target0 is not None and hasattr(target0, "shape") else None
+    return (id(model), fp, exporter, train_mode, tuple(names), sig, tshape, repr(batch_axes), repr(dynamic_axes), str(device),
+            torch.__version__)
 
 
 # An ONNX Runtime failure of the binary that the shapes the export was
@@ -609,28 +613,33 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
 
     tmp = tempfile.mkdtemp(prefix="fp16audit-")
     try:
-        with _left_as_it_was(model):
-            model.eval()
-            try:
-                with torch.no_grad():
-                    out = model(*args)
-            except Exception as e:
-                raise BatchError("fp16audit.audit: the model does not run on the batch (inputs %s): %s: %s" % (
-                    _shapes(names, inputs0), type(e).__name__, e)) from e
-            outputs = _flatten(out)
-            if not outputs:
-                raise ExportError("fp16audit.audit: %s.forward returns a %s, which holds no tensor: there is nothing to audit; audit "
-                                  "a module that returns the model's outputs as tensors" % (type(model).__name__, type(out).__name__))
-            out_names = [n for n, _ in outputs]
-            axes = _axes.plan(model, names, drawn, outputs, target0, batch_axes, dynamic_axes,
-                              run=lambda xs: [t for _, t in _outputs(model, [x.to(device) for x in xs])])
-            key = _cache_key(torch, model, names, inputs0, out_names, exporter, train_mode, axes, device) if cache else None
-            ex = _exp.CACHE.get(model, key) if key is not None else None
-            reused = ex is not None
-            if ex is None:
+        key = _cache_key(torch, model, names, drawn, target0, exporter, train_mode, batch_axes, dynamic_axes, device) if cache else None
+        ex = _exp.CACHE.get(model, key) if key is not None else None
+        reused = ex is not None
+        if ex is not None:
+            # the same model, weights and shapes: it ran, and was exported
+            axes, out_names = ex.plan, ex.out_names
+        else:
+            with _left_as_it_was(model):
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        out = model(*args)
+                except Exception as e:
+                    raise BatchError("fp16audit.audit: the model does not run on the batch (inputs %s): %s: %s" % (
+                        _shapes(names, inputs0), type(e).__name__, e)) from e
+                outputs = _flatten(out)
+                if not outputs:
+                    raise ExportError("fp16audit.audit: %s.forward returns a %s, which holds no tensor: there is nothing to audit; "
+                                      "audit a module that returns the model's outputs as tensors" % (type(model).__name__, type(out).__name__))
+                out_names = [n for n, _ in outputs]
+                axes = _axes.plan(model, names, drawn, outputs, target0, batch_axes, dynamic_axes,
+                                  run=lambda xs: [t for _, t in _outputs(model, [x.to(device) for x in xs])])
+                del out, outputs
                 if train_mode:
                     model.train()
                 ex = _export_into(model, args, names, out_names, exporter, train_mode, axes, axes.made_up, tmp, key)
+                ex.plan, ex.out_names = axes, out_names
         used = drawn
         if ex.static_fallback and axes.varying:
             used = [d for d in drawn if all(tuple(x.shape) == tuple(x0.shape) for x, x0 in zip(d[0], inputs0))]
@@ -647,6 +656,7 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
             with _left_as_it_was(model):
                 model.train(train_mode)
                 ex2 = _export_into(model, args, names, out_names, exporter, train_mode, None, False, tmp, key, sub="static")
+                ex2.plan, ex2.out_names = axes, out_names
             code2, stderr2, report_path2 = _run(tmp, ex2, names, used, policy, device_type, train_mode, loss_name, target0, axis,
                                                 class_axis, init_scale, max_memory, fixes, extra_args, progress)
             if code2 in (0, 1):

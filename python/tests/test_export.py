@@ -309,11 +309,16 @@ class ReuseTest(unittest.TestCase):
         self.x = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
 
     def test_a_second_policy_reuses_the_export(self):
+        calls = []
+        self.m.register_forward_pre_hook(lambda mod, inp: calls.append(1))
         with Exports() as e:
             r1 = fp16audit.audit(self.m, self.x, progress=False)
+            first = len(calls)
             r2 = fp16audit.audit(self.m, self.x, policy="autocast-bf16", progress=False)
             r3 = fp16audit.audit(self.m, self.x, policy="half", progress=False)
         self.assertEqual(e.n, 1)
+        self.assertGreater(first, 0)
+        self.assertEqual(len(calls), first)  # a reused export runs the model no more
         self.assertNotIn("reused", r1.exporter_note)
         self.assertIn("reused", r2.exporter_note)
         self.assertEqual([r.verdict for r in (r1, r2, r3)], ["healthy"] * 3)
