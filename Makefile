@@ -27,7 +27,7 @@ PYVENV := .venv-py
 PYVENV_OK := $(PYVENV)/.installed
 export ONNXRUNTIME_LIB ?= $(ORT_LIB)
 
-.PHONY: all ort build test test-torch2 docs docs-gen docs-venv demo bench bench-peers llama-bench llama8b proto fixtures fixtures-torch2 fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
+.PHONY: all ort build test test-torch2 docs docs-gen docs-venv demo bench bench-audit bench-peers llama-bench llama8b proto fixtures fixtures-torch2 fixtures-trained fuzz conformance vet staticcheck clean wheel pyvenv torch2-venv
 
 all: build
 
@@ -183,7 +183,8 @@ demo: ort build
 # machine, the load average before and after, and the versions as
 # configuration lines; it is committed, docs/reference/benchmarks.md is
 # generated from it (make docs-gen) and TestGenerated holds the page to it.
-# The file is replaced only when every benchmark ran.
+# The file is replaced only when every benchmark ran. Then fp16audit.audit()
+# from Python (bench-audit), which prints its own table.
 BENCH_OUT   ?= bench/results.txt
 BENCH_COUNT ?= 1
 bench: SHELL := /bin/bash
@@ -204,6 +205,19 @@ bench: ort llama-bench
 	@echo "load-average-after: $$(cut -d' ' -f1-3 /proc/loadavg)" >> $(BENCH_OUT).tmp
 	@mv $(BENCH_OUT).tmp $(BENCH_OUT)
 	@echo "wrote $(BENCH_OUT): make docs-gen writes docs/reference/benchmarks.md from it"
+	$(MAKE) --no-print-directory bench-audit
+
+# bench-audit: what fp16audit.audit() costs on 14 torchvision architectures
+# (python/bench_audit.py): the export, the binary and the rest, the median
+# and the export's share, a second audit of the same weights, and
+# PyTorch's own forward beside them; on torch 1.13 (.venv-py) and, where
+# make torch2-venv made it, torch 2.x.
+bench-audit: ort build pyvenv
+	$(PYVENV)/bin/python -W ignore python/bench_audit.py
+	@if [ -x $(TORCH2_TEST_VENV)/bin/python ]; then \
+	  echo "$(TORCH2_TEST_VENV)/bin/python python/bench_audit.py"; \
+	  $(TORCH2_TEST_VENV)/bin/python -W ignore python/bench_audit.py; \
+	else echo "bench-audit: no torch 2.x virtualenv at $(TORCH2_TEST_VENV) (make torch2-venv makes it): torch 1.13 alone"; fi
 
 # bench-peers runs fp16audit beside the tools a user would pick instead
 # (Polygraphy, onnxconverter-common, ModelOpt AutoCast, a PyTorch hooks
@@ -286,6 +300,19 @@ fixtures-torch2:
 	$(TORCH2_VENV)/bin/python fixtures/torch/realcases.py --exporter dynamo --family recipes --out fixtures/torch/recipes
 	$(TORCH2_VENV)/bin/python fixtures/torch/dynamo_train.py
 	$(TORCH2_VENV)/bin/python fixtures/torch/train/gen.py --exporter dynamo
+
+# fixtures-trained regenerates issue 41's front-door fixtures: trained-
+# BatchNorm CNNs, folded and as fp16audit.audit() exports them
+# (fixtures/torch/cases_trained.py), and recurrent and sequence-first models
+# with their state (cases_stateful.py); the TorchScript families with
+# Debian's torch 1.13 (PYTHON_TORCH, which needs python3-onnx), the dynamo
+# families with the torch 2.x of make test-torch2's virtualenv, each with
+# that torch's truth.
+fixtures-trained: torch2-venv
+	$(PYTHON_TORCH) fixtures/torch/realcases.py --family trained --out fixtures/torch/cases_trained
+	$(PYTHON_TORCH) fixtures/torch/realcases.py --family stateful --out fixtures/torch/cases_stateful
+	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family trained --exporter dynamo --out fixtures/torch/cases_trained_dynamo
+	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family stateful --exporter dynamo --out fixtures/torch/cases_stateful_dynamo
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

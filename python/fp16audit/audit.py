@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import json
-import logging
 import os
 import re
 import shutil
@@ -29,10 +27,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import _binary
+from . import _axes, _binary
+from . import _export as _exp
+from ._axes import BatchAxes
 
 __all__ = ["audit", "Report", "AuditError", "AuditFailure", "ExportError", "BatchError", "ModelError", "LOSSES", "POLICIES"]
 
@@ -81,16 +80,21 @@ class Report:
     `fixes` the fixes verified by a rerun, `findings` every check's
     finding, `output_agreement` each output against fp32, `training` the
     backward audit when a loss was given. `ok` is False when some finding
-    reached the failing level (the binary's exit status 1).
+    reached the failing level (the binary's exit status 1). `exporter`
+    says which exporter wrote the model and `exporter_note` how (why not
+    the other, the batch axes where they are not every input's axis 0,
+    an export reused); `batch_axes` each input's and output's batch axis
+    as the export has it (None: none).
     """
 
     def __init__(self, document: Dict[str, Any], exit_code: int, exporter: str, exporter_note: str = "",
-                 notes: Sequence[str] = ()):
+                 notes: Sequence[str] = (), batch_axes: Optional[Mapping[str, Optional[int]]] = None):
         self.json = document
         self.exit_code = exit_code
         self.exporter = exporter
         self.exporter_note = exporter_note
         self.notes = list(notes)
+        self.batch_axes: Dict[str, Optional[int]] = dict(batch_axes or {})
         self._text: Optional[str] = None
         self._html: Optional[str] = None
 
@@ -279,23 +283,15 @@ def _arrange_dict(model, xs: List[Any], keys: List[str], index: int) -> Tuple[Li
     return [items[k] for k in order], target, order
 
 
-def _dynamic_axes(names: List[str], drawn) -> Dict[str, Dict[int, str]]:
-    """The export's dynamic axes: the batch axis of every input, and every
-    other axis whose size differs between the batches drawn (a DataLoader
-    that pads each batch to its longest sequence). Batches whose inputs
-    differ in rank or dtype are refused."""
+def _check_batches(names: List[str], drawn) -> None:
+    """Refuse batches whose inputs differ in rank or dtype from batch 0's."""
     first = drawn[0][0]
-    axes = {n: {0: "batch"} for n in names}
     for b, (xs, _, _) in enumerate(drawn[1:], 1):
         for n, x0, x in zip(names, first, xs):
             if x.dim() != x0.dim() or x.dtype != x0.dtype:
                 raise BatchError("fp16audit.audit: batch %d's input %r is %s %s, batch 0's is %s %s: every batch must give each input "
                                  "the same rank and dtype (draw the batches from one DataLoader, or audit them one at a time)" % (
                                      b, n, tuple(x.shape), str(x.dtype).replace("torch.", ""), tuple(x0.shape), str(x0.dtype).replace("torch.", "")))
-            for k in range(1, x.dim()):
-                if x.shape[k] != x0.shape[k]:
-                    axes[n][k] = "%s_dim%d" % (n, k)
-    return axes
 
 
 def _write_npz(path: str, names: List[str], tensors: List[Any]) -> None:
@@ -330,146 +326,53 @@ def _left_as_it_was(model):
         model.train(training)
 
 
-def _has_dynamo(torch) -> bool:
-    try:
-        return "dynamo" in inspect.signature(torch.onnx.export).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _batchnorms(model) -> List[str]:
-    """The model's BatchNorm layers, by module path."""
-    bn = _torch().nn.modules.batchnorm._BatchNorm
-    return [name for name, m in model.named_modules() if isinstance(m, bn)]
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Keep an exporter's narration away from the user: its stdout and
-    stderr (the dynamo exporter prints its steps and, when it fails, the
-    graph it traced), torch's loggers and its warnings. Yields the list of
-    warnings it caught: a TracerWarning says where the tracer turned a
-    tensor into a Python value."""
-    names = {n for n in logging.root.manager.loggerDict if n.startswith("torch.")} | {"torch"}
-    loggers = [logging.getLogger(n) for n in sorted(names)]
-    levels = [(lg, lg.level) for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(record=True) as caught, \
-                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("always")
-            yield caught
-    finally:
-        for lg, level in levels:
-            lg.setLevel(level)
-
-
-def _data_dependent(e: BaseException) -> bool:
-    """Whether an exporter's error is the model branching on a tensor's
-    value (torch.export's GuardOnDataDependentSymNode and its kin)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = type(e).__name__ + " " + str(e)[:2000]
-        if "DataDependent" in type(e).__name__ or "data-dependent" in text or "Dynamic control flow" in text:
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _branch_sites(caught) -> List[str]:
-    """Where the TorchScript tracer turned a tensor into a Python bool (an
-    `if` on a tensor): file:line and the line itself."""
-    import linecache
-
-    out = []
-    for w in caught:
-        if "Python boolean" in str(w.message) and w.category.__name__ == "TracerWarning":
-            site = "%s:%d" % (w.filename, w.lineno)
-            code = linecache.getline(w.filename, w.lineno).strip()
-            site += " (%s)" % code if code else ""
-            if site not in out:
-                out.append(site)
-    return out
-
-
-def _first_line(e: BaseException) -> str:
-    msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
-    return msg[0] if msg else ""
+# The export's machinery lives in _export; these names are audit's own
+# (the capture of issue 42 calls _export).
+_has_dynamo = _exp.has_dynamo
+_batchnorms = _exp.batchnorms
+_quiet = _exp.quiet
 
 
 def _export(model, args, names, out_names, path, exporter, train_mode, axes=None):
-    """Export model to path; returns (exporter used, a note saying why when
-    it is not the first choice). axes are the inputs' dynamic axes (the
-    batch axis of each by default)."""
-    torch = _torch()
+    """Export model to path (its external data, if any, beside it); returns
+    (exporter used, a note saying why when it is not the first choice).
+    axes are the inputs' dynamic axes (the batch axis of each by default)."""
     axes = dict(axes or {n: {0: "batch"} for n in names})
-    axes.update({n: {0: "batch"} for n in out_names})
-    errors = []
-    order = {"auto": ["dynamo", "torchscript"], "dynamo": ["dynamo"], "torchscript": ["torchscript"]}.get(exporter)
-    if order is None:
-        raise ValueError("fp16audit.audit: exporter=%r; want 'auto', 'dynamo' or 'torchscript'" % exporter)
-    bns = _batchnorms(model) if train_mode else []
-    if bns and exporter == "auto" and _has_dynamo(torch):
-        # torch's dynamo exporter (2.9 to 2.15 at least) writes BatchNorm in
-        # eval form, with its running statistics, even for a model in
-        # train() mode (fixtures/torch/dynamo_train): a train-mode audit of
-        # a model with BatchNorm wants the TorchScript exporter
-        order = ["torchscript", "dynamo"]
-        errors.append("dynamo: not tried first: the model has BatchNorm layers (%s%s), which torch %s's dynamo exporter writes "
-                      "in eval form (running statistics, not the batch's) even from model.train()" % (
-                          ", ".join(bns[:2]), ", ..." if len(bns) > 2 else "", torch.__version__))
-    dynamo_data_dependent = None
-    for which in order:
-        if which == "dynamo" and not _has_dynamo(torch):
-            errors.append("dynamo: torch %s has no dynamo exporter (torch.onnx.export(..., dynamo=True) needs torch >= 2.5)" % torch.__version__)
-            continue
-        kwargs = dict(input_names=list(names), output_names=list(out_names), dynamic_axes=axes)
-        if which == "dynamo":
-            kwargs["dynamo"] = True
-        else:
-            kwargs["opset_version"] = 17
-            if _has_dynamo(torch):
-                kwargs["dynamo"] = False
-            if train_mode:
-                kwargs["training"] = torch.onnx.TrainingMode.TRAINING
-                kwargs["do_constant_folding"] = False
-        try:
-            with _quiet() as caught:
-                torch.onnx.export(model, tuple(args), path, **kwargs)
-        except Exception as e:  # the exporters raise many kinds
-            if which == "dynamo" and _data_dependent(e):
-                dynamo_data_dependent = _first_line(e)
-            errors.append("%s: %s: %s" % (which, type(e).__name__, _first_line(e)))
-            continue
-        sites = _branch_sites(caught) if which == "torchscript" else []
-        if sites and dynamo_data_dependent is not None and exporter == "auto":
-            raise ExportError(
-                "fp16audit.audit: the model branches on a tensor's value at %s: the dynamo exporter cannot export that "
-                "(%s), and the TorchScript tracer keeps only the branch this batch takes, so its export would say nothing of the "
-                "other. Write the branch with torch.where (both sides computed) or torch.cond, or pass exporter='torchscript' "
-                "to audit the branch this batch takes." % ("; ".join(sites), dynamo_data_dependent))
-        if sites:
-            errors.append("torchscript: the tracer turned a tensor into a Python bool at %s: where the model branches on a "
-                          "value there, the export holds only the branch this batch takes" % "; ".join(sites))
-        return which, "; ".join(errors)
-    raise ExportError("fp16audit.audit: the model could not be exported to ONNX. " + " | ".join(errors) +
-                      ". Try exporter='torchscript' (dynamo=False), a smaller example batch, or, for the dynamo exporter, "
-                      "torch.export's non-strict mode; export by hand and run `fp16audit run model.onnx` on it.")
+    folder = tempfile.mkdtemp(prefix="fp16audit-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        ex = _exp.export(model, args, names, out_names, folder, exporter, train_mode, axes, made_up=False, static_ok=False)
+        for f in os.listdir(os.path.dirname(ex.path)):
+            dst = os.path.join(os.path.dirname(os.path.abspath(path)), f if f != "model.onnx" else os.path.basename(path))
+            shutil.move(os.path.join(os.path.dirname(ex.path), f), dst)
+        return ex.exporter, ex.note
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _output_names(model, args) -> List[str]:
+def _flatten(out, prefix: str = "output") -> List[Tuple[str, Any]]:
+    """The tensors of a forward's result in the order the exporters write
+    them as graph outputs, each with its name: "output" for a lone
+    tensor, output_0, output_1, ... in a tuple (output_1_0 nested), a
+    dict's keys (a Hugging Face ModelOutput's)."""
     torch = _torch()
-    with torch.no_grad():
-        out = model(*args)
     if isinstance(out, torch.Tensor):
-        return ["output"]
-    if isinstance(out, (tuple, list)):
-        return ["output_%d" % i for i in range(len(out))]
+        return [(prefix, out)]
     if isinstance(out, Mapping):
-        return [str(k) for k in out.keys()]
-    return ["output"]
+        flat = []
+        for k, v in out.items():
+            flat += _flatten(v, str(k))
+        return flat
+    if isinstance(out, (tuple, list)):
+        flat = []
+        for i, v in enumerate(out):
+            flat += _flatten(v, "%s_%d" % (prefix, i))
+        return flat
+    return []
+
+
+def _outputs(model, args) -> List[Tuple[str, Any]]:
+    with _torch().no_grad():
+        return _flatten(model(*args))
 
 
 # -- running the binary --------------------------------------------------------
@@ -615,7 +518,8 @@ def _meta_check(model) -> None:
 def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, policy: str = "autocast-fp16",
           loss: Any = None, target: Any = None, class_axis: Optional[str] = None, init_scale: Optional[float] = None,
           max_memory: Optional[str] = None, exporter: str = "auto", progress: bool = True, fixes: bool = True,
-          device_type: Optional[str] = None, extra_args: Sequence[str] = (), _notes: Sequence[str] = ()) -> Report:
+          device_type: Optional[str] = None, batch_axes: BatchAxes = None, dynamic_axes: Optional[Mapping[str, Any]] = None,
+          cache: bool = True, extra_args: Sequence[str] = (), _notes: Sequence[str] = ()) -> Report:
     """Audit `model` on `batch` for fp16 mixed-precision failures.
 
     batch: a tensor (the only input), a tuple or list of tensors (the
@@ -629,23 +533,56 @@ def audit(model, batch, *, n_batches: int = 2, n_inp: Optional[int] = None, poli
     loss the model is exported in training mode and the backward is
     audited against the target (the first batch's, or `target`).
     init_scale: the GradScaler's initial scale. max_memory: the binary's
-    --max-memory ("4G"). exporter: 'auto' (dynamo where torch has it,
-    TorchScript where that fails), 'dynamo' or 'torchscript'.
-    device_type: the torch.autocast device_type the fixes name (default:
-    the device the model's parameters are on).
+    --max-memory ("4G"). exporter: 'auto' (the TorchScript exporter,
+    the dynamo exporter where that fails or where the tracer meets a
+    branch on a tensor), 'dynamo' or 'torchscript'; either keeps every
+    BatchNorm as its own node. device_type: the torch.autocast
+    device_type the fixes name (default: the device the model's
+    parameters are on). batch_axes: each input's batch axis (an int for
+    every input, a dict by input name or a list; None in it: no batch
+    axis), inferred when not given; dynamic_axes: torch.onnx.export's
+    dynamic_axes, taken as given. cache: reuse the export of an earlier
+    audit of this model object while its weights, buffers, modules and
+    hooks are unchanged.
     """
     torch = _torch()
     if not isinstance(model, torch.nn.Module):
         raise TypeError("fp16audit.audit: model is a %s; want a torch.nn.Module" % type(model).__name__)
     if policy not in POLICIES:
         raise ValueError("fp16audit.audit: policy=%r; want one of %s" % (policy, ", ".join(POLICIES)))
+    if exporter not in ("auto", "dynamo", "torchscript"):
+        raise ValueError("fp16audit.audit: exporter=%r; want 'auto', 'dynamo' or 'torchscript'" % exporter)
+    if batch_axes is not None and dynamic_axes is not None:
+        raise ValueError("fp16audit.audit: pass batch_axes or dynamic_axes, not both (dynamic_axes is taken as given)")
     _meta_check(model)
     return _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_axis, init_scale, max_memory,
-                  exporter, progress, fixes, device_type or _device_type(model), extra_args, _notes)
+                  exporter, progress, fixes, device_type or _device_type(model), batch_axes, dynamic_axes, cache, extra_args, _notes)
+
+
+def _shapes(names: Sequence[str], xs) -> str:
+    return ", ".join("%s %s %s" % (n, tuple(x.shape), str(x.dtype).replace("torch.", "")) for n, x in zip(names, xs))
+
+
+def _cache_key(torch, model, names, drawn, target0, exporter, train_mode, batch_axes, dynamic_axes, device) -> Optional[Tuple]:
+    """What an export, its outputs' names and its axes depend on: the model
+    (fingerprint), how it is exported, and the inputs' dtypes and shapes in
+    every batch drawn; None when the model's tensors cannot be read."""
+    fp = _exp.fingerprint(model)
+    if fp is None:
+        return None
+    sig = tuple(tuple((str(x.dtype), tuple(x.shape)) for x in xs) for xs, _, _ in drawn)
+    tshape = tuple(target0.shape) if target0 is not None and hasattr(target0, "shape") else None
+    return (id(model), fp, exporter, train_mode, tuple(names), sig, tshape, repr(batch_axes), repr(dynamic_axes), str(device),
+            torch.__version__)
+
+
+# An ONNX Runtime failure of the binary that the shapes the export was
+# given can cause (a trace that fixed a size the dynamic axes free)
+_SHAPE_TROUBLE = re.compile(r"status code|running \w+ node|out of (data )?bounds|cannot be reshaped|must agree|[Ii]nvalid rank|dimension", re.I)
 
 
 def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_axis, init_scale, max_memory, exporter,
-           progress, fixes, device_type, extra_args, _notes) -> Report:
+           progress, fixes, device_type, batch_axes, dynamic_axes, cache, extra_args, _notes) -> Report:
     global _cpu_note_said
     drawn = _draw(batch, n_batches, n_inp)
     for i, (xs, t, keys) in enumerate(drawn):
@@ -661,7 +598,7 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
             if x.dim() > 0 and x.shape[0] == 0:
                 raise BatchError("fp16audit.audit: batch %d is empty (its first dimension is 0): it would pass any check" % i)
     names = _input_names(model, len(inputs0), names0)
-    axes = _dynamic_axes(names, drawn)
+    _check_batches(names, drawn)
     loss_name, axis, loss_note = _loss_name(loss)
     notes = list(_notes)
     if loss_note:
@@ -676,48 +613,62 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
 
     tmp = tempfile.mkdtemp(prefix="fp16audit-")
     try:
-        path = os.path.join(tmp, "model.onnx")
-        with _left_as_it_was(model):
-            model.eval()
-            try:
-                out_names = _output_names(model, args)
-            except Exception as e:
-                raise BatchError("fp16audit.audit: the model does not run on the batch (inputs %s): %s: %s" % (
-                    ", ".join("%s %s %s" % (n, tuple(x.shape), str(x.dtype).replace("torch.", "")) for n, x in zip(names, inputs0)),
-                    type(e).__name__, e)) from e
-            if train_mode:
-                model.train()
-            used, why = _export(model, args, names, out_names, path, exporter, train_mode, axes)
-        bdir = os.path.join(tmp, "batches")
-        os.mkdir(bdir)
-        for i, (xs, _, _) in enumerate(drawn):
-            _write_npz(os.path.join(bdir, "batch%d.npz" % i), names, xs)
-        report_path = os.path.join(tmp, "report.json")
-        cmd = ["run", path, "-i", bdir, "--policy", policy, "--format", "json", "-o", report_path, "--progress", "json",
-               "--autocast-device", device_type]
-        lib = _binary.onnxruntime_library()
-        if lib:
-            cmd += ["--ort-lib", lib]
-        if train_mode:
-            cmd += ["--mode", "train", "--loss", loss_name]
-            if loss_name != "output":
-                import numpy as np
-
-                tpath = os.path.join(tmp, "target.npy")
-                np.save(tpath, target0.cpu().numpy())
-                cmd += ["--target", tpath]
-            if axis or class_axis:
-                cmd += ["--class-axis", class_axis or axis]
-        if init_scale is not None:
-            cmd += ["--init-scale", "%d" % init_scale]
-        if max_memory:
-            cmd += ["--max-memory", str(max_memory)]
-        if not fixes:
-            cmd.append("--no-fixes")
-        cmd += list(extra_args)
-        code, stderr = _run_binary(cmd, progress)
+        key = _cache_key(torch, model, names, drawn, target0, exporter, train_mode, batch_axes, dynamic_axes, device) if cache else None
+        ex = _exp.CACHE.get(model, key) if key is not None else None
+        reused = ex is not None
+        if ex is not None:
+            # the same model, weights and shapes: it ran, and was exported
+            axes, out_names = ex.plan, ex.out_names
+        else:
+            with _left_as_it_was(model):
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        out = model(*args)
+                except Exception as e:
+                    raise BatchError("fp16audit.audit: the model does not run on the batch (inputs %s): %s: %s" % (
+                        _shapes(names, inputs0), type(e).__name__, e)) from e
+                outputs = _flatten(out)
+                if not outputs:
+                    raise ExportError("fp16audit.audit: %s.forward returns a %s, which holds no tensor: there is nothing to audit; "
+                                      "audit a module that returns the model's outputs as tensors" % (type(model).__name__, type(out).__name__))
+                out_names = [n for n, _ in outputs]
+                axes = _axes.plan(model, names, drawn, outputs, target0, batch_axes, dynamic_axes,
+                                  run=lambda xs: [t for _, t in _outputs(model, [x.to(device) for x in xs])])
+                del out, outputs
+                if train_mode:
+                    model.train()
+                ex = _export_into(model, args, names, out_names, exporter, train_mode, axes, axes.made_up, tmp, key)
+                ex.plan, ex.out_names = axes, out_names
+        used = drawn
+        if ex.static_fallback and axes.varying:
+            used = [d for d in drawn if all(tuple(x.shape) == tuple(x0.shape) for x, x0 in zip(d[0], inputs0))]
+            left = [str(i) for i, d in enumerate(drawn) if d not in used]
+            notes.append("batch%s %s left out: the model exports only with static shapes, and %s of batch 0's" % (
+                "es" if len(left) > 1 else "", ", ".join(left), "their shapes are not" if len(left) > 1 else "its shapes are not"))
+        code, stderr, report_path = _run(tmp, ex, names, used, policy, device_type, train_mode, loss_name, target0, axis,
+                                         class_axis, init_scale, max_memory, fixes, extra_args, progress)
+        retried = ""
+        if code not in (0, 1) and axes.made_up and ex.axes and not axes.varying and _SHAPE_TROUBLE.search(stderr):
+            # the dynamic axes the audit inferred may be what ONNX Runtime
+            # failed on (a trace that fixed a size they free): once more
+            # with static shapes before saying anything
+            with _left_as_it_was(model):
+                model.train(train_mode)
+                ex2 = _export_into(model, args, names, out_names, exporter, train_mode, None, False, tmp, key, sub="static")
+                ex2.plan, ex2.out_names = axes, out_names
+            code2, stderr2, report_path2 = _run(tmp, ex2, names, used, policy, device_type, train_mode, loss_name, target0, axis,
+                                                class_axis, init_scale, max_memory, fixes, extra_args, progress)
+            if code2 in (0, 1):
+                retried = ("the audit with the inferred dynamic axes failed in ONNX Runtime (%s): exported again with static "
+                           "shapes" % stderr.strip().splitlines()[-1][:300])
+                ex, code, stderr, report_path = ex2, code2, stderr2, report_path2
         if code not in (0, 1) or not os.path.exists(report_path):
-            raise AuditError("fp16audit run failed (exit %d): %s" % (code, stderr.strip() or "no message"))
+            msg = "fp16audit run failed (exit %d): %s" % (code, stderr.strip() or "no message")
+            if not re.search(r"library not found|pip install onnxruntime", stderr):
+                msg += (". The audit exported the model with the %s exporter, %s; if an axis is not the batch's, pass "
+                        "batch_axes= (an axis per input) or dynamic_axes=" % (ex.exporter, axes.describe()))
+            raise AuditError(msg)
         with open(report_path, encoding="utf-8") as f:
             doc = json.load(f)
         if stderr.strip():
@@ -727,6 +678,80 @@ def _audit(torch, model, batch, n_batches, n_inp, policy, loss, target, class_ax
             if not _cpu_note_said:
                 _cpu_note_said = True
                 print("fp16audit: " + _CPU_NOTE, file=sys.stderr)
-        return Report(doc, code, used, why, notes)
+        note = [ex.note] if ex.note else []
+        if (axes.made_up and any(a not in (0, None) for a in axes.batch.values())) or axes.how.startswith("no axis"):
+            note.append(axes.describe())
+        if retried:
+            note.append(retried)
+        if reused:
+            note.append("the export of an earlier audit of this model was reused (its weights, buffers, modules and hooks are "
+                        "unchanged; cache=False exports again)")
+        return Report(doc, code, ex.exporter, "; ".join(note), notes, batch_axes=axes.batch)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _export_into(model, args, names, out_names, exporter, train_mode, axes: Optional[_axes.Axes], made_up, tmp, key, sub="export"):
+    """Export into a folder of its own (kept by the cache when key says it
+    may be: no branch kept by the tracer) or into tmp."""
+    folder = tempfile.mkdtemp(prefix="fp16audit-export-") if key is not None else os.path.join(tmp, sub)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        # static_ok: a static export serves the batches of batch 0's
+        # shapes, and the audit leaves the others out (and says so)
+        ex = _exp.export(model, args, names, out_names, folder, exporter, train_mode, axes.dynamic if axes is not None else None,
+                         made_up, static_ok=True)
+    except BaseException:
+        if key is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if key is not None:
+        if ex.branches:
+            # this batch's branch: not for another audit; moved under tmp
+            # to go with it
+            dst = os.path.join(tmp, sub)
+            shutil.move(folder, dst)
+            ex.path = os.path.join(dst, os.path.relpath(ex.path, folder))
+        else:
+            _exp.CACHE.put(model, key, folder, ex)
+    return ex
+
+
+def _run(tmp, ex, names, drawn, policy, device_type, train_mode, loss_name, target0, axis, class_axis, init_scale, max_memory,
+         fixes, extra_args, progress) -> Tuple[int, str, str]:
+    """Write the batches and run the binary on ex's model: (exit code,
+    its stderr, the report's path)."""
+    bdir = os.path.join(tmp, "batches")
+    shutil.rmtree(bdir, ignore_errors=True)
+    os.mkdir(bdir)
+    # the inputs the export has (an input the trace never read is not one)
+    keep = [i for i, n in enumerate(names) if ex.inputs is None or n in ex.inputs]
+    for i, (xs, _, _) in enumerate(drawn):
+        _write_npz(os.path.join(bdir, "batch%d.npz" % i), [names[k] for k in keep], [xs[k] for k in keep])
+    report_path = os.path.join(tmp, "report.json")
+    if os.path.exists(report_path):
+        os.remove(report_path)
+    cmd = ["run", ex.path, "-i", bdir, "--policy", policy, "--format", "json", "-o", report_path, "--progress", "json",
+           "--autocast-device", device_type]
+    lib = _binary.onnxruntime_library()
+    if lib:
+        cmd += ["--ort-lib", lib]
+    if train_mode:
+        cmd += ["--mode", "train", "--loss", loss_name]
+        if loss_name != "output":
+            import numpy as np
+
+            tpath = os.path.join(tmp, "target.npy")
+            np.save(tpath, target0.cpu().numpy())
+            cmd += ["--target", tpath]
+        if axis or class_axis:
+            cmd += ["--class-axis", class_axis or axis]
+    if init_scale is not None:
+        cmd += ["--init-scale", "%d" % init_scale]
+    if max_memory:
+        cmd += ["--max-memory", str(max_memory)]
+    if not fixes:
+        cmd.append("--no-fixes")
+    cmd += list(extra_args)
+    code, stderr = _run_binary(cmd, progress)
+    return code, stderr, report_path

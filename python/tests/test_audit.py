@@ -6,6 +6,7 @@ onnxruntime package of the interpreter's environment (python/
 requirements-test.txt), else the binary's own search (.ort/).
 """
 
+import gc
 import os
 import signal
 import stat
@@ -95,15 +96,29 @@ class AuditTest(unittest.TestCase):
         ok = fp16audit.audit(m, standardized(raw_pixels()), progress=False)
         self.assertEqual(ok.verdict, "healthy", ok.verdict_text)
         self.assertIs(ok.raise_for_failure(), ok)
+        # what stays is the export, kept for the next audit of m while m
+        # lives (one: the second audit reused it), and it goes with m
+        left = os.listdir(private.path)
+        self.assertEqual(len(left), 1, left)
+        self.assertTrue(all(e.startswith("fp16audit-export-") for e in left), left)
+        self.assertIn("reused", ok.exporter_note)
+        del m
+        gc.collect()
         self.assertEqual(private.entries(), [], "audit left files in the temporary folder")
 
     def test_the_exporter_used_is_said(self):
-        r = fp16audit.audit(stem_cnn(gain=1.0), standardized(raw_pixels()), progress=False)
+        m, x = stem_cnn(gain=1.0), standardized(raw_pixels())
+        r = fp16audit.audit(m, x, progress=False)
+        self.assertEqual(r.exporter, "torchscript")  # the first choice: nothing to say
+        self.assertEqual(r.exporter_note, "")
         if audit_mod._has_dynamo(torch):
-            self.assertIn(r.exporter, ("dynamo", "torchscript"))
+            r = fp16audit.audit(m, x, exporter="dynamo", progress=False)
+            self.assertEqual(r.exporter, "dynamo")
         else:
-            self.assertEqual(r.exporter, "torchscript")
-            self.assertIn("no dynamo exporter", r.exporter_note)
+            with self.assertRaises(fp16audit.ExportError) as cm:
+                fp16audit.audit(m, x, exporter="dynamo", progress=False)
+            self.assertIn("no dynamo exporter", str(cm.exception))
+            self.assertIn("torch >= 2.5", str(cm.exception))
 
     def test_batches_as_dict_tuple_and_dataloader(self):
         class TwoInputs(nn.Module):
@@ -157,16 +172,31 @@ class AuditTest(unittest.TestCase):
             fp16audit.audit(m, raw_pixels(), policy="fp8")
 
     def test_a_model_no_exporter_can_write_says_which_and_what_to_try(self):
+        class Eigen(nn.Module):
+            # runs in PyTorch; no exporter has linalg_eigh
+            def forward(self, x):
+                return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
+
+        with self.assertRaises(fp16audit.ExportError) as cm:
+            fp16audit.audit(Eigen(), torch.randn(4, 4, 4), progress=False)
+        msg = str(cm.exception)
+        self.assertIn("torchscript: UnsupportedOperatorError: Exporting the operator 'aten::linalg_eigh'", msg)
+        self.assertIn("the model uses torch's linalg_eigh, which", msg)
+        if audit_mod._has_dynamo(torch):
+            self.assertIn("dynamo: DispatchError: No ONNX function found for <OpOverload(op='aten._linalg_eigh'", msg)
+        # nothing that has just failed, nor a smaller batch: size is not the problem
+        self.assertNotIn("exporter='torchscript'", msg)
+        self.assertNotIn("exporter='dynamo'", msg)
+        self.assertNotIn("smaller", msg)
+        self.assertNotIn("Next steps", msg)
+
+    def test_a_model_that_returns_no_tensor(self):
         class ReturnsAString(nn.Module):
-            # runs in PyTorch; neither exporter writes a str as an ONNX output
             def forward(self, x):
                 return "%.3f" % float(x.sum())
 
-        with self.assertRaises(fp16audit.ExportError) as cm:
+        with self.assertRaisesRegex(fp16audit.ExportError, r"ReturnsAString.forward returns a str, which holds no tensor"):
             fp16audit.audit(ReturnsAString(), torch.randn(2, 16), progress=False)
-        msg = str(cm.exception)
-        self.assertIn("torchscript:", msg)
-        self.assertIn("exporter='torchscript'", msg)
 
     def test_missing_and_foreign_binaries(self):
         saved = os.environ.get(_binary.BINARY_ENV)

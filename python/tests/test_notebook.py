@@ -5,9 +5,9 @@
 - a machine without CUDA is told once that fp16 was emulated, a fit the
   preflight stops hears nothing of CUDA, and the fixes name the
   device_type the model runs on;
-- fastai learners export with the dynamo exporter where torch has it and
-  the export holds (no BatchNorm in a train-mode audit), TorchScript with
-  the reason said otherwise;
+- fastai learners export with the TorchScript exporter (training mode:
+  BatchNorm with the batch's statistics), the dynamo exporter on request
+  with the reason it may be wrong said;
 - a projection cast to fp16 by the model itself and overflowing in the
   op right after the cast is explicit-half-cast;
 - bad input from a notebook: a model that branches on a tensor's value, a
@@ -154,23 +154,24 @@ class FastaiTest(support.TempDirMixin, unittest.TestCase):
         layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if bn else []) + [nn.ReLU(), nn.Linear(16, 4)]
         return Learner(dls, nn.Sequential(*layers), loss_func=CrossEntropyLossFlat()).to_fp16()
 
-    def test_a_learner_without_batchnorm_exports_with_dynamo(self):
-        torch2_only("no dynamo exporter")
+    def test_a_learner_exports_with_torchscript(self):
         learn = self.learner(bn=False)
         r = learn.fp16audit(progress=False)
         self.assertEqual(r.verdict, "healthy", r.verdict_text)
         self.assertEqual(r.training["mode"], "train")
-        self.assertEqual(r.exporter, "dynamo", r.exporter_note)
+        self.assertEqual(r.exporter, "torchscript", r.exporter_note)
 
-    def test_a_learner_with_batchnorm_says_why_torchscript(self):
+    def test_a_learner_with_batchnorm_asked_for_dynamo_says_why_not(self):
         learn = self.learner(bn=True)
         before, training = state(learn.model), learn.model.training
         r = learn.fp16audit(progress=False)
         self.assertEqual(r.exporter, "torchscript")
-        if HAS_DYNAMO:
-            self.assertIn("the model has BatchNorm layers (1)", r.exporter_note)  # by module path
-        else:
-            self.assertIn("no dynamo exporter", r.exporter_note)
+        self.assertEqual(r.exporter_note, "")
+        assert_unchanged(self, learn.model, before, training)
+        torch2_only("no dynamo exporter")
+        r = learn.fp16audit(progress=False, exporter="dynamo")
+        self.assertEqual(r.exporter, "dynamo")
+        self.assertIn("the model has BatchNorm layers (1)", r.exporter_note)  # by module path
         assert_unchanged(self, learn.model, before, training)
 
     def test_a_learners_fixes_name_cuda(self):
