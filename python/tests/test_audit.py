@@ -263,6 +263,11 @@ class AuditTest(unittest.TestCase):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)  # the KeyboardInterrupt arrives here
 
+        # Python turns SIGINT into KeyboardInterrupt only where it started
+        # with SIGINT handled: a test run started in the background of a
+        # non-interactive shell inherits it ignored (POSIX), a terminal's
+        # or Jupyter's process does not.
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
         saved = audit_mod._Progress.update
         audit_mod.subprocess.Popen, audit_mod._Progress.update = popen, interrupt
         try:
