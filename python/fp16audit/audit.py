@@ -30,6 +30,7 @@ import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _axes, _binary
+from ._document import Document
 from . import _export as _exp
 from ._axes import BatchAxes
 
@@ -72,7 +73,7 @@ class AuditFailure(AssertionError):
 
 # -- the report ---------------------------------------------------------------
 
-class Report:
+class Report(Document):
     """What the binary found, from its JSON document (`Report.json`).
 
     `verdict` and `verdict_text` say what will happen under the policy;
@@ -87,16 +88,14 @@ class Report:
     as the export has it (None: none).
     """
 
+    render_error = AuditError
+
     def __init__(self, document: Dict[str, Any], exit_code: int, exporter: str, exporter_note: str = "",
                  notes: Sequence[str] = (), batch_axes: Optional[Mapping[str, Optional[int]]] = None):
-        self.json = document
-        self.exit_code = exit_code
+        super().__init__(document, exit_code, notes)
         self.exporter = exporter
         self.exporter_note = exporter_note
-        self.notes = list(notes)
         self.batch_axes: Dict[str, Optional[int]] = dict(batch_axes or {})
-        self._text: Optional[str] = None
-        self._html: Optional[str] = None
 
     verdict = property(lambda self: self.json.get("verdict"))
     verdict_text = property(lambda self: self.json.get("verdict_text"))
@@ -126,33 +125,6 @@ class Report:
         if not self.ok:
             raise AuditFailure(self)
         return self
-
-    def render(self, fmt: str = "text") -> str:
-        """The report as the binary renders it: text, markdown, html or json."""
-        if fmt == "json":
-            return json.dumps(self.json, indent=1)
-        # the notes of the Python side (how the model was exported, that
-        # fp16 was emulated on a CPU) are shown with the binary's own
-        doc = dict(self.json, notes=list(self.json.get("notes") or []) + self.notes)
-        with tempfile.TemporaryDirectory(prefix="fp16audit-") as tmp:
-            path = os.path.join(tmp, "report.json")
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            p = subprocess.run([_binary.find_binary(), "render", path, "--format", fmt, "--no-color"],
-                               capture_output=True, text=True)
-        if p.returncode != 0:
-            raise AuditError("fp16audit render --format %s: %s" % (fmt, p.stderr.strip()))
-        return p.stdout
-
-    def __str__(self) -> str:
-        if self._text is None:
-            self._text = self.render("text")
-        return self._text
-
-    def _repr_html_(self) -> str:
-        if self._html is None:
-            self._html = self.render("html")
-        return self._html
 
     def __repr__(self) -> str:
         return "<fp16audit.Report %s (%s, %s%s)>" % (self.verdict, self.policy, "ok" if self.ok else "fails",

@@ -751,7 +751,8 @@ class CaptureCore:
             return self._write_model(tmp, em, trigger, step, detail, loss, scale, epoch, iter, step_applied)
 
     def _write_model(self, tmp, em, trigger, step, detail, loss, scale, epoch, iter, step_applied) -> Dict[str, Any]:
-        from .audit import _arrange_dict, _dynamic_axes, _export, _input_names, _output_names
+        from . import _axes
+        from .audit import _arrange_dict, _export, _input_names, _outputs
 
         torch = _torch()
         files: Dict[str, Dict[str, Any]] = {}
@@ -797,9 +798,12 @@ class CaptureCore:
         args = [x.detach().to("cpu") for x in xs]
         if any(a.is_floating_point() and a.dtype != torch.float32 for a in args):
             args = [a.float() if a.is_floating_point() else a for a in args]
-        out_names = _output_names(em, args)
-        axes = _dynamic_axes(names, [(xs, None, None)])
-        exporter, _why = _export(em, args, names, out_names, os.path.join(tmp, "model.onnx"), self.capture.exporter, True, axes)
+        # the batch axis of each input as audit() finds it (an LSTM's (h0, c0)
+        # holds the batch on axis 1), so the capture replays other batches too
+        outputs = _outputs(em, args)
+        out_names = [n for n, _ in outputs]
+        axes = _axes.plan(em, names, [(args, t, None)], outputs, t, run=lambda ys: [o for _, o in _outputs(em, ys)])
+        exporter, _why = _export(em, args, names, out_names, os.path.join(tmp, "model.onnx"), self.capture.exporter, True, axes.dynamic)
         _share_weights(tmp, "model.onnx", "state/model.safetensors")
         for fn in sorted(os.listdir(tmp)):
             p = os.path.join(tmp, fn)

@@ -33,11 +33,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _binary
+from ._document import Document
 
 __all__ = ["replay", "ReplayReport", "ReplayError", "continue_from", "CONTINUATION_FIXES"]
 
@@ -49,7 +49,7 @@ class ReplayError(RuntimeError):
     """The replay could not run: the binary refused the capture, or a continuation could not be set up."""
 
 
-class ReplayReport:
+class ReplayReport(Document):
     """What `fp16audit replay` found, from its JSON document (`ReplayReport.json`).
 
     `verdict` and `verdict_text` say what happened at the captured step;
@@ -59,12 +59,7 @@ class ReplayReport:
     PyTorch's words; `continuations` the runs from the captured state.
     """
 
-    def __init__(self, document: Dict[str, Any], exit_code: int, notes: Sequence[str] = ()) -> None:
-        self.json = document
-        self.exit_code = exit_code
-        self.notes = list(notes)
-        self._text: Optional[str] = None
-        self._html: Optional[str] = None
+    render_error = ReplayError
 
     verdict = property(lambda self: self.json.get("verdict"))
     verdict_text = property(lambda self: self.json.get("verdict_text"))
@@ -82,30 +77,6 @@ class ReplayReport:
     def working_fixes(self) -> List[Dict[str, Any]]:
         """The fixes verified to hold."""
         return [f for f in self.fixes if f.get("works")]
-
-    def render(self, fmt: str = "text") -> str:
-        """The report as the binary renders it: text, markdown, html or json."""
-        if fmt == "json":
-            return json.dumps(self.json, indent=1)
-        doc = dict(self.json, notes=list(self.json.get("notes") or []) + self.notes)
-        with tempfile.TemporaryDirectory(prefix="fp16audit-") as tmp:
-            path = os.path.join(tmp, "replay.json")
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            p = subprocess.run([_binary.find_binary(), "render", path, "--format", fmt, "--no-color"], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise ReplayError("fp16audit render --format %s: %s" % (fmt, p.stderr.strip()))
-        return p.stdout
-
-    def __str__(self) -> str:
-        if self._text is None:
-            self._text = self.render("text")
-        return self._text
-
-    def _repr_html_(self) -> str:
-        if self._html is None:
-            self._html = self.render("html")
-        return self._html
 
     def __repr__(self) -> str:
         c = self.capture
