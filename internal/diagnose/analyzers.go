@@ -333,8 +333,8 @@ func constantFinding(f *evidence.Facts, ni int, c string, v float64, reach strin
 	if evidence.DtypeAwareLimit(v) {
 		consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
 	}
-	if f.WeightConstant(report.Origin{Index: ni, Cause: report.CauseConstant, Constant: c}) {
-		return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, weightFindingText(moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), c, v, p.String(), reach))
+	if w, ok := f.WeightConstant(report.Origin{Index: ni, Cause: report.CauseConstant, Constant: c}); ok {
+		return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, weightFindingText(moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), w, v, p.String(), reach))
 	}
 	return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
 		moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), c, fmtConst(v), p, infWord(v), consequence, reach))
