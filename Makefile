@@ -304,7 +304,9 @@ fixtures-torch2:
 # fixtures-trained regenerates issue 41's front-door fixtures: trained-
 # BatchNorm CNNs, folded and as fp16audit.audit() exports them
 # (fixtures/torch/cases_trained.py), and recurrent and sequence-first models
-# with their state (cases_stateful.py); the TorchScript families with
+# with their state (cases_stateful.py), and models whose chunk and split
+# the dynamo exporter without its optimizer writes as sequences
+# (cases_seq.py); the TorchScript families with
 # Debian's torch 1.13 (PYTHON_TORCH, which needs python3-onnx), the dynamo
 # families with the torch 2.x of make test-torch2's virtualenv, each with
 # that torch's truth.
@@ -313,6 +315,7 @@ fixtures-trained: torch2-venv
 	$(PYTHON_TORCH) fixtures/torch/realcases.py --family stateful --out fixtures/torch/cases_stateful
 	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family trained --exporter dynamo --out fixtures/torch/cases_trained_dynamo
 	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family stateful --exporter dynamo --out fixtures/torch/cases_stateful_dynamo
+	$(TORCH2_TEST_VENV)/bin/python -W ignore fixtures/torch/realcases.py --family seq --exporter dynamo --out fixtures/torch/cases_seq_dynamo
 
 proto:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

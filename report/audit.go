@@ -183,6 +183,13 @@ type Origin struct {
 	// (cause constant) and ConstantValue is its most extreme element.
 	Constant      string   `json:"constant,omitempty"`
 	ConstantValue *float64 `json:"constant_value,omitempty"`
+	// Weight names the initializer a constant origin's constant is when
+	// it is a trainable weight, not a value the model writes: an
+	// initializer an op autocast computes in lower precision takes,
+	// directly or through the exporter's Identity or Transpose (the
+	// exporter's own transposed copy, val_N, is named as it is). A
+	// parameter that outgrew fp16 in training. Added within v1.2.
+	Weight string `json:"weight,omitempty"`
 	// Affected lists the downstream nodes whose outputs became NaN/Inf, and
 	// AffectedOutputs the graph outputs among their values.
 	Affected        []string `json:"affected"`

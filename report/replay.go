@@ -170,9 +170,13 @@ type Culprit struct {
 	Value  string `json:"value"`
 	// FP32MaxAbs is max |x| of Value in fp32 at the captured weights.
 	FP32MaxAbs *float64 `json:"fp32_max_abs"`
-	// Weight is the parameter past fp16's range for a weight culprit;
-	// WeightMaxAbs its largest |w|.
+	// Weight is the parameter past fp16's range for a weight culprit,
+	// named as the capture's state names it (model.state_dict()) where
+	// the state holds it, else as the graph does; Initializer is the
+	// graph's initializer where it is another (the exporter's transposed
+	// copy, val_N: added within v1); WeightMaxAbs its largest |w|.
 	Weight       string   `json:"weight,omitempty"`
+	Initializer  string   `json:"initializer,omitempty"`
 	WeightMaxAbs *float64 `json:"weight_max_abs,omitempty"`
 	// Batches lists the captured batches on which it goes non-finite:
 	// "failing", "previous".

@@ -138,14 +138,10 @@ func Replay(ctx context.Context, rc ReplayConfig) (*report.ReplayReport, error) 
 	if in.Log, err = lr.log, lr.err; err != nil {
 		return nil, &UsageError{Err: err}
 	}
-	names, err := c.StateNames()
-	if err != nil {
+	if in.State, err = c.StateShapes(); err != nil {
 		return nil, &UsageError{Err: fmt.Errorf("capture %s: %w", rc.Capture, err)}
 	}
-	in.Parameters = map[string]bool{}
-	for _, n := range names {
-		in.Parameters[n] = true
-	}
+	in.Model = a.model.Index
 	if err := verified(); err != nil {
 		return nil, err
 	}

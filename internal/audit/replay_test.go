@@ -3,7 +3,9 @@ package audit_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,6 +45,43 @@ type capTruth struct {
 	} `json:"fp16_backward"`
 	LargestFiniteExp *int               `json:"largest_finite_exp"`
 	LostMass         map[string]float64 `json:"lost_mass"`
+	// WeightsBeyondFP16 are the parameters autocast's cast makes
+	// infinite (|w| >= 65520), by their state names (absent from the
+	// truth of runs made before it was recorded: none).
+	WeightsBeyondFP16 []string `json:"weights_beyond_fp16"`
+}
+
+// stateMaxAbs is max |w| of the float32 tensor name in a capture's
+// state/model.safetensors, which the recorder wrote from the model's
+// state_dict at the captured step; -1 where the state lacks it.
+func stateMaxAbs(t *testing.T, capDir, name string) float64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(capDir, "state", "model.safetensors"))
+	if err != nil || len(data) < 8 {
+		t.Fatalf("state of %s: %v", capDir, err)
+	}
+	n := binary.LittleEndian.Uint64(data[:8])
+	var header map[string]json.RawMessage
+	if err := json.Unmarshal(data[8:8+n], &header); err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := header[name]
+	if !ok {
+		return -1
+	}
+	var e struct {
+		DType   string  `json:"dtype"`
+		Offsets []int64 `json:"data_offsets"`
+	}
+	if err := json.Unmarshal(raw, &e); err != nil || e.DType != "F32" || len(e.Offsets) != 2 {
+		t.Fatalf("state tensor %s: %s (%v)", name, raw, err)
+	}
+	m := 0.0
+	body := data[8+n:]
+	for off := e.Offsets[0]; off < e.Offsets[1]; off += 4 {
+		m = math.Max(m, math.Abs(float64(math.Float32frombits(binary.LittleEndian.Uint32(body[off:])))))
+	}
+	return m
 }
 
 func readRunTruth(t *testing.T, dir string) runTruth {
@@ -91,8 +130,24 @@ func TestReplayRuns(t *testing.T) {
 					if cu == nil || c.FP16Forward.Reaching == nil || cu.Module != *c.FP16Forward.Reaching {
 						t.Errorf("culprit %+v; PyTorch's first module whose Inf reaches the loss is %v", cu, deref(c.FP16Forward.Reaching))
 					}
-					if cu != nil && (cu.FP32MaxAbs == nil || *cu.FP32MaxAbs <= 65504) {
-						t.Errorf("culprit's fp32 max %v: want past 65504", cu.FP32MaxAbs)
+					beyond := c.WeightsBeyondFP16
+					if beyond == nil && cu != nil && cu.Kind == report.CulpritWeight {
+						// a run recorded before the truth listed them:
+						// the weight as PyTorch saved it at the step
+						if stateMaxAbs(t, filepath.Join(dir, filepath.FromSlash(c.Capture)), cu.Weight) >= 65520 {
+							beyond = []string{cu.Weight}
+						}
+					}
+					switch {
+					case cu == nil:
+					case len(beyond) > 0:
+						// a weight past fp16: PyTorch's autocast casts the
+						// master weight, whatever the activations
+						if cu.Kind != report.CulpritWeight || !slices.Contains(beyond, cu.Weight) || cu.WeightMaxAbs == nil || *cu.WeightMaxAbs < 65520 {
+							t.Errorf("culprit %s %s (graph %q, max |w| %v); PyTorch's weights past fp16 are %v", cu.Kind, cu.Weight, cu.Initializer, cu.WeightMaxAbs, beyond)
+						}
+					case cu.Kind != report.CulpritActivation || cu.FP32MaxAbs == nil || *cu.FP32MaxAbs <= 65504:
+						t.Errorf("culprit %s, fp32 max %v: want an activation past 65504", cu.Kind, cu.FP32MaxAbs)
 					}
 					if cu != nil && len(cu.Earlier) == 0 {
 						t.Errorf("no logged magnitude before the capture; the log's telemetry has the module's forward maxima")

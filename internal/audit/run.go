@@ -325,7 +325,9 @@ func (a *audit) plan(device string) error {
 			continue
 		}
 		for _, o := range g.Node[ni].Output {
-			if t := upIdx.ElemType(o); o != "" && (onnx.IsFloatType(t) || t == 0) {
+			// a sequence or an optional holds no statistics of its own:
+			// the tensors taken out of it are observed
+			if t := upIdx.ElemType(o); o != "" && upIdx.Tensor(o) && (onnx.IsFloatType(t) || t == 0) {
 				names = append(names, o)
 			}
 		}
@@ -349,7 +351,7 @@ func (a *audit) plan(device string) error {
 		Inputs:  batch.Names(a.specs),
 		Session: onnxrt.SessionOptions{Threads: a.cfg.Threads, Device: device, ExternalDataDir: a.model.Dir, Optimization: Optimization},
 		Order:   a.static.Order, Nodes: len(g.Node),
-		Observe: names, ElemType: upIdx.ElemType,
+		Observe: names, ElemType: upIdx.ElemType, Contents: upIdx.Contents(),
 		MaxMemory: a.cfg.MaxMemory, Progress: a.cfg.Progress, ModelFile: a.model.Path,
 		Outputs: kinds,
 	}

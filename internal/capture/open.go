@@ -717,10 +717,10 @@ func checkModel(c *Capture, add func(Problem)) map[string]bool {
 	return used
 }
 
-// StateNames returns the names of the tensors in the model's state (its
-// parameters and buffers), read from the safetensors header; nil without
-// a state file.
-func (c *Capture) StateNames() ([]string, error) {
+// StateShapes returns the tensors of the model's state (its parameters
+// and buffers, named as model.state_dict() names them) with their
+// shapes, read from the safetensors header; nil without a state file.
+func (c *Capture) StateShapes() (map[string][]int64, error) {
 	if c.Manifest.Model.State == "" {
 		return nil, nil
 	}
@@ -745,12 +745,18 @@ func (c *Capture) StateNames() ([]string, error) {
 	if err := json.Unmarshal(bytes.TrimRight(hb, " "), &header); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.Manifest.Model.State, err)
 	}
-	names := make([]string, 0, len(header))
-	for k := range header {
-		if k != "__metadata__" {
-			names = append(names, k)
+	shapes := make(map[string][]int64, len(header))
+	for k, raw := range header {
+		if k == "__metadata__" {
+			continue
 		}
+		var e struct {
+			Shape []int64 `json:"shape"`
+		}
+		if err := json.Unmarshal(raw, &e); err != nil {
+			return nil, fmt.Errorf("%s: tensor %q: %w", c.Manifest.Model.State, k, err)
+		}
+		shapes[k] = e.Shape
 	}
-	sort.Strings(names)
-	return names, nil
+	return shapes, nil
 }

@@ -128,9 +128,14 @@ func TestOpenFixture(t *testing.T) {
 	if err != nil || l == nil || len(l.Steps) == 0 || len(l.Telemetry) == 0 {
 		t.Fatalf("log %+v, %v", l, err)
 	}
-	names, err := c.StateNames()
-	if err != nil || len(names) == 0 {
-		t.Errorf("state names %v, %v", names, err)
+	shapes, err := c.StateShapes()
+	if err != nil || len(shapes) == 0 {
+		t.Errorf("state %v, %v", shapes, err)
+	}
+	for name, s := range shapes {
+		if len(s) == 0 && !strings.HasSuffix(name, "num_batches_tracked") {
+			t.Errorf("state tensor %s without a shape", name)
+		}
 	}
 }
 

@@ -118,7 +118,7 @@ func TestLintConfigPrecedence(t *testing.T) {
 	os.MkdirAll(filepath.Join(repo, ".git"), 0o755)
 	ln := writeModel(t, filepath.Join(repo, "models", "ln.onnx"), lnGraph())
 	cast := writeModel(t, filepath.Join(repo, "models", "cast.onnx"), castGraph())
-	cfg := writeFile(t, filepath.Join(repo, configName), "policy = \"half\"\nfail_on = \"error\"\nchecks = \"all,-FP4002\"\n")
+	cfg := writeFile(t, filepath.Join(repo, configName), "policy = \"half\"\nfail_on = \"warning\"\nchecks = \"all,-FP4002\"\n")
 
 	code, out, _ := runMain(t, "lint", ln)
 	if code != exitFindings || !strings.Contains(out, "error FP4005") || !strings.Contains(out, "policy half, checks all,-FP4002, config") {
@@ -129,11 +129,11 @@ func TestLintConfigPrecedence(t *testing.T) {
 		t.Errorf("--policy beats the config: exit %d\n%s", code, out)
 	}
 	code, out, _ = runMain(t, "lint", cast)
-	if code != exitOK || !strings.Contains(out, "warning FP4003") {
-		t.Errorf("config fail_on error: a warning must pass: exit %d\n%s", code, out)
+	if code != exitFindings || !strings.Contains(out, "warning FP4003") {
+		t.Errorf("config fail_on warning: a warning must fail: exit %d\n%s", code, out)
 	}
-	code, _, _ = runMain(t, "lint", cast, "--fail-on", "warning")
-	if code != exitFindings {
+	code, _, _ = runMain(t, "lint", cast, "--fail-on", "error")
+	if code != exitOK {
 		t.Errorf("--fail-on beats the config: exit %d", code)
 	}
 	code, out, _ = runMain(t, "lint", ln, "--checks", "all,-FP4005")

@@ -31,7 +31,11 @@ func cmdLint(args []string, stdout, stderr io.Writer) int {
 		"  fp16audit lint models/*.onnx --policy half --checks all,-FP4002 --format sarif --output fp16audit.sarif", stdout)
 	fs.StringVar(&o.policy, "policy", precision.DefaultPolicy, "precision policy: "+policyNames())
 	fs.StringVar(&o.checks, "checks", "all", "checks to run: comma-separated IDs, prefixes such as FP4* and all, each optionally negated with -; later entries win")
-	fs.StringVar(&o.failOn, "fail-on", "warning", "exit 1 when a finding reaches this severity: error, warning or never")
+	// error, as for run and scales: a warning is what a graph cannot tell
+	// (a torch.finfo(x.dtype).min an fp32 export writes as float32's,
+	// a BatchNorm folded away), shown but no reason to refuse a commit of
+	// the fix FP4004 itself recommends; --fail-on warning is the strict gate
+	fs.StringVar(&o.failOn, "fail-on", "error", "exit 1 when a finding reaches this severity: error, warning or never")
 	fs.StringVar(&o.format, "format", "text", "output format: "+strings.Join(lintFormats, ", "))
 	fs.StringVarP(&o.output, "output", "o", "", "write the findings to FILE instead of stdout")
 	if done, code := parseFlags(fs, args, stderr); done {

@@ -84,16 +84,16 @@ func TestLintExitCodes(t *testing.T) {
 		err  string // in stderr
 	}{
 		{"clean", []string{clean}, 0, "0 errors, 0 warnings, 0 info (policy autocast-fp16)", ""},
-		{"warning fails by default", []string{cast}, 1, `warning FP4003: node "/block/Cast" (module block) casts "x" to FLOAT16`, ""},
-		{"fail-on error", []string{cast, "--fail-on", "error"}, 0, "1 warning", ""},
+		{"warning shown, passes by default", []string{cast}, 0, `warning FP4003: node "/block/Cast" (module block) casts "x" to FLOAT16`, ""},
+		{"fail-on warning", []string{cast, "--fail-on", "warning"}, 1, "1 warning", ""},
 		{"info under autocast", []string{ln}, 0, "info FP4005", ""},
 		{"error under half", []string{ln, "--policy", "half"}, 1, `error FP4005: node "/encoder/norm/LayerNormalization" (module encoder.norm) has LayerNormalization epsilon=1e-12`, ""},
 		{"fail-on never", []string{ln, "--policy", "half", "--fail-on", "never"}, 0, "1 error", ""},
 		{"checks deselects", []string{cast, "--checks", "all,-FP4003"}, 0, "checks all,-FP4003", ""},
 		{"checks selects", []string{ln, cast, "--policy", "half", "--checks", "FP4005"}, 1, "ln.onnx: error FP4005", ""},
-		{"several models, worst code", []string{clean, cast}, 1, "clean.onnx: 0 errors", ""},
+		{"several models, worst code", []string{clean, ln, "--policy", "half"}, 1, "clean.onnx: 0 errors", ""},
 		{"load failure", []string{empty}, 3, "empty.onnx: not linted", "file is empty"},
-		{"load failure beats findings", []string{cast, empty, clean}, 3, "cast.onnx: warning FP4003", "empty.onnx"},
+		{"load failure beats findings", []string{cast, empty, clean, "--fail-on", "warning"}, 3, "cast.onnx: warning FP4003", "empty.onnx"},
 		{"missing file", []string{filepath.Join(dir, "nope.onnx")}, 3, "", "does not exist"},
 		{"no model", nil, 2, "", "want at least one MODEL"},
 		{"bad policy", []string{clean, "--policy", "fp8"}, 2, "", "autocast-fp16"},
@@ -159,7 +159,7 @@ func TestLintJSON(t *testing.T) {
 		t.Fatalf("document: %s", data)
 	}
 	m := doc.Models[0]
-	if m.Path != ln || m.Policy != "half" || m.Checks != "all" || m.FailOn != "warning" || len(m.Findings) != 1 {
+	if m.Path != ln || m.Policy != "half" || m.Checks != "all" || m.FailOn != "error" || len(m.Findings) != 1 {
 		t.Fatalf("model 0: %+v", m)
 	}
 	f := m.Findings[0]
@@ -175,7 +175,7 @@ func TestLintSARIF(t *testing.T) {
 	dir := t.TempDir()
 	cast := writeModel(t, filepath.Join(dir, "a model.onnx"), castGraph())
 	t.Chdir(dir)
-	code, out, _ := runMain(t, "lint", "--format", "sarif", filepath.Base(cast))
+	code, out, _ := runMain(t, "lint", "--format", "sarif", "--fail-on", "warning", filepath.Base(cast))
 	if code != exitFindings {
 		t.Fatalf("exit %d", code)
 	}
@@ -290,14 +290,24 @@ func TestGitHook(t *testing.T) {
 	git("add", ".")
 	commit(true, "")
 
+	// a warning is shown, and the default gate (error) lets it through
 	writeModel(t, filepath.Join(repo, "models", "cast.onnx"), castGraph())
 	git("add", ".")
-	commit(false, `models/cast.onnx: warning FP4003: node "/block/Cast"`)
+	commit(true, `models/cast.onnx: warning FP4003: node "/block/Cast"`)
 
-	// The repository's config lowers the gate to errors; the hook finds it
-	// from the model's folder.
-	os.WriteFile(filepath.Join(repo, configName), []byte("fail_on = \"error\"\n"), 0o644)
+	// The repository's config raises the gate to warnings; the hook finds
+	// it from the model's folder.
+	os.WriteFile(filepath.Join(repo, configName), []byte("fail_on = \"warning\"\n"), 0o644)
+	writeModel(t, filepath.Join(repo, "models", "cast2.onnx"), castGraph())
 	git("add", ".")
+	commit(false, `models/cast2.onnx: warning FP4003: node "/block/Cast"`)
+
+	// Back at the default gate, an error refuses the commit.
+	os.WriteFile(filepath.Join(repo, configName), []byte("policy = \"half\"\n"), 0o644)
+	writeModel(t, filepath.Join(repo, "models", "ln.onnx"), lnGraph())
+	git("add", ".")
+	commit(false, `models/ln.onnx: error FP4005`)
+	git("rm", "-q", "--cached", "models/ln.onnx")
 	commit(true, "")
 }
 

@@ -357,6 +357,9 @@ func fp32Pass(c Case) ([]*tensor.Tensor, error) {
 			continue
 		}
 		for _, o := range n.Output {
+			if !upIdx.Tensor(o) {
+				continue // a sequence's tensors are observed where they are taken out
+			}
 			switch upIdx.ElemType(o) {
 			case int32(onnx.TensorProto_FLOAT), int32(onnx.TensorProto_DOUBLE), int32(onnx.TensorProto_FLOAT16), int32(onnx.TensorProto_BFLOAT16):
 				names = append(names, o)

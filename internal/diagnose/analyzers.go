@@ -312,10 +312,19 @@ func runConstantOrigins(f *evidence.Facts) ([]checks.Finding, error) {
 	return out, nil
 }
 
-// finfoFinding is FP4004's warning where the emulated pass reads a number
-// torch.finfo(dtype) wrote as its format's limit.
+// finfoFinding is FP4004 where the emulated pass reads a number
+// torch.finfo(dtype) wrote as its format's limit: a warning, since the
+// graph cannot tell it from a hard-coded torch.finfo(torch.float32), and
+// information where the reader's line of Python asks the dtype.
 func finfoFinding(f *evidence.Facts, w rewrite.FinfoFill) checks.Finding {
 	n := f.Graph().Node[w.Node]
+	if w.Asked {
+		fd := nodeFinding(f, lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, and its line asks the dtype (%s): %s's own limit %.6g at run time, which the %s pass writes too",
+			moduleOr(onnx.ModulePath(n), f.NodeName(w.Node)), n.OpType, f.NodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
+			onnx.SourceLine(n), w.Precision, w.Limit(), f.Main))
+		fd.Severity = checks.SevInfo
+		return fd
+	}
 	fd := nodeFinding(f, lint.CheckConstRange, w.Node, w.Constant, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s: %s; the %s pass writes that limit too. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
 		moduleOr(onnx.ModulePath(n), f.NodeName(w.Node)), n.OpType, f.NodeName(w.Node), w.Constant, fmtConst(w.Value), w.Precision,
 		lint.FillAt(n, w.Slot).DtypeAware(w.Precision, w.Value, w.Limit()), f.Main))
@@ -333,8 +342,8 @@ func constantFinding(f *evidence.Facts, ni int, c string, v float64, reach strin
 	if evidence.DtypeAwareLimit(v) {
 		consequence = "that is torch.finfo(x.dtype).min/max as an fp32 export writes it: code that asks the dtype writes " + p.String() + "'s limit under autocast instead and is fine; a hard-coded torch.finfo(torch.float32).min is not (" + consequence + ")"
 	}
-	if f.WeightConstant(report.Origin{Index: ni, Cause: report.CauseConstant, Constant: c}) {
-		return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, weightFindingText(moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), c, v, p.String(), reach))
+	if w, ok := f.WeightConstant(report.Origin{Index: ni, Cause: report.CauseConstant, Constant: c}); ok {
+		return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, weightFindingText(moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), w, v, p.String(), reach))
 	}
 	return nodeFinding(f, lint.CheckConstRange, ni, c, f.Main, fmt.Sprintf("%s (%s, %s) writes %s = %s into a value held in %s, where it is %s; %s; %s. Use torch.finfo(x.dtype).min (or .max) instead of a fixed constant",
 		moduleOr(onnx.ModulePath(n), f.NodeName(ni)), n.OpType, f.NodeName(ni), c, fmtConst(v), p, infWord(v), consequence, reach))

@@ -418,7 +418,7 @@ func overflowVerdict(ctx context.Context, f *evidence.Facts, d *Diagnosis, run f
 		d.Verdict = report.VerdictOverflow
 		d.VerdictText = fmt.Sprintf("%s (%s) writes the constant %s = %s into a %s value, and the %s reaches %s: use torch.finfo(x.dtype).min instead of a fixed value",
 			moduleOr(o.Module, o.Node), o.OpType, o.Constant, fmtConst(*o.ConstantValue), o.Precision, infWord(*o.ConstantValue), strings.Join(o.AffectedOutputs, ", "))
-		if f.WeightConstant(o) {
+		if o.Weight != "" {
 			d.VerdictText = weightVerdictText(o)
 		}
 	case len(overflows) > 0:

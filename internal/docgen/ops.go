@@ -93,7 +93,8 @@ func opsPage(files Files) error {
 		"Flags: `random` draws random numbers, `epsilon` has an epsilon attribute, `subgraphs` runs graphs of its own, " +
 		"`data-shaped` has outputs shaped by input values, `half: fp16` computes in fp16 under `model.half()` whatever it is fed, " +
 		"`half: fp32` stays fp32 under fastai's `model.half()`, `chooses` is a data-dependent selection, `gathers` reads at chosen indices, " +
-		"`fill` is what a PyTorch fill exports as.\n\n")
+		"`fill` is what a PyTorch fill exports as, `holds` says what its outputs are when they are not tensors (sequences, optionals, maps; " +
+		"`input`: what its first input is; `element`: what is inside its first input), which are never rounded, cast or observed themselves.\n\n")
 	b.WriteString("## Operators\n\n| op | domain | autocast | output type | shape rule | gradient rule | roles | flags |\n|---|---|---|---|---|---|---|---|\n")
 	for _, o := range all {
 		dom := o.Domain
@@ -119,6 +120,9 @@ func opsPage(files Files) error {
 		}
 		if o.Fill != "" {
 			flags = append(flags, "fill: "+o.Fill)
+		}
+		if o.Holds != ops.HoldsTensors {
+			flags = append(flags, "holds: "+strings.ToLower(strings.TrimPrefix(name("Holds", int(o.Holds)), "Holds")))
 		}
 		typ := name("Type", int(o.Type))
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", o.Name, dom, autocast[name("Autocast", int(o.Autocast))],

@@ -51,7 +51,15 @@ type profile struct {
 	constant []bool
 	// unknown is the number of values of unknown size (counted as 0).
 	unknown int
+	// held[j] is the number of sequences and optionals among what a cut
+	// before position j would hand on: ONNX Runtime hands a later block
+	// tensors only, so no cut goes where one is (see cuttable).
+	held []int
 }
+
+// cuttable reports whether a cut before position j hands on tensors
+// only.
+func (p *profile) cuttable(j int) bool { return j >= len(p.held) || p.held[j] == 0 }
 
 // newProfile measures g's values of shapes sh along idx's order; weight
 // gives the memory a session holds for an initializer.
@@ -59,8 +67,8 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 	order := idx.Order()
 	n := len(order)
 	p := &profile{order: order, live: make([]int64, n), cross: make([]int64, n+1), count: make([]int, n+1),
-		inits: make([][]string, n), bytes: map[string]int64{}, constant: make([]bool, n)}
-	size := func(name string) (int64, bool) {
+		inits: make([][]string, n), bytes: map[string]int64{}, constant: make([]bool, n), held: make([]int, n+1)}
+	tensorSize := func(name string) (int64, bool) {
 		s, ok := sh[name]
 		if !ok {
 			return 0, false
@@ -70,6 +78,27 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 			es = 4
 		}
 		return tensor.NumElements(s) * es, true
+	}
+	// A sequence holds copies of the tensors put into it (ONNX Runtime's
+	// SplitToSequence copies its pieces out).
+	contents := idx.Contents()
+	size := func(name string) (int64, bool) {
+		if idx.Tensor(name) {
+			return tensorSize(name)
+		}
+		held, ok := contents[name]
+		if !ok || len(held) == 0 {
+			return 0, false
+		}
+		var total int64
+		for _, v := range held {
+			b, ok := tensorSize(v)
+			if !ok {
+				return 0, false
+			}
+			total += b
+		}
+		return total, true
 	}
 	// Constants (a weight's Identity, a Constant, shapes of weights) are
 	// computed again in every block that reads them: they neither cross a
@@ -134,6 +163,12 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 					p.cross[last+1] -= b
 					p.count[last+1]--
 				}
+				if !idx.Tensor(o) {
+					p.held[j+1]++
+					if last < n {
+						p.held[last+1]--
+					}
+				}
 			}
 		}
 		p.live[j] = live
@@ -150,6 +185,7 @@ func newProfile(g *onnx.GraphProto, idx *onnx.Index, sh map[string][]int64, weig
 	for j := 1; j <= n; j++ {
 		p.cross[j] += p.cross[j-1]
 		p.count[j] += p.count[j-1]
+		p.held[j] += p.held[j-1]
 	}
 	return p
 }
@@ -286,7 +322,8 @@ const blockMargin = 1.1
 // cut chooses the blocks for runs of step samples: each block as long as
 // the budget allows, ended at the cut within it where the fewest values
 // cross (the latest of equals), so that a transformer is cut between its
-// layers. It fails when a single node does not fit.
+// layers, and never where a sequence or an optional crosses. It fails
+// when a single node does not fit.
 func (m *MemoryPlan) cut(step int64) (*blockPlan, *blockError) {
 	p := m.prof
 	n := len(p.order)
@@ -326,9 +363,22 @@ func (m *MemoryPlan) cut(step int64) (*blockPlan, *blockError) {
 			for first < e && p.constant[first] {
 				first++
 			}
-			best := e
+			best := -1
 			for c := e; c > first; c-- {
-				if fewer(c, best) {
+				if p.cuttable(c) && (best < 0 || fewer(c, best)) {
+					best = c
+				}
+			}
+			// where a sequence crosses every cut of the second half, the
+			// latest cut before it, else the first after it (over the
+			// budget: a sequence lives across a few nodes only)
+			for c := first; best < 0 && c > s; c-- {
+				if p.cuttable(c) {
+					best = c
+				}
+			}
+			for c := e + 1; best < 0; c++ {
+				if c >= n || p.cuttable(c) {
 					best = c
 				}
 			}
@@ -351,13 +401,21 @@ func (m *MemoryPlan) cut(step int64) (*blockPlan, *blockError) {
 }
 
 // cutEvery cuts the order into k blocks of about equal numbers of nodes
-// (tests use it to run small models in blocks).
+// (tests use it to run small models in blocks), each cut moved on past
+// the sequences and optionals that cross it.
 func (m *MemoryPlan) cutEvery(k int) *blockPlan {
 	n := len(m.prof.order)
 	k = max(1, min(k, n))
 	bp := &blockPlan{prof: m.prof}
 	for b := range k {
-		bp.starts = append(bp.starts, b*n/k)
+		j := b * n / k
+		for j < n && !m.prof.cuttable(j) {
+			j++
+		}
+		if j >= n || (b > 0 && j <= bp.starts[len(bp.starts)-1]) {
+			continue
+		}
+		bp.starts = append(bp.starts, j)
 		bp.cost = append(bp.cost, 0)
 	}
 	return bp

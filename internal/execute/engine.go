@@ -54,6 +54,11 @@ type Engine struct {
 	// ElemType gives their element types (0 when undeclared).
 	Observe  []string
 	ElemType func(string) int32
+	// Contents names the containers among the model's values (sequences,
+	// optionals: onnx.Index.Contents) and the tensors each holds: no
+	// statistics node can read a container, so every result gives it
+	// those tensors' statistics (observe.PassResult.Contain).
+	Contents map[string][]string
 	// MaxMemory bounds the process's memory while the passes run, in
 	// bytes; 0 plans for DefaultMemoryFraction of the available memory.
 	MaxMemory int64
@@ -215,6 +220,16 @@ func (e *BudgetError) Unwrap() error { return e.Err }
 // declare are observed as FLOAT; when ONNX Runtime refuses that, they are
 // dropped (Notes says so) and the passes start again.
 func (e *Engine) Run(ctx context.Context, passes []Pass, batches []batch.Batch) ([]*observe.PassResult, *MemoryPlan, error) {
+	res, mp, err := e.run(ctx, passes, batches)
+	if err == nil && len(e.Contents) > 0 {
+		for _, r := range res {
+			r.Contain(e.Contents)
+		}
+	}
+	return res, mp, err
+}
+
+func (e *Engine) run(ctx context.Context, passes []Pass, batches []batch.Batch) ([]*observe.PassResult, *MemoryPlan, error) {
 	start := time.Now()
 	var names []string
 	for _, p := range passes {

@@ -29,11 +29,14 @@
 //	shape:       Reshape Flatten Squeeze Unsqueeze Transpose Concat Split Slice
 //	             Gather GatherElements GatherND Expand Tile Pad Where Trilu
 //	pass-through: Identity Dropout Cast CastLike
+//	sequences:   SplitToSequence SequenceAt
 //
 // Comparisons, index and shape queries, random generators and rounding ops
 // (Floor, Ceil, Round, Sign) pass no gradient. Any other op is reported in
 // Result.Unsupported by name; the gradient stops there and the rest of the
-// graph is still differentiated.
+// graph is still differentiated. A sequence's gradient is carried in the
+// layout of the tensor SplitToSequence cut it from (chunk and split in a
+// dynamo export without its optimizer): no gradient of its own.
 //
 // For the fp16 backward audit, Rounding names the gradients autocast holds
 // in half precision; each passes through Cast(FLOAT16)→Cast(FLOAT) (or
@@ -539,6 +542,17 @@ func (d *driver) finalize(v string, kind Kind, node int) string {
 	}
 	b := d.b
 	name := v + GradSuffix
+	if !d.ix.Tensor(v) {
+		// A sequence's gradient is carried in the layout of the tensor it
+		// was cut from (package vjp's sequence rules): no gradient of its
+		// own to report or round; that tensor's gradient is.
+		b.SetLabel(v)
+		if len(cs) == 1 {
+			return cs[0]
+		}
+		b.Sum(cs, name)
+		return name
+	}
 	et := d.opt.Rounding.value(v)
 	target := name
 	if et != 0 {

@@ -48,8 +48,12 @@ fp16audit run's emulated passes write that limit there, as PyTorch does at
 run time; where an op reads it in fp32 it is information. The graph cannot
 tell it from a hard-coded torch.finfo(torch.float32).min, which PyTorch
 refuses in masked_fill on a half tensor: fp16audit takes it for the
-dtype-aware idiom. A tensor of that value (a mask buffer, which
-model.half() casts to -Inf) is judged like any other constant.`})
+dtype-aware idiom. Where the dynamo exporter recorded the line of Python
+the reader comes from (torch.onnx.export(dynamo=True) at its own opset)
+and that line calls torch.finfo on a tensor's dtype, the idiom is told,
+not taken, and the finding is information. A tensor of that value (a
+mask buffer, which model.half() casts to -Inf) is judged like any other
+constant.`})
 
 var constRangeAnalyzer = &Analyzer{Check: CheckConstRange, Run: runConstRange}
 
@@ -83,6 +87,9 @@ func runConstRange(f *Facts) ([]checks.Finding, error) {
 			switch {
 			case st.NaN > 0:
 				sev, why = checks.SevError, "NaN propagates in every precision"
+			case dtypeAware && w.Reduced() && w.Asked:
+				sev, why = checks.SevInfo, fmt.Sprintf("it is read in %s there under %s, and the line it comes from asks the dtype (%s): %s's own limit %.6g at run time",
+					w.Precision, f.Policy.Name, onnx.SourceLine(f.node(i)), w.Precision, w.Limit())
 			case dtypeAware && w.Reduced():
 				sev, why = checks.SevWarning, fmt.Sprintf("it is read in %s there under %s: %s", w.Precision, f.Policy.Name,
 					fillAt(f.node(i), c.Name).DtypeAware(w.Precision, w.Value, w.Limit()))

@@ -44,3 +44,35 @@ func (r *PassResult) NonFinite(values []string) int64 {
 	}
 	return t
 }
+
+// Contain gives each container value (an ONNX sequence or optional,
+// which no statistics node can read) the statistics of the tensors it
+// holds, merged in the order contents lists them, and their differences
+// with the reference where the pass is compared: a sequence that
+// SplitToSequence made from a tensor holds exactly that tensor's
+// elements, so it holds NaN/Inf exactly where that tensor does, and the
+// analyses that follow a value from its producer to its readers cross it.
+// A container none of whose tensors the pass observed gets nothing.
+func (r *PassResult) Contain(contents map[string][]string) {
+	for c, held := range contents {
+		s, d, seen := NewStats(), Diff{}, false
+		for _, v := range held {
+			vs, ok := r.Stats[v]
+			if !ok {
+				continue
+			}
+			seen = true
+			s.Merge(*vs)
+			if vd, ok := r.Diffs[v]; ok {
+				d.Merge(*vd)
+			}
+		}
+		if !seen {
+			continue
+		}
+		r.Stats[c] = &s
+		if r.Diffs != nil {
+			r.Diffs[c] = &d
+		}
+	}
+}

@@ -32,6 +32,7 @@ type Index struct {
 	implicit  [][]string
 	order     []int
 	elemType  map[string]int32
+	kinds     map[string]Kind
 	shapes    map[string]Shape
 	inits     map[string]*TensorProto
 	sparse    map[string]*SparseTensorProto
@@ -224,6 +225,16 @@ func (ix *Index) Shape(name string) (Shape, bool) {
 	s, ok := ix.shapes[name]
 	return s, ok
 }
+
+// Kind returns what the value called name is: a tensor (KindTensor, also
+// for an unknown name), or a container of tensors that no tensor op may
+// read. A value the graph does not declare takes the kind its producer's
+// entry in internal/onnx/ops gives (Holds).
+func (ix *Index) Kind(name string) Kind { return ix.kinds[name] }
+
+// Tensor reports whether the value called name is a tensor: what a Cast,
+// a rounding or a statistics node may read.
+func (ix *Index) Tensor(name string) bool { return ix.kinds[name] == KindTensor }
 
 // sort computes the topological order with Kahn's algorithm, taking the
 // lowest file index among ready nodes.
@@ -437,16 +448,25 @@ func (ix *Index) collectTypes() {
 	for _, i := range ix.order {
 		n := g.GetNode()[i]
 		for k, out := range n.GetOutput() {
-			if out != "" && ix.elemType[out] == 0 {
+			if out == "" {
+				continue
+			}
+			if ix.elemType[out] == 0 {
 				ix.elemType[out] = ix.inferType(n, k)
 			}
 		}
 	}
+	ix.kinds = Kinds(g, ix.order)
 }
 
 func (ix *Index) declare(vi *ValueInfoProto) {
 	var elem int32
 	var shape *TensorShapeProto
+	if KindOf(vi.GetType()) != KindTensor {
+		// a container's element type is that of the tensors it holds
+		ix.setType(vi.GetName(), containedElemType(vi.GetType()))
+		return
+	}
 	switch {
 	case vi.GetType().GetTensorType() != nil:
 		elem, shape = vi.GetType().GetTensorType().GetElemType(), vi.GetType().GetTensorType().GetShape()

@@ -98,6 +98,20 @@ func SourceLine(n *NodeProto) string {
 	return ""
 }
 
+// asksDtype is torch.finfo called on a tensor's dtype, as a dtype-aware
+// mask fill writes it: torch.finfo(scores.dtype), finfo(x[0].dtype).
+var asksDtype = regexp.MustCompile(`finfo\(\s*[A-Za-z_][\w.\[\]]*\.dtype\s*\)`)
+
+// SourceAsksDtype reports whether the line of Python n comes from (its
+// dynamo stack trace's innermost frame, SourceLine) calls torch.finfo on
+// a tensor's dtype: scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+// exports from an fp32 trace as float32's lowest value, indistinguishable
+// in the graph from a hard-coded torch.finfo(torch.float32).min, but its
+// line tells them apart. False where the node carries no stack trace (the
+// TorchScript exporter's, a dynamo export converted to an older opset) or
+// the line computes the number elsewhere.
+func SourceAsksDtype(n *NodeProto) bool { return asksDtype.MatchString(SourceLine(n)) }
+
 // SourceLines returns every line of Python in the dynamo exporter's stack
 // trace of n, outermost call first: the model's own lines (where a module
 // is called, with the arguments it is given) come before the library's.

@@ -93,3 +93,26 @@ func TestModulePathFusedConv(t *testing.T) {
 		t.Errorf("not a Conv: module %q, want the metadata's layer1.0.bn1", got)
 	}
 }
+
+// TestSourceAsksDtype: the line of Python a node comes from tells a fill
+// that asks the dtype from one that does not say.
+func TestSourceAsksDtype(t *testing.T) {
+	trace := func(line string) *NodeProto {
+		return &NodeProto{MetadataProps: []*StringStringEntryProto{{Key: stackTraceKey,
+			Value: "File \"m.py\", line 9, in forward\n    " + line + "\n"}}}
+	}
+	for line, want := range map[string]bool{
+		"scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)": true,
+		"x.masked_fill(m, finfo( h[0].dtype ).min)":                        true,
+		"scores.masked_fill(mask, torch.finfo(torch.float32).min)":         false,
+		"scores.masked_fill(mask, min_dtype)":                              false,
+		"scores.masked_fill(mask, -1e9)":                                   false,
+	} {
+		if got := SourceAsksDtype(trace(line)); got != want {
+			t.Errorf("%q: %v, want %v", line, got, want)
+		}
+	}
+	if SourceAsksDtype(&NodeProto{}) {
+		t.Error("a node without a stack trace asks the dtype")
+	}
+}

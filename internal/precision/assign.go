@@ -146,6 +146,9 @@ func (r Reason) Names() []string {
 //     outputs are fp32, as PyTorch's buffers are.
 //   - Every other op, and every op outside the standard domains, follows its
 //     inputs; nodes with subgraphs are not descended into.
+//   - A sequence or an optional (onnx.Kinds) is held in the precision of
+//     the tensors it holds, as its maker follows its inputs, and is never
+//     cast: SequenceAt hands on what SplitToSequence put in.
 func Assign(p *Policy, g *onnx.GraphProto, order []int, elemType func(name string) int32) *Assignment {
 	return AssignKeepFP32(p, g, order, elemType, nil)
 }
@@ -170,6 +173,15 @@ func AssignKeepFP32(p *Policy, g *onnx.GraphProto, order []int, elemType func(na
 	}
 	for _, i := range order {
 		s.node(i)
+	}
+	// A sequence or an optional holds its tensors in the precision they
+	// were made in, and no op casts a container: it is never rounded
+	// itself (the tensors taken out of it follow it, as chunk's pieces of
+	// an fp16 tensor are fp16 views).
+	for name := range onnx.Kinds(g, order) {
+		for _, u := range s.consumers[name] {
+			s.a.CastInputs[u.node][u.slot] = false
+		}
 	}
 	return s.a
 }

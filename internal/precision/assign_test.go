@@ -466,3 +466,34 @@ func TestAssignKeepFP32(t *testing.T) {
 		t.Errorf("removed half cast after an fp32 value: %v, want fp32", a.Value["e"])
 	}
 }
+
+// TestSequencesNotCast: a sequence holds its tensors in the precision
+// they were made in and no op casts it, though it promotes: the fp32
+// tensor inserted beside fp16 ones makes the SequenceInsert fp32, and the
+// sequence read is not marked for a cast (a Cast of a sequence is no
+// valid ONNX), while the tensor beside it still is where it narrows.
+func TestSequencesNotCast(t *testing.T) {
+	g := &onnx.GraphProto{
+		Name: "seq",
+		Node: []*onnx.NodeProto{
+			onnx.Node("MatMul", "mm", []string{"x", "w"}, []string{"h"}),
+			onnx.Node("SequenceConstruct", "make", []string{"h"}, []string{"seq"}),
+			onnx.Node("SequenceInsert", "insert", []string{"seq", "x"}, []string{"seq2"}),
+			onnx.Node("SequenceAt", "at", []string{"seq2", "zero"}, []string{"piece"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("w", []int64{2, 2}, []float32{1, 0, 0, 1}), onnx.Int64Tensor("zero", nil, []int64{0})},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 2)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("piece", onnx.TensorProto_FLOAT, 2, 2)},
+	}
+	p, _ := PolicyByName("autocast-fp16")
+	a := Assign(p, g, nil, nil)
+	if a.Value["seq"] != FP16 || a.Value["seq2"] != FP32 || a.Value["piece"] != FP32 {
+		t.Errorf("seq %s, seq2 %s, piece %s; want fp16, fp32, fp32", a.Value["seq"], a.Value["seq2"], a.Value["piece"])
+	}
+	if a.CastInputs[2][0] || a.CastInputs[3][0] {
+		t.Errorf("a sequence is marked for a cast: %v", a.CastInputs)
+	}
+	if !a.CastInputs[0][0] {
+		t.Error("the MatMul no longer casts its input")
+	}
+}

@@ -41,10 +41,13 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 	}
 	// Autocast leaves float64 tensors alone (only float32 is eligible for
 	// its casts), and rounding one through a Cast back to FLOAT would change
-	// its type; so values the graph holds in DOUBLE are never rounded.
-	isDouble := func(string) bool { return false }
+	// its type; so values the graph holds in DOUBLE are never rounded. Nor
+	// is a sequence or an optional (onnx.Kind): a container holds the
+	// tensors put into it, rounded where they were made, and the tensors
+	// taken out of it are rounded as they come out.
+	unrounded := func(string) bool { return false }
 	if ix, err := onnx.NewIndex(up.Graph); err == nil {
-		isDouble = func(name string) bool { return ix.ElemType(name) == elemDouble }
+		unrounded = func(name string) bool { return ix.ElemType(name) == elemDouble || !ix.Tensor(name) }
 	}
 
 	// Numbers torch.finfo(dtype) wrote: a number the assignment holds in
@@ -70,12 +73,12 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 	// reads the rounded copy.
 	sourceCopy := map[string]string{}
 	for _, vi := range orig.Input {
-		if p := a.Value[vi.Name]; isHalf(p) && !isDouble(vi.Name) && !filledSource[vi.Name] {
+		if p := a.Value[vi.Name]; isHalf(p) && !unrounded(vi.Name) && !filledSource[vi.Name] {
 			sourceCopy[vi.Name] = ""
 		}
 	}
 	for _, t := range orig.Initializer {
-		if p := a.Value[t.Name]; isHalf(p) && !isDouble(t.Name) && !filledSource[t.Name] {
+		if p := a.Value[t.Name]; isHalf(p) && !unrounded(t.Name) && !filledSource[t.Name] {
 			sourceCopy[t.Name] = ""
 		}
 	}
@@ -135,7 +138,7 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 				edit().Input[j] = r
 			}
 			if i < len(a.CastInputs) && j < len(a.CastInputs[i]) && a.CastInputs[i][j] &&
-				isHalf(np) && a.Value[in] != np && !isDouble(in) {
+				isHalf(np) && a.Value[in] != np && !unrounded(in) {
 				edit().Input[j] = castOf(cur, np)
 			}
 			if lim, ok := fillAt[[2]int{i, j}]; ok {
@@ -143,7 +146,7 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 			}
 		}
 		for k, o := range on.Output {
-			if o == "" || !isHalf(a.Value[o]) || isDouble(o) || filledSource[o] {
+			if o == "" || !isHalf(a.Value[o]) || unrounded(o) || filledSource[o] {
 				continue
 			}
 			raw := onnx.InternalName(o, "raw")

@@ -143,3 +143,57 @@ func TestUpcastRemovesHalf(t *testing.T) {
 		t.Errorf("the loaded model was modified: Cast to=%d", to)
 	}
 }
+
+// TestEmulatedSequence: torch.chunk of an fp16 Linear's output, as the
+// dynamo exporter writes it without its optimizer (SplitToSequence read
+// by SequenceAt): the sequence holds the rounded tensor and is never
+// rounded or cast itself (ONNX Runtime refuses a Cast of a sequence);
+// the pieces SequenceAt takes out are fp16, as chunk's views are, so
+// their product overflows in fp16 where each piece fits.
+func TestEmulatedSequence(t *testing.T) {
+	ortinit.Init(t)
+	g := &onnx.GraphProto{
+		Name: "chunk",
+		Node: []*onnx.NodeProto{
+			onnx.Node("MatMul", "up", []string{"x", "w"}, []string{"h"}),
+			onnx.Node("SplitToSequence", "chunk", []string{"h", "two"}, []string{"seq"}, onnx.AttrInt("axis", 1)),
+			onnx.Node("SequenceAt", "gate", []string{"seq", "zero"}, []string{"a"}),
+			onnx.Node("SequenceAt", "value", []string{"seq", "one"}, []string{"b"}),
+			onnx.Node("Mul", "mul", []string{"a", "b"}, []string{"y"}),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("w", []int64{1, 4}, []float32{1, 1, 1, 1}), onnx.Int64Tensor("two", nil, []int64{2}),
+			onnx.Int64Tensor("zero", nil, []int64{0}), onnx.Int64Tensor("one", nil, []int64{1})},
+		Input:  []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 1)},
+		Output: []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 2, 2)},
+	}
+	m := onnx.NewModel(g, 18)
+	p, _ := precision.PolicyByName("autocast-fp16")
+	ix, err := onnx.NewIndex(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asg := precision.Assign(p, g, nil, ix.ElemType)
+	for _, v := range []string{"h", "seq", "a", "b", "y"} {
+		if asg.Value[v] != precision.FP16 {
+			t.Errorf("%s held in %s, want fp16", v, asg.Value[v])
+		}
+	}
+	em := Emulate(m, g, asg)
+	eix, err := onnx.NewIndex(em.Graph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range em.Graph.Node {
+		for _, in := range n.Input {
+			if !eix.Tensor(in) && n.OpType != "SequenceAt" {
+				t.Errorf("node %s (%s) reads the sequence %s", eix.NodeLabel(i), n.OpType, in)
+			}
+		}
+	}
+	// 250 × 300 = 75000 > 65504: Inf in fp16; 100 × 100 fits
+	x := tensor.FromFloat32s("x", []int64{2, 1}, []float32{100, 273.861})
+	got := onnxrt.Float32View(runModel(t, em, onnxrt.SessionOptions{}, []*tensor.Tensor{x}, []string{"x"}, []string{"y"})[0])
+	if got[0] != 10000 || !math.IsInf(float64(got[2]), 1) {
+		t.Errorf("emulated fp16 y = %v, want 10000 first and +Inf in the second row", got)
+	}
+}

@@ -24,7 +24,9 @@ import (
 // cast, giving ±Inf as the emulation does; an autocast op's cast of its
 // input and the model's own Cast to half of an fp32 number are plain casts
 // too. A hard-coded torch.finfo(torch.float32).min exports the same number,
-// so it is taken for the dtype-aware idiom.
+// so it is taken for the dtype-aware idiom; where the dynamo exporter
+// recorded the reader's line of Python and it asks the dtype, that is
+// known (Asked).
 type FinfoFill struct {
 	// Node reads Constant (an initializer or Constant output holding
 	// Value) in input slot Slot.
@@ -38,6 +40,10 @@ type FinfoFill struct {
 	// one computing in fp32 reading fp32's limit, the number as exported.
 	Precision precision.Precision
 	Source    bool
+	// Asked is set when the reader's line of Python, as the dynamo
+	// exporter recorded it, calls torch.finfo on a tensor's dtype
+	// (onnx.SourceAsksDtype): the idiom, told rather than taken.
+	Asked bool
 }
 
 // Limit is the number the emulated pass reads: the largest finite value
@@ -85,7 +91,7 @@ func FinfoFills(g *onnx.GraphProto, a *precision.Assignment) []FinfoFill {
 			if v == 0 {
 				continue
 			}
-			f := FinfoFill{Node: i, Slot: j, Constant: in, Value: v, Precision: np, Source: isHalf(a.Value[in])}
+			f := FinfoFill{Node: i, Slot: j, Constant: in, Value: v, Precision: np, Source: isHalf(a.Value[in]), Asked: onnx.SourceAsksDtype(n)}
 			switch {
 			case f.Source:
 				if !isHalf(np) {

@@ -98,13 +98,20 @@ func Upcast(m *onnx.ModelProto, dir string) (*onnx.ModelProto, []int, error) {
 		}
 	}
 	for i, vi := range g.ValueInfo {
-		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) {
+		switch {
+		case onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()):
 			g.ValueInfo[i] = onnx.WithElemType(vi, elemFloat)
+		case onnx.HalfContainer(vi):
+			// a sequence of half tensors holds them upcast too
+			g.ValueInfo[i] = onnx.WithContainedElemType(vi, elemFloat)
 		}
 	}
 	for i, vi := range g.Output {
-		if onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()) {
+		switch {
+		case onnx.IsHalfType(vi.GetType().GetTensorType().GetElemType()):
 			g.Output[i] = onnx.WithElemType(vi, elemFloat)
+		case onnx.HalfContainer(vi):
+			g.Output[i] = onnx.WithContainedElemType(vi, elemFloat)
 		}
 	}
 	// Half graph inputs: the caller feeds half data; everything behind the

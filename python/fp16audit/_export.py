@@ -466,9 +466,10 @@ def _f_optional(torch) -> bool:
 def _fold(program) -> None:
     """Fold the constants of a dynamo export made with optimize=False, and
     nothing else. Unfolded, every chunk and split is a SplitToSequence
-    read by SequenceAt (values of sequence type, which the audit's passes
-    do not round) and every shape a chain of Shape, Gather and Concat;
-    folded, they are Split and constants, as the optimizer writes them.
+    read by SequenceAt (values of sequence type, which the binary audits
+    too: fixtures/torch/cases_seq_dynamo) and every shape a chain of
+    Shape, Gather and Concat; folded, they are Split and constants, as the
+    optimizer writes them: a smaller graph.
     The optimizer's rewrite rules are left out: they fold BatchNorm into
     the Conv before it (and a tiny epsilon out of a root)."""
     try:

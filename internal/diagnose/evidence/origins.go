@@ -315,6 +315,7 @@ func (f *Facts) nodeOrigin(pass string, ni int, res *observe.PassResult, asg *pr
 	if c, v, ok := f.outOfRangeConstant(ni, asg, pass == report.PassFP32); ok {
 		or.Cause, or.Constant, or.ConstantValue = report.CauseConstant, c, &v
 		or.ExplicitCast = false
+		or.Weight, _ = f.WeightConstant(or)
 	}
 	return or
 }

@@ -223,7 +223,7 @@ func Constant(ctx context.Context, f *evidence.Facts, run Runner, batches []batc
 	if _, err := verify(ctx, f, run, Rerun{Name: f.Main + "+finfo", Batches: batches, Clamp: clamp}, fix); err != nil {
 		return nil, err
 	}
-	weights := !slices.ContainsFunc(origins, func(o report.Origin) bool { return o.Cause == report.CauseConstant && !f.WeightConstant(o) })
+	weights := !slices.ContainsFunc(origins, func(o report.Origin) bool { return o.Cause == report.CauseConstant && o.Weight == "" })
 	switch {
 	case weights && fix.Works:
 		fix.Summary = fmt.Sprintf("with the weights clamped to the format's range at %s (what keeping them in range in training does: weight decay, clipping, a lower learning rate) nothing non-finite reaches the outputs", strings.Join(readers, ", "))

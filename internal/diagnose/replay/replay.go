@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"fp16audit/internal/capture"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -42,10 +43,13 @@ type Input struct {
 	// ScaleNote says how a scale that is no power of two was read.
 	ScaleExp  *int
 	ScaleNote string
-	// Parameters are the names of the model's parameters and buffers
-	// (the capture's state): an out-of-range constant among them is a
-	// weight, not a fill value.
-	Parameters map[string]bool
+	// State holds the model's parameters and buffers with their shapes
+	// (the capture's state, named as model.state_dict() names them):
+	// where a weight culprit is among them, the report names it so.
+	State map[string][]int64
+	// Model is the captured model the audit ran: the shape of the
+	// initializer a weight culprit is in the graph.
+	Model *onnx.Index
 }
 
 // Diagnose classifies the captured step and proposes the fixes, verified
@@ -369,8 +373,13 @@ func (d *diag) forwardOverflow(o report.Origin, pass string) {
 	r.Verdict = report.ReplayForwardOverflow
 	c := &report.Culprit{Kind: report.CulpritActivation, Node: o.Node, OpType: o.OpType, Module: o.Module, Value: o.Value,
 		FP32MaxAbs: finitePtr(o.FP32MaxAbs), Batches: d.batchesFailing()}
-	if o.Cause == report.CauseConstant && o.Constant != "" && d.isWeight(o) {
-		c.Kind, c.Weight = report.CulpritWeight, o.Constant
+	if o.Cause == report.CauseConstant && o.Weight != "" {
+		// a weight by the graph's rule (the audit's origin says so:
+		// onnx.Index.Weight), named as the state names it where it can
+		c.Kind, c.Weight = report.CulpritWeight, o.Weight
+		if p := d.parameter(o); p != "" && p != o.Weight {
+			c.Weight, c.Initializer = p, o.Weight
+		}
 		if o.ConstantValue != nil {
 			c.WeightMaxAbs = ptrF(math.Abs(*o.ConstantValue))
 		}
@@ -379,8 +388,12 @@ func (d *diag) forwardOverflow(o report.Origin, pass string) {
 	r.Culprit = c
 	var what string
 	if c.Kind == report.CulpritWeight {
-		what = fmt.Sprintf("the weight %s holds %s, past fp16's 65504: autocast casts the fp32 master weight to %s for %s (%s%s), where it is Inf although every activation before it is finite",
-			c.Weight, mag(deref(c.WeightMaxAbs)), pass, o.Node, o.OpType, moduleText(o.Module))
+		held := ""
+		if c.Initializer != "" {
+			held = fmt.Sprintf(" (in the graph %s, the exporter's copy of it)", c.Initializer)
+		}
+		what = fmt.Sprintf("the weight %s%s holds %s, past fp16's 65504: autocast casts the fp32 master weight to %s for %s (%s%s), where it is Inf although every activation before it is finite",
+			c.Weight, held, mag(deref(c.WeightMaxAbs)), pass, o.Node, o.OpType, moduleText(o.Module))
 	} else {
 		what = fmt.Sprintf("%s (%s%s) computes in %s and its output reaches %s in fp32 at the captured weights, past fp16's 65504",
 			o.Node, o.OpType, moduleText(o.Module), pass, mag(o.FP32MaxAbs))
@@ -426,11 +439,36 @@ func valueMax(a *report.Report, value string) (float64, bool) {
 	return 0, false
 }
 
-// isWeight says whether an out-of-range constant origin is one of the
-// model's parameters (a weight that outgrew fp16) rather than a constant
-// the model writes (a mask fill).
-func (d *diag) isWeight(o report.Origin) bool {
-	return d.in.Parameters[o.Constant]
+// parameter returns the name the capture's state gives the weight of
+// origin o: the initializer's own where the exporter kept the
+// parameter's name, else the one tensor of the origin's module whose
+// shape is the initializer's, or its reverse (a Linear's weight the
+// exporter transposed for MatMul into an initializer of its own, the
+// dynamo exporter's val_N); "" where the state holds none.
+func (d *diag) parameter(o report.Origin) string {
+	if _, ok := d.in.State[o.Weight]; ok {
+		return o.Weight
+	}
+	if d.in.Model == nil || o.Module == "" {
+		return ""
+	}
+	t := d.in.Model.Initializer(o.Weight)
+	if t == nil {
+		return ""
+	}
+	rev := slices.Clone(t.Dims)
+	slices.Reverse(rev)
+	var found []string
+	for name, shape := range d.in.State {
+		if strings.HasPrefix(name, o.Module+".") && !strings.Contains(name[len(o.Module)+1:], ".") &&
+			(slices.Equal(shape, t.Dims) || slices.Equal(shape, rev)) {
+			found = append(found, name)
+		}
+	}
+	if len(found) != 1 {
+		return ""
+	}
+	return found[0]
 }
 
 // auditFixes takes the audit's one-step forward fixes (bf16, the modules

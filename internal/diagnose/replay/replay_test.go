@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"fp16audit/internal/capture"
+	"fp16audit/internal/onnx"
 	"fp16audit/internal/tensor"
 	"fp16audit/report"
 )
@@ -22,7 +23,17 @@ func TestVerdictOrder(t *testing.T) {
 		Samples: []report.Sample{{Batch: 0, Index: 2}}}
 	overflow := report.Origin{Pass: "fp16", Cause: report.CauseOverflow, Node: "g", OpType: "Gemm", Module: "fc", Value: "v", FP32MaxAbs: 7e4}
 	weight := report.Origin{Pass: "fp16", Cause: report.CauseConstant, Node: "g", OpType: "Gemm", Module: "fc", Value: "v",
-		Constant: "fc.weight", ConstantValue: ptrF(7e4)}
+		Constant: "fc.weight", ConstantValue: ptrF(7e4), Weight: "fc.weight"}
+	fill := weight
+	fill.Weight = ""
+	// dynamo's val_N: a 3-D Linear's weight transposed for its MatMul
+	transposed := report.Origin{Pass: "fp16", Cause: report.CauseConstant, Node: "node_linear", OpType: "MatMul", Module: "fc", Value: "linear",
+		Constant: "val_0", ConstantValue: ptrF(-7e4), Weight: "val_0"}
+	model, err := onnx.NewIndex(&onnx.GraphProto{Name: "g", Initializer: []*onnx.TensorProto{onnx.FloatTensor("val_0", []int64{8, 1}, make([]float32, 8))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := map[string][]int64{"fc.weight": {1, 8}, "head.weight": {1, 8}}
 	audit := func(os ...report.Origin) *report.Report {
 		return &report.Report{Passes: []string{report.PassFP32, "fp16"}, Origins: os}
 	}
@@ -48,9 +59,13 @@ func TestVerdictOrder(t *testing.T) {
 			report.ReplayDataRange, "sample 1", "fc"},
 		{"activation", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(overflow), Previous: audit(overflow)},
 			report.ReplayForwardOverflow, "weights have grown", "fc"},
-		{"weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight), Parameters: map[string]bool{"fc.weight": true}},
-			report.ReplayForwardOverflow, "fp32 master weight", "fc"},
-		{"mask constant is no weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight)},
+		{"weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight), State: map[string][]int64{"fc.weight": {4, 4}}},
+			report.ReplayForwardOverflow, "the weight fc.weight holds", "fc"},
+		{"weight the state lacks", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(weight)},
+			report.ReplayForwardOverflow, "the weight fc.weight holds", "fc"},
+		{"transposed weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(transposed), State: state, Model: model},
+			report.ReplayForwardOverflow, "the weight fc.weight (in the graph val_0", "fc"},
+		{"mask constant is no weight", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: audit(fill), State: map[string][]int64{"fc.weight": {4, 4}}},
 			report.ReplayForwardOverflow, "computes in fp16", "fc"},
 		{"gradient", Input{Failing: []*tensor.Tensor{f(1, 2)}, Audit: withBackward(audit(), &report.BackwardReport{InitExp: 10, MaxCleanExp: &zero,
 			FirstOverflow: &report.GradientReport{Module: "head", Value: "x", Kind: report.GradActivation, FP32MaxAbs: ptrF(100)}})},
@@ -71,6 +86,9 @@ func TestVerdictOrder(t *testing.T) {
 			}
 			if tc.culpritOf != "" && (r.Culprit == nil || r.Culprit.Module != tc.culpritOf) {
 				t.Errorf("culprit %+v, want module %s", r.Culprit, tc.culpritOf)
+			}
+			if wantWeight := strings.Contains(tc.text, "the weight"); r.Culprit != nil && (r.Culprit.Kind == report.CulpritWeight) != wantWeight {
+				t.Errorf("culprit kind %s", r.Culprit.Kind)
 			}
 			for _, f := range r.Fixes {
 				if f.Words == "" || f.Fastai == "" || f.Torch == "" {

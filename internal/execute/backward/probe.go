@@ -60,7 +60,9 @@ func Probe(ctx context.Context, library string, m *onnx.ModelProto, modelFile st
 	seen := map[string]bool{}
 	for _, n := range m.Graph.Node {
 		for _, o := range n.Output {
-			if o == "" || seen[o] {
+			// a sequence or an optional has no shape (Shape refuses it):
+			// the tensors taken out of it have theirs
+			if o == "" || seen[o] || !ix.Tensor(o) {
 				continue
 			}
 			seen[o] = true

@@ -21,5 +21,5 @@ var mlOps = []Op{
 	{Name: "TreeEnsemble", Domain: ML},
 	{Name: "TreeEnsembleClassifier", Domain: ML},
 	{Name: "TreeEnsembleRegressor", Domain: ML},
-	{Name: "ZipMap", Domain: ML},
+	{Name: "ZipMap", Domain: ML, Holds: HoldsMaps},
 }

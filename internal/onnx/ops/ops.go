@@ -74,6 +74,33 @@ const (
 	TypeBool
 )
 
+// Holds is what an op's outputs are when they are not tensors: ONNX's
+// sequences, optionals and maps carry tensors but are none, so no tensor
+// op (a rounding Cast, a statistics node) may read them, and a stage that
+// acts on values by type acts on the tensors taken out of them instead.
+type Holds int
+
+const (
+	// HoldsTensors: every output is a tensor (the zero value).
+	HoldsTensors Holds = iota
+	// HoldsSequences: every output is a sequence of tensors
+	// (SplitToSequence, which the dynamo exporter writes for chunk,
+	// split and unbind without its optimizer; SequenceConstruct, …).
+	HoldsSequences
+	// HoldsOptionals: every output is an optional value (Optional).
+	HoldsOptionals
+	// HoldsMaps: every output is a sequence of maps (ai.onnx.ml's
+	// ZipMap).
+	HoldsMaps
+	// HoldsInput: every output holds what the first input holds
+	// (Identity passes a sequence on as a sequence).
+	HoldsInput
+	// HoldsElement: every output is what the first input carries: the
+	// value inside an optional (OptionalGetElement; a tensor or a
+	// sequence read through it is itself).
+	HoldsElement
+)
+
 // NoGrad is Op.Grad for ops whose float outputs carry no gradient back to
 // their inputs: comparisons and index computations, shape queries, random
 // generators and rounding steps (zero derivative almost everywhere).
@@ -262,6 +289,9 @@ type Op struct {
 	// NonFinite is what its ONNX Runtime kernel does with NaN and ±Inf
 	// beside PyTorch's op (see NonFinite).
 	NonFinite NonFinite
+	// Holds is what its outputs are when they are not tensors (see
+	// Holds); every other output is a tensor.
+	Holds Holds
 }
 
 // Is reports whether o has every role in r; a nil o (an op without an

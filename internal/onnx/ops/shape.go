@@ -18,7 +18,7 @@ var shapeOps = []Op{
 	{Name: "Gather", Type: TypeInput, Shape: "gather", Grad: "gather", Role: CarriesInf | ShapeMove, GathersAt: 1, NonFinite: NonFiniteAsTorch},
 	{Name: "GatherElements", Type: TypeInput, Grad: "gatherElements", Role: CarriesInf, GathersAt: 1},
 	{Name: "GatherND", Type: TypeInput, Grad: "gatherND", GathersAt: 1},
-	{Name: "Identity", Type: TypeInput, Shape: "unary", Grad: "identity", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove},
+	{Name: "Identity", Type: TypeInput, Shape: "unary", Grad: "identity", Role: PassThrough | CarriesInf | Tail | KeepsScores | ShapeMove, Holds: HoldsInput},
 	{Name: "OneHot", Grad: NoGrad},
 	{Name: "Pad", Type: TypeInput, Grad: "pad", ParamInputs: []int{1, 3}, Role: CarriesInf, NonFinite: NonFiniteAsTorch},
 	{Name: "Range", Type: TypeInput, Shape: "range", Grad: NoGrad, DataShaped: true},

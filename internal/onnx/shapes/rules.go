@@ -47,6 +47,7 @@ var rules = map[string]rule{
 	"constantOfShape": constantOfShapeRule,
 	"range":           rangeRule,
 	"shape":           shapeRule,
+	"sequenceAt":      sequenceAtRule,
 }
 
 // Rules returns the names of the shape rules, sorted: every one an entry
@@ -336,4 +337,45 @@ func shapeRule(si *shapeInference, n *onnx.NodeProto, x []int64) [][]int64 {
 	}
 	si.ints[n.GetOutput()[0]] = slices.Clone(x[start:end])
 	return [][]int64{{end - start}}
+}
+
+// sequenceAtRule is the shape of the tensor SequenceAt takes out of a
+// sequence SplitToSequence made: the piece at its position (a sequence
+// is no tensor and has no shape of its own; one made otherwise is not
+// followed).
+func sequenceAtRule(si *shapeInference, n *onnx.NodeProto, _ []int64) [][]int64 {
+	pi := si.idx.Producer(n.GetInput()[0])
+	if pi < 0 || len(n.GetInput()) < 2 {
+		return nil
+	}
+	sp := si.idx.Graph().GetNode()[pi]
+	if sp.GetOpType() != "SplitToSequence" || !onnx.IsDefaultDomain(sp.GetDomain()) {
+		return nil
+	}
+	x := si.in(sp, 0)
+	pos, ok := si.constInts(n, 1)
+	if x == nil || !ok || len(pos) != 1 {
+		return nil
+	}
+	var split []int64
+	has, scalar := len(sp.GetInput()) > 1 && sp.GetInput()[1] != "", false
+	if has {
+		if split, ok = si.constInts(sp, 1); !ok {
+			return nil
+		}
+		s, known := si.shapes[sp.GetInput()[1]]
+		if !known {
+			return nil
+		}
+		scalar = len(s) == 0
+	}
+	p, ok := onnx.SplitPieces(sp, x, split, has, scalar)
+	if !ok {
+		return nil
+	}
+	k, ok := p.Index(pos[0])
+	if !ok {
+		return nil
+	}
+	return [][]int64{p.PieceShape(x, k)}
 }

@@ -202,3 +202,39 @@ func TestBatchNormTrainingShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestSequenceAtShapes: the tensors SequenceAt takes out of the sequence
+// SplitToSequence made (torch.chunk with its shorter last piece,
+// torch.split by sizes, unbind's pieces without
+// the axis); the sequence itself has no shape.
+func TestSequenceAtShapes(t *testing.T) {
+	g := &onnx.GraphProto{
+		Name:  "seq",
+		Input: []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, "batch", 7)},
+		Initializer: []*onnx.TensorProto{onnx.Int64Tensor("three", nil, []int64{3}), onnx.Int64Tensor("sizes", []int64{2}, []int64{2, 5}),
+			onnx.Int64Tensor("last", nil, []int64{-1}), onnx.Int64Tensor("zero", nil, []int64{0})},
+		Node: []*onnx.NodeProto{
+			onnx.Node("SplitToSequence", "chunk", []string{"x", "three"}, []string{"chunks"}, onnx.AttrInt("axis", 1)),
+			onnx.Node("SequenceAt", "a", []string{"chunks", "last"}, []string{"a"}),
+			onnx.Node("SplitToSequence", "split", []string{"x", "sizes"}, []string{"parts"}, onnx.AttrInt("axis", -1)),
+			onnx.Node("SequenceAt", "b", []string{"parts", "zero"}, []string{"b"}),
+			onnx.Node("SplitToSequence", "unbind", []string{"x"}, []string{"rows"}, onnx.AttrInt("axis", 0), onnx.AttrInt("keepdims", 0)),
+			onnx.Node("SequenceAt", "c", []string{"rows", "zero"}, []string{"c"}),
+		},
+	}
+	ix, err := onnx.NewIndex(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := shapes.Infer(g, ix, map[string][]int64{"x": {4, 7}}, nil)
+	for v, want := range map[string][]int64{"a": {4, 1}, "b": {4, 2}, "c": {7}} {
+		if !slices.Equal(got[v], want) {
+			t.Errorf("%s: %v, want %v", v, got[v], want)
+		}
+	}
+	for _, v := range []string{"chunks", "parts", "rows"} {
+		if s, ok := got[v]; ok {
+			t.Errorf("the sequence %s has a shape %v", v, s)
+		}
+	}
+}

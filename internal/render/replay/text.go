@@ -169,7 +169,11 @@ func culpritLine(cu *report.Culprit) string {
 		fmt.Fprintf(&b, ", value %q", cu.Value)
 	}
 	if cu.Weight != "" {
-		fmt.Fprintf(&b, ", weight %s max |w| %s", cu.Weight, optNum(cu.WeightMaxAbs))
+		fmt.Fprintf(&b, ", weight %s", cu.Weight)
+		if cu.Initializer != "" {
+			fmt.Fprintf(&b, " (graph %s)", cu.Initializer)
+		}
+		fmt.Fprintf(&b, " max |w| %s", optNum(cu.WeightMaxAbs))
 	}
 	if cu.FP32MaxAbs != nil {
 		fmt.Fprintf(&b, ", fp32 max |x| %s", num(*cu.FP32MaxAbs))
