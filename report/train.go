@@ -30,7 +30,9 @@ const (
 	// BackwardFP32Broken: the fp32 backward itself holds NaN/Inf.
 	BackwardFP32Broken = "backward-fp32-broken"
 	// BackwardOverflowEveryScale: a gradient overflows fp16 at every
-	// scale down to 2^MinExp.
+	// scale down to 2^MinExp, or the fp16 backward is NaN/Inf at every
+	// such scale (the values the fp16 forward saved) while the fp32 one
+	// is finite.
 	BackwardOverflowEveryScale = "backward-overflow-every-scale"
 	// BackwardUnderflow: at the scale a GradScaler settles at, a
 	// parameter gradient loses more than the tolerance of its norm, and
