@@ -71,20 +71,37 @@ var torchSaved = map[string]savedSlot{
 	"NativeBatchNormBackward0":      {"BatchNormalization", map[string]int{"input": 0, "weight": 1, "running_mean": 3, "running_var": 4}},
 	"MaxPool2DWithIndicesBackward0": {"MaxPool", map[string]int{"self": 0}},
 	"AvgPool2DBackward0":            {"AveragePool", map[string]int{"self": 0}},
-	"MseLossBackward0":              {},
+	"MmBackward0":                   {"MatMul", map[string]int{"self": 0, "mat2": 1}},
+	"PowBackward0":                  {"Pow", map[string]int{"self": 0}},
+	"LogBackward0":                  {"Log", map[string]int{"self": 0}},
+	"AbsBackward0":                  {"Abs", map[string]int{"self": 0}},
+	"ReciprocalBackward0":           {"Reciprocal", map[string]int{"result": -1}},
+	"ErfBackward0":                  {"Erf", map[string]int{"self": 0}},
+	"SoftplusBackward0":             {"Softplus", map[string]int{"self": 0}},
+	"HardswishBackward0":            {"HardSwish", map[string]int{"self": 0}},
+	"LeakyReluBackward0":            {"LeakyRelu", map[string]int{"self": 0}},
+	"EluBackward0":                  {"Elu", map[string]int{"self": 0}},
+	"ClampBackward1":                {"Clip", map[string]int{"self": 0}},
+	// exported as Sigmoid then Mul(x, sigmoid): the Mul reads x
+	"SiluBackward0": {"Mul", map[string]int{"self": 0}},
+	// the log-sum-exp is the rule's own, recomputed in fp32
+	"ScaledDotProductFlashAttentionForCpuBackward0": {"Attention", map[string]int{"query": 0, "key": 1, "value": 2, "output": -1}},
+	"MseLossBackward0": {},
 }
 
 // savedTol bounds the relative L2 error of every parameter gradient of
 // the emulated fp16 backward against PyTorch's CPU-fp16 one, at the
 // fixtures' scale: what remains is how the two compute inside an op
-// (fp32 arithmetic and one rounding of the result here; CPU fp16 kernels
-// and their summation order there). Measured: 0 (bit for bit) for relu,
-// tanh, gelu, mul, softmax and layer_norm, below 1e-6 for log_softmax and
-// batch_norm, 8e-5 to 6.6e-4 for exp, matmul, sqrt, sigmoid and div, 8.0e-4
-// for the convolutions; differentiating at the fp32 forward's values
-// instead is 5.5e-4 to 1.5e-3 away, and 1.31 for batch_norm, whose
-// weight and bias gradients sum a centred gradient.
-const savedTol = 1e-3
+// (fp32 arithmetic and one rounding of the result here; CPU fp16 kernels,
+// their intermediate roundings and summation order there). Measured: 0
+// (bit for bit) in 13 of the 26 families (relu, tanh, gelu, mul, softmax,
+// exp, pow, log, reciprocal, softplus, hardswish, leaky_relu, clamp),
+// below 1e-6 for layer_norm and batch_norm, up to 8.0e-4 for the others,
+// and 9.9e-4 for attention (its query weight: PyTorch's CPU flash
+// attention against the rule's fp32 recomputation); differentiating at
+// the fp32 forward's values instead is 5e-4 to 1.5e-3 away, and 1.31 for
+// batch_norm, whose weight and bias gradients sum a centred gradient.
+const savedTol = 1.2e-3
 
 // TestSavedValues holds the backward graph with autocast's forward
 // (grad.Forward) to what PyTorch's autograd saves under autocast, op
@@ -92,8 +109,8 @@ const savedTol = 1e-3
 // the rule of its ONNX op in the dtype PyTorch saved it in (fp16 where
 // the op ran in fp16 or cast its input to fp16, fp32 for autocast's fp32
 // list), and the parameter gradients of the emulated fp16 backward at the
-// fixture's scale agree with PyTorch's within savedTol, nearer than those
-// of a backward at the fp32 forward's values.
+// fixture's scale agree with PyTorch's within savedTol, each at least as
+// near as that of a backward at the fp32 forward's values.
 func TestSavedValues(t *testing.T) {
 	requireORT(t)
 	data, err := os.ReadFile(filepath.Join(savedDir, "manifest.json"))
@@ -104,8 +121,8 @@ func TestSavedValues(t *testing.T) {
 	if err := json.Unmarshal(data, &m); err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Fixtures) < 14 {
-		t.Fatalf("%d fixtures, want the 14 op families of saved.py", len(m.Fixtures))
+	if len(m.Fixtures) < 26 {
+		t.Fatalf("%d fixtures, want the 26 op families of saved.py", len(m.Fixtures))
 	}
 	pol, err := precision.PolicyByName("autocast-fp16")
 	if err != nil {
@@ -160,8 +177,18 @@ func TestSavedValues(t *testing.T) {
 			_, fp32Values := run(false)
 			checkSavedDtypes(t, e, g, res)
 
+			// A parameter gradient that is zero up to rounding (the key
+			// bias of attention: softmax ignores a shift of a row's
+			// scores) is rounding noise in both backwards: not compared.
+			largest := 0.0
+			for _, p := range e.Params {
+				largest = max(largest, norm(floats(t, arrays[p.FP32])))
+			}
 			worst, worstOld := 0.0, 0.0
 			for _, p := range e.Params {
+				if norm(floats(t, arrays[p.FP32])) < largest/(1<<16) {
+					continue
+				}
 				want := floats(t, arrays[p.FP16])
 				got, ok := saved.Params[p.Name]
 				if !ok {
@@ -171,13 +198,13 @@ func TestSavedValues(t *testing.T) {
 				if d > savedTol || math.IsNaN(d) {
 					t.Errorf("%s: relative error %.3g against PyTorch's fp16 backward (tolerance %g)", p.Name, d, savedTol)
 				}
-				worst = max(worst, d)
-				worstOld = max(worstOld, relL2(fp32Values.Params[p.Name], want))
+				old := relL2(fp32Values.Params[p.Name], want)
+				if d > old {
+					t.Errorf("%s: the backward at the values the fp16 forward saved is %.3g from PyTorch's, the one at the fp32 forward's %.3g", p.Name, d, old)
+				}
+				worst, worstOld = max(worst, d), max(worstOld, old)
 			}
 			t.Logf("worst relative error against PyTorch's fp16 backward: %.3g at the saved values, %.3g at the fp32 forward's", worst, worstOld)
-			if worst > worstOld {
-				t.Errorf("the backward at the values the fp16 forward saved (%.3g) is farther from PyTorch's than the one at the fp32 forward's (%.3g)", worst, worstOld)
-			}
 		})
 	}
 }
@@ -278,4 +305,13 @@ func relL2(got, want []float32) float64 {
 		return math.Sqrt(d)
 	}
 	return math.Sqrt(d / w)
+}
+
+// norm is the L2 norm of x.
+func norm(x []float32) float64 {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	return math.Sqrt(ss)
 }
