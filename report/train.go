@@ -30,7 +30,9 @@ const (
 	// BackwardFP32Broken: the fp32 backward itself holds NaN/Inf.
 	BackwardFP32Broken = "backward-fp32-broken"
 	// BackwardOverflowEveryScale: a gradient overflows fp16 at every
-	// scale down to 2^MinExp.
+	// scale down to 2^MinExp, or the fp16 backward is NaN/Inf at every
+	// such scale (the values the fp16 forward saved) while the fp32 one
+	// is finite.
 	BackwardOverflowEveryScale = "backward-overflow-every-scale"
 	// BackwardUnderflow: at the scale a GradScaler settles at, a
 	// parameter gradient loses more than the tolerance of its norm, and
@@ -133,7 +135,9 @@ type CrossEntropyReport struct {
 // without overflow, halving from InitScale) and how much of each
 // parameter gradient's L2 norm fp16 loses there (lost mass, ‖fp16(g·S)/S
 // − g‖ / ‖g‖, flushing and rounding together, measured by an emulated
-// backward against the fp32 one). Exponents e stand for loss scale 2^e.
+// backward against the backward at the values the fp16 forward saved,
+// the fp32 one where the forward holds nothing in 16 bits). Exponents e
+// stand for loss scale 2^e.
 type BackwardReport struct {
 	// Loss is cross-entropy, bce, mse, l1 or output (the model returns
 	// its loss), applied to the graph output Output; Target is the file
@@ -214,9 +218,10 @@ type BackwardReport struct {
 	Unsupported []UnsupportedOp `json:"unsupported"`
 	// Fixes are remedies verified by a rerun (bf16).
 	Fixes []Fix `json:"fixes"`
-	// Runs counts the backward runs (the fp32 one and the emulated ones
-	// at the exponents Scales marks measured), and ElapsedSecs their
-	// time with the graph generation.
+	// Runs counts the backward runs (the fp32 one, the one at the values
+	// the fp16 forward saved, and the emulated ones at the exponents
+	// Scales marks measured), and ElapsedSecs their time with the graph
+	// generation.
 	Runs        int     `json:"runs"`
 	ElapsedSecs float64 `json:"elapsed_seconds"`
 }

@@ -238,7 +238,7 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 	if len(a.batches) > 1 {
 		a.report.Notes = append(a.report.Notes, fmt.Sprintf("the backward audit ran on the first of %d batches, the one its target belongs to", len(a.batches)))
 	}
-	r := grad.AutocastRounding(a.up.Graph, a.static.Assign)
+	r := a.rounding(a.static.Assign)
 	res, sess, err := a.backwardSession(ctx, r, a.bf16Rounding(r))
 	if err != nil {
 		return nil, err
@@ -257,6 +257,12 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 		return nil, err
 	}
 	b.Count = 1
+	if sess.HoldsForward() {
+		if b.Saved, err = sess.RunSaved(false); err != nil {
+			return nil, err
+		}
+		b.Count++
+	}
 	f := a.trainingFacts()
 	f.Backward = b
 	for {
@@ -268,7 +274,11 @@ func (a *audit) backward(ctx context.Context) (*training.Backward, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			r, err := sess.Run(e, true)
+			run := func(e int) (*grad.Run, error) { return sess.Run(e, true) }
+			if f.MassesAt(e) {
+				run = sess.RunSummarised
+			}
+			r, err := run(e)
 			if err != nil {
 				return nil, err
 			}
@@ -303,6 +313,10 @@ func (a *audit) backwardSession(ctx context.Context, r, alt *grad.Rounding) (*gr
 	res, err := grad.Build(a.up, facts, a.gradOptions(r))
 	if err != nil {
 		return nil, nil, &UsageError{Err: lossHint(err, c)}
+	}
+	if alt != nil && !res.HeldBy(alt) {
+		// the bf16 fix then runs in a session of its own (BF16)
+		alt = nil
 	}
 	sess, err := backward.NewMassSession(a.engine.Library, res, opt, a.model.Path, a.engine.Weights, a.train.inputs, a.train.target, alt)
 	if err != nil {
@@ -462,6 +476,16 @@ func exponent(x float64) int {
 	return e - 1
 }
 
+// rounding is the backward's rounding under the assignment asg: the
+// gradients autocast holds in 16 bits and, so that the backward
+// differentiates at the values autocast saved for it, the forward values
+// it holds in 16 bits (grad.Forward).
+func (a *audit) rounding(asg *precision.Assignment) *grad.Rounding {
+	r := grad.AutocastRounding(a.up.Graph, asg)
+	r.Forward = &grad.Forward{Orig: a.model.Proto.Graph, Assign: asg}
+	return r
+}
+
 // bf16Rounding is the bf16 policy's rounding of the backward when it
 // holds gradients at the same points as r (the policy's), so that the
 // backward's session runs it too; nil when it does not (another policy's
@@ -475,7 +499,7 @@ func (a *audit) bf16Rounding(r *grad.Rounding) *grad.Rounding {
 		return nil
 	}
 	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-	b := grad.AutocastRounding(a.up.Graph, asg)
+	b := a.rounding(asg)
 	if !backward.SameSites(r, b) {
 		return nil
 	}
@@ -484,41 +508,52 @@ func (a *audit) bf16Rounding(r *grad.Rounding) *grad.Rounding {
 
 // BF16 runs the backward with the bf16 policy's rounding at scale 1 (the
 // fix training.Run verifies: learn.to_bf16() trains without loss scaling)
+// and its reference, the backward at the values the bf16 forward saved
 // — in the backward's own session where it holds the bf16 rounding —;
-// ctx ending stops its run.
-func (a *audit) BF16(ctx context.Context) (*grad.Run, error) {
+// ctx ending stops its runs.
+func (a *audit) BF16(ctx context.Context) (run, ref *grad.Run, err error) {
 	if s := a.train.sess; s != nil && s.HasAlt() {
 		defer s.StopOn(ctx)()
-		return s.RunAlt(0)
+		if run, err = s.RunAlt(0); err != nil || !s.HoldsForward() {
+			return run, nil, err
+		}
+		ref, err = s.RunSaved(true)
+		return run, ref, err
 	}
 	pol, err := precision.PolicyByName("autocast-bf16")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if defaultOpset(a.up) < 13 {
-		return nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
+		return nil, nil, fmt.Errorf("the model imports opset %d; emulating bf16 needs Cast to bfloat16 (opset 13)", defaultOpset(a.up))
 	}
 	asg := precision.Assign(pol, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType)
-	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg), nil)
-	if err != nil {
-		return nil, err
-	}
-	defer sess.Close()
-	defer sess.StopOn(ctx)()
-	return sess.Run(0, true)
+	return a.fixRuns(ctx, asg, 0)
 }
 
 // KeepFP32 runs the backward at scale 2^exp with the nodes keep computing
 // in fp32 under the policy, forward and backward (the fix training.Run
-// verifies for the modules whose gradients fail); ctx ending stops its
-// run.
-func (a *audit) KeepFP32(ctx context.Context, keep map[int]bool, exp int) (*grad.Run, error) {
+// verifies for the modules whose gradients fail), and its reference;
+// ctx ending stops its runs.
+func (a *audit) KeepFP32(ctx context.Context, keep map[int]bool, exp int) (run, ref *grad.Run, err error) {
 	asg := precision.AssignKeepFP32(a.policy, a.model.Proto.Graph, a.static.Order, a.model.Index.ElemType, keep)
-	_, sess, err := a.backwardSession(ctx, grad.AutocastRounding(a.up.Graph, asg), nil)
+	return a.fixRuns(ctx, asg, exp)
+}
+
+// fixRuns runs, in a session of its own, the backward under the
+// assignment asg at scale 2^exp and, where its forward holds values in 16
+// bits, the backward at the values that forward saved (the fix's
+// reference).
+func (a *audit) fixRuns(ctx context.Context, asg *precision.Assignment, exp int) (run, ref *grad.Run, err error) {
+	_, sess, err := a.backwardSession(ctx, a.rounding(asg), nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer sess.Close()
 	defer sess.StopOn(ctx)()
-	return sess.Run(exp, true)
+	if run, err = sess.Run(exp, true); err != nil || !sess.HoldsForward() {
+		return run, nil, err
+	}
+	ref, err = sess.RunSaved(false)
+	return run, ref, err
 }

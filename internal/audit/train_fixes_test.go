@@ -11,16 +11,18 @@ import (
 )
 
 // TestBF16InTheBackwardSession: the bf16 fix's backward run in the
-// backward audit's own session (Round's alternative format) returns what
-// a session built for the bf16 rounding returns, bit for bit; and the
-// policy's runs there are unchanged by the alternative.
+// backward audit's own session (Round's alternative format, the forward
+// values' included) returns what a session built for the bf16 rounding
+// returns, bit for bit, and so does its reference (the backward at the
+// values the bf16 forward saved); and the policy's runs there are
+// unchanged by the alternative.
 func TestBF16InTheBackwardSession(t *testing.T) {
 	for _, name := range []string{"deep_mlp", "transformer_o17", "cnn_bn_train"} {
 		t.Run(name, func(t *testing.T) {
 			cfg := trainCase(t, name)
-			var alt, own, fp16Alt, fp16Own *grad.Run
+			var alt, own, altRef, ownRef, fp16Alt, fp16Own *grad.Run
 			_, err := runThen(context.Background(), cfg, func(ctx context.Context, a *audit) error {
-				r := grad.AutocastRounding(a.up.Graph, a.static.Assign)
+				r := a.rounding(a.static.Assign)
 				b := a.bf16Rounding(r)
 				if b == nil {
 					t.Fatalf("the bf16 rounding does not hold gradients at the policy's points")
@@ -31,14 +33,14 @@ func TestBF16InTheBackwardSession(t *testing.T) {
 				}
 				defer s.Close()
 				a.train.sess = s
-				if alt, err = a.BF16(ctx); err != nil {
+				if alt, altRef, err = a.BF16(ctx); err != nil {
 					return err
 				}
 				if fp16Alt, err = s.Run(exponent(a.cfg.Train.InitScale), true); err != nil {
 					return err
 				}
 				a.train.sess = nil
-				if own, err = a.BF16(ctx); err != nil {
+				if own, ownRef, err = a.BF16(ctx); err != nil {
 					return err
 				}
 				_, s2, err := a.backwardSession(ctx, r, nil)
@@ -53,6 +55,10 @@ func TestBF16InTheBackwardSession(t *testing.T) {
 				t.Fatal(err)
 			}
 			sameRun(t, "bf16", alt, own)
+			if altRef == nil || ownRef == nil {
+				t.Fatal("no bf16 reference: the forward holds nothing in 16 bits")
+			}
+			sameRun(t, "bf16 reference", altRef, ownRef)
 			sameRun(t, "fp16", fp16Alt, fp16Own)
 		})
 	}

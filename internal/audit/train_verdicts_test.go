@@ -18,20 +18,14 @@ import (
 // CPU autocast at every exponent from 2^-126 to 2^24.
 const trainVerdictsDir = "../../fixtures/torch/train_verdicts"
 
-// trainVerdictGaps are the fixtures whose PyTorch class the training
-// audit does not reach yet, and why. TestTrainVerdictFixtures fails when
-// one starts to reach it, so that the entry goes.
-var trainVerdictGaps = map[string]string{
-	"siamese_near": "the emulated fp16 backward rounds the gradients but differentiates at the fp32 forward's values, " +
-		"where the near-duplicate pairs' distance is about 1e-5, not the 0 of the fp16 forward where sqrt's gradient is infinite",
-}
-
 // TestTrainVerdictFixtures holds the training audit's backward verdict
 // to PyTorch's class of each fixture of train_verdicts: a pair at
 // distance 0 makes the fp32 backward NaN (backward-fp32-broken) while the
-// forward is finite. Where the audit falls short of PyTorch's class (a
-// gap above), it must still fail the run: the fp16 forward's output is
-// wrong against fp32 (FP2006).
+// forward is finite; near-duplicate pairs, 1e-5 apart in fp32, are at
+// distance 0 in fp16, and PyTorch's fp16 backward is non-finite at every
+// scale from 2^-126 to 2^24 (backward-overflow-every-scale): the audit
+// reaches it only by differentiating at the values the fp16 forward
+// saved, and its fp32 backward, like PyTorch's, is finite.
 func TestTrainVerdictFixtures(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(trainVerdictsDir, "manifest.json"))
 	if err != nil {
@@ -45,6 +39,9 @@ func TestTrainVerdictFixtures(t *testing.T) {
 				Class string
 				FP32  struct {
 					NonFiniteGrads []string `json:"nonfinite_grads"`
+				}
+				FP16 struct {
+					CleanExps []int `json:"clean_exps"`
 				}
 			}
 		}
@@ -83,19 +80,18 @@ func TestTrainVerdictFixtures(t *testing.T) {
 				t.Fatal("no backward audit")
 			}
 			b := r.Training.Backward
-			if gap, ok := trainVerdictGaps[f.Name]; ok {
-				if b.Verdict == f.Truth.Class {
-					t.Errorf("the audit now reaches PyTorch's class %s: remove %s from trainVerdictGaps", b.Verdict, f.Name)
-				}
-				if len(findingsOf(r, "FP2006")) == 0 {
-					t.Errorf("backward %s (%s) and no FP2006: the audit does not fail a run whose fp16 backward PyTorch finds non-finite at every scale (%s)", b.Verdict, b.VerdictText, gap)
-				}
-				return
-			}
 			if b.Verdict != f.Truth.Class {
 				t.Fatalf("backward verdict %s (%s), PyTorch's class %s", b.Verdict, b.VerdictText, f.Truth.Class)
 			}
-			if f.Truth.Class == report.BackwardFP32Broken {
+			switch f.Truth.Class {
+			case report.BackwardOverflowEveryScale:
+				if len(f.Truth.FP16.CleanExps) != 0 || len(f.Truth.FP32.NonFiniteGrads) != 0 {
+					t.Errorf("the truth's fp16 backward is clean at %v, its fp32 gradients non-finite in %v, yet its class is %s", f.Truth.FP16.CleanExps, f.Truth.FP32.NonFiniteGrads, f.Truth.Class)
+				}
+				if b.MaxCleanExp != nil || len(b.FP32NonFinite) != 0 || len(findingsOf(r, "FP6006")) != 1 {
+					t.Errorf("largest clean scale %v, fp32 non-finite %v, FP6006 %v: PyTorch's fp32 backward is finite and no scale its fp16 one", derefInt(b.MaxCleanExp), b.FP32NonFinite, findingsOf(r, "FP6006"))
+				}
+			case report.BackwardFP32Broken:
 				if len(f.Truth.FP32.NonFiniteGrads) == 0 {
 					t.Errorf("the truth's fp32 gradients are finite, yet its class is %s", f.Truth.Class)
 				}

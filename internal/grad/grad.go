@@ -68,6 +68,7 @@ import (
 	"fp16audit/internal/grad/vjp"
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnx/ops"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/tensor"
 )
 
@@ -246,6 +247,10 @@ type Result struct {
 	Grads []Grad
 	// Sites lists the rounded gradient contributions.
 	Sites []Site
+	// Held lists the forward values rounded to 16 bits where the
+	// Rounding has a Forward: the values every rule reads as autocast
+	// saved them.
+	Held []Held
 	// Unsupported lists the nodes the gradient stops at.
 	Unsupported []Unsupported
 	// Blocked lists values that needed a gradient but got none because
@@ -336,8 +341,32 @@ func Build(m *onnx.ModelProto, facts *Facts, opt Options) (*Result, error) {
 	res.Target, res.TargetShape, res.TargetType, res.CrossEntropy = tg.Name, tg.Shape, tg.Type, tg.CrossEntropy
 	d := &driver{b: b, ix: ix, opt: opt, res: res, contrib: map[string][]string{}}
 	d.run(out, SeedOutput)
+	if f := opt.Rounding.forward(); f != nil {
+		res.Held = d.saved(m, f)
+	}
 	res.Model = b.Model()
 	return res, nil
+}
+
+// saved makes the forward of the backward graph the forward as f holds
+// it, read by every rule at the values its op saved (vjp's Saved), and
+// returns what it rounds. The forward is the graph the rules were given
+// (the forward nodes the rules cloned included), emulated as the forward
+// passes emulate it; node indices stay.
+func (d *driver) saved(m *onnx.ModelProto, f *Forward) []Held {
+	fwd := onnx.ShallowCopy(m)
+	fwd.Graph.Node = d.b.Graph().Node
+	emu, rounded := rewrite.EmulateHeld(fwd, f.Orig, f.Assign)
+	d.b.Saved(emu.Graph)
+	held := make([]Held, len(rounded))
+	for k, r := range rounded {
+		h := Held{Raw: r.Src, Rounded: r.Dst, Value: r.Value, ElemType: r.Precision.ElemType(), Cast: r.Cast}
+		for _, s := range r.Slots {
+			h.Slots = append(h.Slots, Slot{Node: s.Node, Input: s.Input})
+		}
+		held[k] = h
+	}
+	return held
 }
 
 // outputList names the graph outputs with their probed shapes.

@@ -499,3 +499,134 @@ func TestPartialGradient(t *testing.T) {
 		t.Errorf("blocked %v, want none", res.Blocked)
 	}
 }
+
+// TestForwardSaved: with the forward held as autocast holds it
+// (grad.Forward), a Linear's rule reads the fp16 copies of its input and
+// weight that the forward's Gemm reads, and Relu's rule its rounded
+// result, never the fp32 values: the backward nodes read no fp32 input of
+// a Gemm and no unrounded output; the forward's own nodes read the copies
+// too; and the session's values are what autograd computes at those
+// rounded values.
+func TestForwardSaved(t *testing.T) {
+	requireORT(t)
+	w1 := make([]float32, 16)
+	for i := range w1 {
+		w1[i] = 0.1 + 0.01*float32(i) + 1e-5 // off fp16's grid
+	}
+	g := &onnx.GraphProto{
+		Name: "mlp",
+		Node: []*onnx.NodeProto{
+			onnx.Node("Gemm", "/fc1/Gemm", []string{"x", "fc1.weight"}, []string{"h"}, onnx.AttrInt("transB", 1)),
+			onnx.Node("Relu", "/act/Relu", []string{"h"}, []string{"r"}),
+			onnx.Node("Gemm", "/fc2/Gemm", []string{"r", "fc2.weight"}, []string{"y"}, onnx.AttrInt("transB", 1)),
+		},
+		Initializer: []*onnx.TensorProto{onnx.FloatTensor("fc1.weight", []int64{4, 4}, w1), onnx.FloatTensor("fc2.weight", []int64{1, 4}, []float32{0.3, -0.2, 0.1, 0.7})},
+		Input:       []*onnx.ValueInfoProto{onnx.TensorValueInfo("x", onnx.TensorProto_FLOAT, 2, 4)},
+		Output:      []*onnx.ValueInfoProto{onnx.TensorValueInfo("y", onnx.TensorProto_FLOAT, 2, 1)},
+	}
+	m := onnx.NewModel(g, 17)
+	ix, err := onnx.NewIndex(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := precision.PolicyByName("autocast-fp16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := precision.Assign(pol, g, ix.Order(), ix.ElemType)
+	r := grad.AutocastRounding(g, a)
+	r.Forward = &grad.Forward{Orig: g, Assign: a}
+	x := tensor.FromFloat32s("x", []int64{2, 4}, []float32{1.0001, -2, 3, 0.5, 5, -6, 0.25, 8})
+	facts, err := backward.Probe(context.Background(), ortLib, m, "", []*tensor.Tensor{x}, sessionOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := grad.Build(m, facts, grad.Options{Loss: grad.MSE, Rounding: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copies := map[string]bool{}
+	for _, h := range res.Held {
+		if h.Cast {
+			copies[h.Value] = true
+		}
+	}
+	for _, v := range []string{"x", "fc1.weight", "fc2.weight"} {
+		if !copies[v] {
+			t.Errorf("no fp16 copy of %s among %+v", v, res.Held)
+		}
+	}
+	bg := res.Model.Graph
+	for k, n := range bg.Node {
+		if n.OpType == "Cast" || strings.Contains(n.Name, "::back::") {
+			continue // the roundings themselves
+		}
+		for _, in := range n.Input {
+			if copies[in] && (k >= len(g.Node) || n.OpType == "Gemm") {
+				t.Errorf("node %s (%s) reads the fp32 %s, not its fp16 copy", n.Name, n.OpType, in)
+			}
+			if k >= len(g.Node) && strings.Contains(in, "::raw::") {
+				t.Errorf("backward node %s (%s) reads the unrounded %s", n.Name, n.OpType, in)
+			}
+		}
+	}
+	s, err := backward.NewSession(res, sessionOptions, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	target := tensor.FromFloat32s("t", []int64{2, 1}, []float32{0, 0})
+	outs, err := s.Run([]*tensor.Tensor{x}, target, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// autograd at the rounded values: h = x16·W1₁₆ᵀ (fp32 sums) rounded,
+	// r = relu(h), y = r·w2₁₆ᵀ rounded; dL/dy = 2y/2; dL/dW1 = (dL/dh)ᵀ·x16
+	// with dL/dh = (dL/dy·w2₁₆ where h > 0) rounded, dL/dy rounded too.
+	h16 := round16
+	xs := floats(t, x)
+	w2 := []float32{0.3, -0.2, 0.1, 0.7}
+	want := make([]float32, 16)
+	for n := range 2 {
+		var hv [4]float32
+		var y float32
+		for j := range 4 {
+			var acc float32
+			for k := range 4 {
+				acc += h16(xs[n*4+k]) * h16(w1[j*4+k])
+			}
+			hv[j] = max(h16(acc), 0)
+			y += hv[j] * h16(w2[j])
+		}
+		dy := h16(h16(y))
+		for j := range 4 {
+			if hv[j] <= 0 {
+				continue
+			}
+			dh := h16(dy * h16(w2[j]))
+			for k := range 4 {
+				want[j*4+k] += dh * h16(xs[n*4+k])
+			}
+		}
+	}
+	gw, _ := res.GradOf("fc1.weight")
+	got := floats(t, outs[gw.Name])
+	for i := range want {
+		if d := math.Abs(float64(got[i] - h16(want[i]))); d > 1e-3*math.Abs(float64(want[i]))+1e-6 {
+			t.Errorf("dL/dW1[%d] = %g, autograd at the saved values %g", i, got[i], h16(want[i]))
+		}
+	}
+}
+
+// round16 rounds v to the nearest fp16 value (ties to even), as a Cast to
+// FLOAT16 does.
+func round16(v float32) float32 {
+	f := float64(v)
+	if a := math.Abs(f); a >= 65520 {
+		return float32(math.Copysign(math.Inf(1), f))
+	} else if a < math.Ldexp(1, -14) {
+		return float32(math.Ldexp(math.RoundToEven(math.Ldexp(f, 24)), -24))
+	}
+	frac, exp := math.Frexp(f)
+	return float32(math.Ldexp(math.RoundToEven(math.Ldexp(frac, 11)), exp-11))
+}

@@ -1,6 +1,9 @@
 package rewrite
 
 import (
+	"maps"
+	"slices"
+
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/precision"
 )
@@ -29,15 +32,54 @@ import (
 // reads an initializer of the limit of the precision it reads the number
 // in, and a number the assignment holds in half is not rounded itself.
 func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment) *onnx.ModelProto {
+	m, _ := EmulateHeld(up, orig, a)
+	return m
+}
+
+// Held is one rounding Emulate makes: the Cast pair from Src through the
+// 16-bit format to Dst, and the value of the model it holds.
+type Held struct {
+	// Src is the value as computed in fp32 and Dst the rounded one.
+	Src, Dst string
+	// Precision is the 16-bit format (FP16 or BF16).
+	Precision precision.Precision
+	// Value is the model's value held: Dst itself for a value the
+	// assignment holds in reduced precision (its op's output renamed to
+	// Src), the value copied for a copy.
+	Value string
+	// Slots are the node input slots that read a copy, nil for a value
+	// held itself; Cast tells a copy an op casts to its lower precision
+	// (read by the ops that cast it) from a source held in 16 bits (read
+	// by every reader).
+	Slots []Slot
+	Cast  bool
+}
+
+// Slot is a node's input slot.
+type Slot struct{ Node, Input int }
+
+// EmulateHeld is Emulate, and also returns every rounding it made, in the
+// order the graph appends them: what a backward reads where it
+// differentiates at the values the forward held.
+func EmulateHeld(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment) (*onnx.ModelProto, []Held) {
 	out := onnx.ShallowCopy(up)
 	g := out.Graph
 	var extra []*onnx.NodeProto
+	var held []Held
+	heldAt := map[string]int{}
 
-	round := func(src, dst string, p precision.Precision) {
+	round := func(src, dst, value string, p precision.Precision, cast bool) {
 		mid := onnx.InternalName(dst, p.String())
 		extra = append(extra,
 			onnx.Node("Cast", mid, []string{src}, []string{mid}, onnx.AttrInt("to", int64(p.ElemType()))),
 			onnx.Node("Cast", onnx.InternalName(dst, "back"), []string{mid}, []string{dst}, onnx.AttrInt("to", int64(elemFloat))))
+		heldAt[dst] = len(held)
+		held = append(held, Held{Src: src, Dst: dst, Precision: p, Value: value, Cast: cast})
+	}
+	// read records that slot j of node i reads the copy dst.
+	read := func(dst string, i, j int) {
+		h := &held[heldAt[dst]]
+		h.Slots = append(h.Slots, Slot{i, j})
 	}
 	// Autocast leaves float64 tensors alone (only float32 is eligible for
 	// its casts), and rounding one through a Cast back to FLOAT would change
@@ -82,23 +124,23 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 			sourceCopy[t.Name] = ""
 		}
 	}
-	for name := range sourceCopy {
+	for _, name := range slices.Sorted(maps.Keys(sourceCopy)) {
 		r := onnx.InternalName(name, "src")
 		sourceCopy[name] = r
-		round(name, r, a.Value[name])
+		round(name, r, name, a.Value[name], false)
 	}
 
 	// Inputs cast to an op's lower precision: one rounded copy per value and
 	// precision, shared by all ops that cast it.
 	castCopy := map[string]string{}
-	castOf := func(name string, p precision.Precision) string {
+	castOf := func(name, value string, p precision.Precision) string {
 		key := name + "|" + p.String()
 		if r, ok := castCopy[key]; ok {
 			return r
 		}
 		r := onnx.InternalName(name, "to-"+p.String())
 		castCopy[key] = r
-		round(name, r, p)
+		round(name, r, value, p, true)
 		return r
 	}
 
@@ -132,17 +174,19 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 			if in == "" {
 				continue
 			}
-			cur := n.Input[j]
+			cur, copied := n.Input[j], false
 			if r, ok := sourceCopy[in]; ok {
-				cur = r
-				edit().Input[j] = r
+				cur, copied = r, true
 			}
 			if i < len(a.CastInputs) && j < len(a.CastInputs[i]) && a.CastInputs[i][j] &&
 				isHalf(np) && a.Value[in] != np && !unrounded(in) {
-				edit().Input[j] = castOf(cur, np)
+				cur, copied = castOf(cur, in, np), true
 			}
 			if lim, ok := fillAt[[2]int{i, j}]; ok {
 				edit().Input[j] = lim
+			} else if copied {
+				edit().Input[j] = cur
+				read(cur, i, j)
 			}
 		}
 		for k, o := range on.Output {
@@ -151,12 +195,12 @@ func Emulate(up *onnx.ModelProto, orig *onnx.GraphProto, a *precision.Assignment
 			}
 			raw := onnx.InternalName(o, "raw")
 			edit().Output[k] = raw
-			round(raw, o, a.Value[o])
+			round(raw, o, o, a.Value[o], false)
 		}
 		if changed != nil {
 			g.Node[i] = changed
 		}
 	}
 	g.Node = append(g.Node, extra...)
-	return out
+	return out, held
 }

@@ -264,7 +264,48 @@ func runOverflowEveryScale(f *Facts) ([]checks.Finding, error) {
 	e := t.entries[k]
 	msg := fmt.Sprintf("even at scale 2^%d the fp16 backward overflows, first at %s: no loss scale keeps it finite; use %s or keep %s in fp32",
 		b.MinExp, e.describe(), f.bf16(), e.label())
+	switch f.savedValues() {
+	case forwardLoss:
+		msg = fmt.Sprintf("even at scale 2^%d the fp16 backward is NaN/Inf, first at %s, while the fp32 backward is finite: the fp16 forward's loss is already NaN/Inf "+
+			"(the forward overflows before the backward starts; see the forward verdict), so no loss scale keeps it finite; fix the forward, or use %s or keep %s in fp32",
+			b.MinExp, e.describe(), f.bf16(), e.label())
+	case savedGradient:
+		msg = fmt.Sprintf("even at scale 2^%d the fp16 backward is NaN/Inf, first at %s, while the fp32 backward is finite and far from fp16's range there: "+
+			"what makes it non-finite is the values the fp16 forward saved for the backward (a difference fp16 rounds to 0 under a square root or a division), not the loss scale, so no loss scale keeps it finite; use %s or keep %s and what feeds it in fp32",
+			b.MinExp, e.describe(), f.bf16(), e.label())
+	}
 	return []checks.Finding{f.finding(checkOverflowEveryScale, e.node, e.value, msg)}, nil
+}
+
+// Why the emulated backward is NaN/Inf at the smallest scale judged
+// (savedValues).
+const (
+	// scaled: the fp32 maxima overflow there too.
+	scaled = iota
+	// forwardLoss: the fp16 forward's loss is NaN/Inf already.
+	forwardLoss
+	// savedGradient: the loss is finite, and the fp32 maxima keep every
+	// gradient below overflow even at twice the scale: the values the
+	// fp16 forward saved break the backward.
+	savedGradient
+)
+
+// savedValues says why the emulated backward is NaN/Inf at the smallest
+// scale judged: the scale (scaled, also when no run there is NaN/Inf), or
+// the values of the fp16 forward, its loss already (forwardLoss) or the
+// values it saved for the backward (savedGradient), where by the fp32
+// maxima no gradient would overflow even at twice that scale
+// (unexplained).
+func (f *Facts) savedValues() int {
+	b := f.Backward
+	r, ok := b.Runs[b.MinExp]
+	switch {
+	case !ok || !f.runOverflows(r) || f.maximaOverflow(b.MinExp+1):
+		return scaled
+	case isNaNOrInf(r.Loss):
+		return forwardLoss
+	}
+	return savedGradient
 }
 
 // losing lists the parameters losing more than the tolerance at x, worst

@@ -72,7 +72,16 @@ pass learn.to_fp16(init_scale=2.**k) with the settled k.`})
 magnitude exceeds 65504 at every scale a GradScaler can reach. Use
 learn.to_bf16() (bf16 has fp32's range; the report verifies it by a
 rerun), keep the named module in fp32, or rescale what makes its gradient
-so large (the loss, the targets, the module's output).`})
+so large (the loss, the targets, the module's output).
+
+The emulated backward differentiates at the values the fp16 forward saved
+for it, as autograd does under autocast, so the same verdict comes when
+those values alone make the backward NaN/Inf at every scale while the
+fp32 backward is finite: a Euclidean distance written as sqrt((d*d).sum())
+between two embeddings that fp16 rounds to the same values is 0, where
+sqrt's gradient is infinite. Then the loss scale is not the cause: guard
+the expression (an epsilon inside the root, torch.cdist) or keep the
+module in fp32.`})
 	checkUnderflowEveryScale = checks.Register(&checks.Check{ID: "FP6007", Title: "gradients lose their norm at every scale that avoids overflow", Policies: fp16Policies, Severity: checks.SevError, Doc: `At the loss scale a GradScaler settles at — the largest scale at most
 init_scale at which no gradient overflows — fp16 loses more than the
 tolerance (1% by default, --lost-mass-tolerance) of a parameter gradient's

@@ -357,7 +357,7 @@ func (f *Facts) keepFix(ctx context.Context, run Runner, br *report.BackwardRepo
 		// to rerun (the fp32 continuation verifies it over steps)
 		return nil, nil
 	}
-	r, err := run.KeepFP32(ctx, keep, b.InitExp)
+	r, ref, err := run.KeepFP32(ctx, keep, b.InitExp)
 	if err != nil {
 		return nil, fmt.Errorf("keep-fp32 backward: %w", err)
 	}
@@ -365,7 +365,7 @@ func (f *Facts) keepFix(ctx context.Context, run Runner, br *report.BackwardRepo
 	for i, p := range t.params {
 		names[i] = p.value
 	}
-	lost, finite := lostMasses(r, b.FP32, names, r.Exp)
+	lost, finite := lostMasses(r, f.reference(ref), names, r.Exp)
 	bad, over := 0, 0
 	worst, name := 0.0, ""
 	for i, p := range t.params {
@@ -390,7 +390,7 @@ func (f *Facts) keepFix(ctx context.Context, run Runner, br *report.BackwardRepo
 			fix.Summary += " (" + name + ")"
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("keeping %s in fp32 does not fix it: at the scale 2^%d %d parameter gradient(s) are still NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", list, b.InitExp, bad, over, 100*b.Tolerance, 100*worst, name)
+		fix.Summary = fmt.Sprintf("keeping %s in fp32 does not fix it: at the scale 2^%d %d parameter gradient(s) are still NaN/Inf and %d lose more than %.1f%% of their norm%s", list, b.InitExp, bad, over, 100*b.Tolerance, worstOf(worst, name))
 	}
 	return fix, nil
 }
@@ -519,6 +519,14 @@ func (f *Facts) verdict(br *report.BackwardReport, findings []checks.Finding) {
 		}
 		br.VerdictText = fmt.Sprintf("the fp16 backward overflows even at scale 2^%d, first at %s: no loss scale trains it in fp16; use %s or keep that module in fp32",
 			b.MinExp, first, f.bf16())
+		switch f.savedValues() {
+		case forwardLoss:
+			br.VerdictText = fmt.Sprintf("the fp16 backward is NaN/Inf even at scale 2^%d, where the fp32 backward is finite: the fp16 forward's loss is NaN/Inf already (see the forward verdict), whatever the scale; fix the forward, or use %s or keep that module in fp32",
+				b.MinExp, f.bf16())
+		case savedGradient:
+			br.VerdictText = fmt.Sprintf("the fp16 backward is NaN/Inf even at scale 2^%d, first at %s, where the fp32 backward is finite: the values the fp16 forward saved make it non-finite whatever the scale; use %s or keep that module in fp32",
+				b.MinExp, first, f.bf16())
+		}
 	case has(checkUnderflowEveryScale):
 		br.Verdict = report.BackwardUnderflow
 		br.VerdictText = fmt.Sprintf("%s, where fp16 loses %.1f%% of the gradient norm of %s (tolerance %.1f%%), and no scale without overflow keeps it: fp16 cannot train %s; use %s or keep them in fp32",
@@ -556,7 +564,7 @@ func derefF(p *float64) float64 {
 // every parameter gradient finite and lose at most the tolerance of its
 // norm, the measure the verdict used.
 func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardReport) (report.Fix, error) {
-	r, err := run.BF16(ctx)
+	r, ref, err := run.BF16(ctx)
 	if err != nil {
 		return report.Fix{}, fmt.Errorf("bf16 backward: %w", err)
 	}
@@ -568,7 +576,7 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 	for i, p := range params {
 		names[i] = p.value
 	}
-	lost, finite := lostMasses(r, b.FP32, names, r.Exp)
+	lost, finite := lostMasses(r, f.reference(ref), names, r.Exp)
 	for i, p := range params {
 		l, ok := lost[i], finite[i]
 		switch {
@@ -593,7 +601,16 @@ func (f *Facts) bf16Fix(ctx context.Context, run Runner, br *report.BackwardRepo
 			fix.Summary += " (" + name + ")"
 		}
 	} else {
-		fix.Summary = fmt.Sprintf("%s does not fix it: with bf16 gradients %d parameter gradient(s) are NaN/Inf and %d lose more than %.1f%% of their norm (worst %.1f%%, %s)", f.bf16(), bad, over, 100*b.Tolerance, 100*worst, name)
+		fix.Summary = fmt.Sprintf("%s does not fix it: with bf16 gradients %d parameter gradient(s) are NaN/Inf and %d lose more than %.1f%% of their norm%s", f.bf16(), bad, over, 100*b.Tolerance, worstOf(worst, name))
 	}
 	return fix, nil
+}
+
+// worstOf names the finite parameter gradient that loses most, " (worst
+// 4.8%, 0.bias)", or nothing when every one is NaN/Inf.
+func worstOf(worst float64, name string) string {
+	if name == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (worst %.1f%%, %s)", 100*worst, name)
 }

@@ -67,6 +67,14 @@ type Backward struct {
 	// FP32 is its run with the rounding off at scale 1: the reference,
 	// whose mass by exponent judges every scale.
 	FP32 *grad.Run
+	// Saved is its run at scale 1 with the forward values held in 16
+	// bits as the policy holds them and every gradient unrounded: the
+	// backward exactly at the values the fp16 forward saved, which the
+	// emulated runs' parameter gradients lose their mass against, so
+	// that the forward's own precision (no loss scale changes it) is not
+	// counted as mass lost. nil where the forward holds nothing in 16
+	// bits; where it is NaN/Inf the fp32 run is the reference.
+	Saved *grad.Run
 	// Runs are its emulated runs (rounding on) by exponent.
 	Runs map[int]*grad.Run
 	// InitExp is the initial scale's exponent; MinExp and MaxExp bound
@@ -109,10 +117,13 @@ type runPair struct{ run, fp32 *grad.Run }
 // the rounding of the bf16 policy (learn.to_bf16(), which trains without
 // loss scaling) at scale 1; KeepFP32 with the nodes keep computing in
 // fp32 (autocast disabled around their modules), forward and backward,
-// at scale 2^exp. ctx ending stops the run.
+// at scale 2^exp. Each also returns the fix's own reference, the
+// backward at the values its forward saved with the gradients unrounded
+// (see Backward.Saved; nil: the fp32 run is the reference). ctx ending
+// stops the run.
 type Runner interface {
-	BF16(ctx context.Context) (*grad.Run, error)
-	KeepFP32(ctx context.Context, keep map[int]bool, exp int) (*grad.Run, error)
+	BF16(ctx context.Context) (run, ref *grad.Run, err error)
+	KeepFP32(ctx context.Context, keep map[int]bool, exp int) (run, ref *grad.Run, err error)
 }
 
 // entry is one gradient the policy holds in reduced precision: the

@@ -66,8 +66,11 @@ func (f *Facts) fp32Broken() bool {
 // overflow says whether the backward at exponent x overflows: measured
 // when an emulated run at x (or, the scale only growing it, at a smaller
 // exponent that overflowed or a larger one that did not) says so, else
-// from the fp32 backward's maxima. first is the entry that overflows
-// first in backward order by the fp32 maxima (-1: none there).
+// from the fp32 backward's maxima — unless an emulated run overflowed
+// where they do not explain it (unexplained): then a scale no run
+// bounds counts as overflowing. first is the entry that overflows first
+// in backward order, by the run at x where it summarised its gradients,
+// else by the fp32 maxima (-1: none there).
 func (f *Facts) overflow(x int) (over bool, first int) {
 	t, b := f.gradients(), f.Backward
 	first = -1
@@ -79,6 +82,10 @@ func (f *Facts) overflow(x int) (over bool, first int) {
 		}
 	}
 	if r, ok := b.Runs[x]; ok {
+		if i := f.firstNonFinite(r); i >= 0 {
+			// measured where the run summarised its gradients
+			first = i
+		}
 		return f.runOverflows(r), first
 	}
 	for y, r := range b.Runs {
@@ -91,7 +98,94 @@ func (f *Facts) overflow(x int) (over bool, first int) {
 			return false, first
 		}
 	}
+	if _, ok := f.unexplained(); ok {
+		// Below a run the fp32 maxima do not explain, no scale is clean
+		// until a run says so (NextRuns asks for them).
+		return true, first
+	}
 	return first >= 0, first
+}
+
+// unexplained returns the smallest exponent of an emulated run whose
+// gradients are NaN/Inf although by the fp32 backward's maxima none would
+// overflow even at twice its scale. Rounding compounded through the
+// backward moves a gradient by a small share of its size; what made such
+// a run non-finite is the values the fp16 forward saved (a distance fp16
+// rounds to 0, where sqrt's gradient is infinite), not the scale, so a
+// smaller scale is not clean because the fp32 maxima say so. ok is false
+// when no run is.
+func (f *Facts) unexplained() (x int, ok bool) {
+	for y, r := range f.Backward.Runs {
+		if f.runOverflows(r) && !f.maximaOverflow(y+1) && (!ok || y < x) {
+			x, ok = y, true
+		}
+	}
+	return x, ok
+}
+
+// maximaOverflow reports whether a 16-bit gradient overflows at exponent
+// x by the fp32 backward's maxima.
+func (f *Facts) maximaOverflow(x int) bool {
+	for _, e := range f.gradients().entries {
+		if m := e.mass(f.Backward.FP32); m != nil && m.Overflows(x, e.format) {
+			return true
+		}
+	}
+	return false
+}
+
+// searchRun returns the next exponent to run where an unexplained
+// overflow (see unexplained) leaves the largest clean scale open: the
+// smallest judged one first (non-finite there too: no scale is clean),
+// then halving the exponents between the largest clean run and the
+// smallest overflowing one above it. ok is false when nothing is open.
+func (f *Facts) searchRun() (x int, ok bool) {
+	b := f.Backward
+	if _, ok := f.unexplained(); !ok {
+		return 0, false
+	}
+	hi, lo := math.MaxInt, math.MinInt
+	for y, r := range b.Runs {
+		if f.runOverflows(r) && y < hi {
+			hi = y
+		}
+	}
+	for y, r := range b.Runs {
+		if !f.runOverflows(r) && y < hi && y > lo {
+			lo = y
+		}
+	}
+	switch {
+	case lo == math.MinInt && hi > b.MinExp:
+		return b.MinExp, true
+	case lo != math.MinInt && hi-lo > 1:
+		return lo + (hi-lo)/2, true
+	}
+	return 0, false
+}
+
+// MassesAt reports whether the emulated run at exponent x should
+// summarise its gradients as the fp32 one does (Mass on): the smallest
+// judged scale, run where an unexplained overflow calls for it, whose
+// first NaN/Inf gradient in backward order names where the backward
+// fails at every scale.
+func (f *Facts) MassesAt(x int) bool {
+	_, ok := f.unexplained()
+	return ok && x == f.Backward.MinExp
+}
+
+// firstNonFinite returns the entry whose gradient is NaN/Inf (or
+// overflows its format) first in backward order in run r, measured where
+// r summarised its gradients (MassesAt): -1 when it did not, or none is.
+func (f *Facts) firstNonFinite(r *grad.Run) int {
+	t := f.gradients()
+	for i := len(t.entries) - 1; i >= 0; i-- {
+		e := t.entries[i]
+		if m := e.mass(r); m != nil && (m.NonFinite > 0 || m.Overflows(0, e.format)) {
+			return i
+		}
+	}
+	return -1
 }
 
 // runOverflows: an emulated run overflows when a parameter gradient holds
@@ -136,14 +230,16 @@ func allFinite(g []float32) bool {
 }
 
 // lost returns the share of parameter k's gradient norm lost at exponent
-// x: measured by the emulated run at x, or estimated from the fp32 mass
-// by exponent of the gradients it is computed from (each one's own
+// x: measured by the emulated run at x against the backward at the
+// values the fp16 forward saved (reference), or estimated from the fp32
+// mass by exponent of the gradients it is computed from (each one's own
 // rounding, compounded as independent losses).
 func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 	t, b := f.gradients(), f.Backward
 	if r, ok := b.Runs[x]; ok {
 		m := &b.memo
-		key := runPair{r, b.FP32}
+		ref := f.reference(b.Saved)
+		key := runPair{r, ref}
 		ls, ok := m.lost[key]
 		if !ok {
 			// Each run's losses once: a parameter gradient is long.
@@ -152,7 +248,7 @@ func (f *Facts) lost(k, x int) (lost float64, measured bool) {
 				names[i] = q.value
 			}
 			var finite []bool
-			ls, finite = lostMasses(r, b.FP32, names, x)
+			ls, finite = lostMasses(r, ref, names, x)
 			if m.lost == nil {
 				m.lost = map[runPair][]float64{}
 			}
@@ -208,6 +304,18 @@ func (f *Facts) estimate(k, x int) float64 {
 		}
 	}
 	return 1 - kept
+}
+
+// reference returns what an emulated run's parameter gradients are
+// compared with: saved, the backward at the values its forward saved with
+// the gradients unrounded, where it ran and is finite (the fp16
+// forward's own rounding, which no loss scale changes, is then not mass
+// lost); else the fp32 backward.
+func (f *Facts) reference(saved *grad.Run) *grad.Run {
+	if saved == nil || f.runOverflows(saved) {
+		return f.Backward.FP32
+	}
+	return saved
 }
 
 // noiseRatio: a parameter gradient whose fp32 norm is below this share of
@@ -305,8 +413,10 @@ func (f *Facts) scales() scales {
 	return s
 }
 
-// maxRuns bounds the emulated runs NextRuns asks for.
-const maxRuns = 8
+// maxRuns bounds the emulated runs NextRuns asks for: two to five where
+// the fp32 maxima explain every overflow, up to ten where one is
+// unexplained (the smallest scale, then halving the range of exponents).
+const maxRuns = 12
 
 // overflowMargin: an emulated run's gradients differ from the fp32 ones by
 // the rounding upstream of them, a small share of their size. A scale at
@@ -358,6 +468,10 @@ func (f *Facts) NextRuns() []int {
 				want = append(want, ptr(below))
 			}
 		}
+	}
+	if x, ok := f.searchRun(); ok {
+		// One at a time: each halves what the next has to search.
+		return []int{x}
 	}
 	var out []int
 	for _, x := range want {

@@ -388,3 +388,115 @@ func TestParamName(t *testing.T) {
 		}
 	}
 }
+
+// runUntilDone answers NextRuns with emulate's runs, NaN/Inf where the
+// fp32 maxima overflow or nonFinite says, and returns the exponents run,
+// in order.
+func (w *world) runUntilDone(t *testing.T, nonFinite func(e int) bool) []int {
+	t.Helper()
+	var order []int
+	for i := 0; ; i++ {
+		f := w.facts()
+		next := f.NextRuns()
+		if len(next) == 0 {
+			return order
+		}
+		if i > maxRuns {
+			t.Fatalf("NextRuns keeps asking: %v", next)
+		}
+		for _, e := range next {
+			if f.MassesAt(e) != (e == w.b.MinExp) {
+				t.Errorf("masses at 2^%d: %v", e, f.MassesAt(e))
+			}
+			// the fp32 gradients scaled (emulate's overflow would read
+			// the runs made so far)
+			r := &grad.Run{Exp: e, Rounded: true, Params: map[string][]float32{}}
+			for k, v := range w.b.FP32.Params {
+				g := make([]float32, len(v))
+				for i, x := range v {
+					g[i] = float32(math.Ldexp(float64(x), e))
+				}
+				if f.maximaOverflow(e) || nonFinite(e) {
+					g[0] = float32(math.NaN())
+				}
+				r.Params[k] = g
+			}
+			w.b.Runs[e] = r
+			order = append(order, e)
+		}
+	}
+}
+
+// TestSavedValuesEveryScale: the emulated backward is NaN at the settled
+// scale where the fp32 maxima keep every gradient far below overflow (the
+// values the fp16 forward saved break it, as a distance fp16 rounds to 0
+// breaks sqrt's gradient): the next run is the smallest scale, not the
+// next one down, and NaN there too is overflow at every scale, said as
+// such.
+func TestSavedValuesEveryScale(t *testing.T) {
+	w := newWorld(t, 16, nil)
+	if got := w.runUntilDone(t, func(int) bool { return true }); !slices.Equal(got, []int{16, -20}) {
+		t.Fatalf("runs %v, want [16 -20]", got)
+	}
+	tr, fs, _ := w.audit(t, checks.Selection{})
+	b := tr.Backward
+	if b.Verdict != report.BackwardOverflowEveryScale || !slices.Contains(ids(fs), "FP6006") || !strings.Contains(b.VerdictText, "saved") {
+		t.Errorf("verdict %s (%s), findings %v; want overflow at every scale from the saved values", b.Verdict, b.VerdictText, ids(fs))
+	}
+}
+
+// TestSavedValuesSearch: where the saved values break the backward only
+// from some scale up (a gradient far larger than fp32's, finite), the
+// runs halve the range between the smallest scale and the settled one,
+// and the largest clean scale is the one the runs bound, not the fp32
+// maxima's.
+func TestSavedValuesSearch(t *testing.T) {
+	w := newWorld(t, 16, nil)
+	got := w.runUntilDone(t, func(e int) bool { return e > 2 })
+	if len(got) < 3 || got[0] != 16 || got[1] != -20 || len(got) > maxRuns {
+		t.Fatalf("runs %v: want 16, then -20, then halving, at most %d", got, maxRuns)
+	}
+	tr, _, _ := w.audit(t, checks.Selection{})
+	b := tr.Backward
+	if b.MaxCleanExp == nil || *b.MaxCleanExp != 2 || b.SettledExp == nil || *b.SettledExp != 2 || b.Verdict != report.BackwardHealthy {
+		t.Errorf("verdict %s (%s), largest clean %v, settled %v; want healthy at 2^2", b.Verdict, b.VerdictText, b.MaxCleanExp, b.SettledExp)
+	}
+}
+
+// TestSavedReference: an emulated run loses its mass against the
+// backward at the values the fp16 forward saved, not against fp32: a
+// forward whose rounding moves a parameter gradient by 20% (the run
+// equal to that reference) loses nothing; against fp32 it would lose
+// 20%.
+func TestSavedReference(t *testing.T) {
+	for _, saved := range []bool{true, false} {
+		w := newWorld(t, 16, nil)
+		ref := &grad.Run{Params: map[string][]float32{}}
+		for k, v := range w.b.FP32.Params {
+			ref.Params[k] = make([]float32, len(v))
+			for i, x := range v {
+				ref.Params[k][i] = 1.2 * x
+			}
+		}
+		if saved {
+			w.b.Saved = ref
+		}
+		f := w.facts()
+		r := &grad.Run{Exp: 16, Rounded: true, Params: map[string][]float32{}}
+		for k, v := range ref.Params {
+			r.Params[k] = make([]float32, len(v))
+			for i, x := range v {
+				r.Params[k][i] = float32(math.Ldexp(float64(x), 16))
+			}
+		}
+		w.b.Runs[16] = r
+		l, k := f.worst(16)
+		want := 0.0
+		if !saved {
+			want = 0.2
+		}
+		if k < 0 || math.Abs(l-want) > 1e-6 {
+			t.Errorf("saved reference %v: lost %g (parameter %d), want %g", saved, l, k, want)
+		}
+	}
+}

@@ -17,8 +17,17 @@ import (
 )
 
 // RoundInput is the scalar float input of a MassSession's graph that
-// switches the rounding of the 16-bit gradients on (1) or off (0).
+// switches the rounding of the 16-bit gradients on (1: the rounding res
+// was built with, 2: the alternative one) or off (0).
 const RoundInput = "round::fp16audit"
+
+// HoldInput is the scalar float input that switches the rounding of the
+// forward values held in 16 bits (grad.Result.Held) on (1: the rounding
+// res was built with, 2: the alternative one) or off (0), apart from the
+// gradients': on with the gradients' off, a run differentiates exactly at
+// the values the 16-bit forward saved (RunSaved), the reference its
+// rounded runs are compared with.
+const HoldInput = "hold::fp16audit"
 
 // MassInput is the scalar float input that switches the Mass histograms
 // on (1) or off (0): only the unrounded run's are read (they judge every
@@ -27,11 +36,12 @@ const MassInput = "mass::fp16audit"
 
 // MassSession runs a backward graph built with autocast's rounding for the
 // backward audit. Every rounding Cast pair becomes statsop's Round, which
-// the input RoundInput switches off, so one session runs the fp32
-// backward (the reference) and the emulated ones; every gradient held in
-// 16 bits is summarised before its rounding by statsop's Mass; and only
-// those summaries, the loss and the parameter gradients leave ONNX
-// Runtime, into buffers allocated once.
+// the inputs RoundInput (the gradients') and HoldInput (the forward
+// values') switch off, so one session runs the fp32 backward (the
+// reference), the backward at the values the 16-bit forward saved and
+// the emulated ones; every gradient held in 16 bits is summarised before
+// its rounding by statsop's Mass; and only those summaries, the loss and
+// the parameter gradients leave ONNX Runtime, into buffers allocated once.
 type MassSession struct {
 	rt     *ortcapi.Runtime
 	s      *statsop.ModelSession
@@ -92,7 +102,7 @@ func NewMassSession(library string, res *grad.Result, opt onnxrt.SessionOptions,
 	if res.Target != "" {
 		names = append(names, res.Target)
 	}
-	names = append(names, res.Scale, RoundInput, MassInput)
+	names = append(names, res.Scale, RoundInput, HoldInput, MassInput)
 	if ms.s, err = statsop.NewModelSession(rt, m, declared(modelFile, opt.ExternalDataDir), w, names, outputs, o); err != nil {
 		return nil, fmt.Errorf("backward session: %w", err)
 	}
@@ -144,8 +154,9 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	drop := map[int]bool{}
 	var added []*onnx.NodeProto
 	// round replaces the Cast pair raw → mid → rounded by Round(raw, on),
-	// alt the format of the alternative rounding there.
-	round := func(raw, rounded string, et, alt int32) error {
+	// alt the format of the alternative rounding there, switched by the
+	// input on.
+	round := func(raw, rounded string, et, alt int32, on string) error {
 		i, ok := producer[rounded]
 		if !ok || g.Node[i].OpType != "Cast" || len(g.Node[i].Input) != 1 {
 			return fmt.Errorf("backward session: %q is not a rounding Cast", rounded)
@@ -155,7 +166,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 			return fmt.Errorf("backward session: %q is not rounded from %q", rounded, raw)
 		}
 		drop[i], drop[j] = true, true
-		n := onnx.Node(statsop.OpRound, rounded+"::round"+vjp.Internal, []string{raw, RoundInput}, []string{rounded},
+		n := onnx.Node(statsop.OpRound, rounded+"::round"+vjp.Internal, []string{raw, on}, []string{rounded},
 			onnx.AttrInt(statsop.AttrTo, int64(et)), onnx.AttrInt(statsop.AttrAlt, int64(alt)))
 		n.Domain = statsop.Domain
 		added = append(added, n)
@@ -179,7 +190,7 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 		if ms.alt != nil {
 			alt = ms.alt.Values[gr.Value]
 		}
-		if err := round(gr.Raw, gr.Name, et, alt); err != nil {
+		if err := round(gr.Raw, gr.Name, et, alt, RoundInput); err != nil {
 			return nil, nil, err
 		}
 		mass(gr.Raw, massKey{key: gr.Value})
@@ -190,11 +201,26 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 		if ms.alt != nil {
 			alt = ms.alt.Inputs[grad.Slot{Node: s.Node, Input: s.Input}]
 		}
-		if err := round(s.Raw, s.Rounded, s.ElemType, alt); err != nil {
+		if err := round(s.Raw, s.Rounded, s.ElemType, alt, RoundInput); err != nil {
 			return nil, nil, err
 		}
 		mass(s.Raw, massKey{key: s.Rounded, site: true})
 		masses = append(masses, s.Raw+"::mass"+vjp.Internal)
+	}
+	// The forward values held in 16 bits (a Rounding with a Forward),
+	// switched by their own input: off in the fp32 reference, on in an
+	// emulated run, which differentiates at the values autocast saved, and
+	// in the saved reference; no Mass, no output.
+	for _, h := range res.Held {
+		alt := h.ElemType
+		if ms.alt != nil {
+			if alt = ms.alt.HeldType(h); alt == 0 {
+				return nil, nil, fmt.Errorf("backward session: the alternative rounding does not hold the forward value %q in 16 bits (see grad.Result.HeldBy)", h.Rounded)
+			}
+		}
+		if err := round(h.Raw, h.Rounded, h.ElemType, alt, HoldInput); err != nil {
+			return nil, nil, err
+		}
 	}
 	var nodes []*onnx.NodeProto
 	for i, n := range g.Node {
@@ -204,7 +230,8 @@ func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	}
 	g = &onnx.GraphProto{Node: append(nodes, added...), Name: g.Name, Initializer: g.Initializer,
 		SparseInitializer: g.SparseInitializer, Input: append(append([]*onnx.ValueInfoProto(nil), g.Input...),
-			onnx.TensorValueInfo(RoundInput, onnx.TensorProto_FLOAT), onnx.TensorValueInfo(MassInput, onnx.TensorProto_FLOAT)), ValueInfo: g.ValueInfo}
+			onnx.TensorValueInfo(RoundInput, onnx.TensorProto_FLOAT), onnx.TensorValueInfo(HoldInput, onnx.TensorProto_FLOAT),
+			onnx.TensorValueInfo(MassInput, onnx.TensorProto_FLOAT)), ValueInfo: g.ValueInfo}
 	outputs := []string{res.Loss}
 	g.Output = append(g.Output, onnx.TensorValueInfo(res.Loss, onnx.TensorProto_FLOAT))
 	ms.loss = make([]float32, 1)
@@ -249,15 +276,46 @@ func (ms *MassSession) Close() {
 }
 
 // Run runs forward and backward at loss scale 2^exp, with the 16-bit
-// gradients rounded or left in fp32, and returns what the run says. Only
-// the unrounded run summarises the 16-bit gradients (Grads and Sites): a
-// rounded run's are empty, its Mass nodes switched off.
+// gradients (and the forward values held in 16 bits) rounded or left in
+// fp32, and returns what the run says. Only the unrounded run summarises
+// the 16-bit gradients (Grads and Sites): a rounded run's are empty, its
+// Mass nodes switched off.
 func (ms *MassSession) Run(exp int, rounded bool) (*grad.Run, error) {
 	on := float32(0)
 	if rounded {
 		on = 1
 	}
-	return ms.run(exp, on)
+	return ms.run(exp, on, on, !rounded)
+}
+
+// HoldsForward reports whether the session's forward holds values in 16
+// bits (a graph built with a grad.Forward that rounds something): then
+// the rounded runs' reference is RunSaved's, not the fp32 run's.
+func (ms *MassSession) HoldsForward() bool { return len(ms.res.Held) > 0 }
+
+// RunSaved runs forward and backward at scale 1 with the forward values
+// held in 16 bits rounded (the alternative rounding's with alt) and every
+// gradient left unrounded: the backward exactly at the values the 16-bit
+// forward saved, what a rounded run's gradients lose their mass against.
+// The forward's own precision, which no loss scale changes, then counts
+// in neither. Like a rounded run's, its result has no masses.
+func (ms *MassSession) RunSaved(alt bool) (*grad.Run, error) {
+	hold := float32(1)
+	if alt {
+		if ms.alt == nil {
+			return nil, fmt.Errorf("backward: the session has no alternative rounding")
+		}
+		hold = 2
+	}
+	return ms.run(0, 0, hold, false)
+}
+
+// RunSummarised runs forward and backward at loss scale 2^exp with the
+// 16-bit gradients rounded, and summarises every 16-bit gradient before
+// its rounding as the unrounded run does: where a rounded run's gradients
+// turn NaN/Inf first.
+func (ms *MassSession) RunSummarised(exp int) (*grad.Run, error) {
+	return ms.run(exp, 1, 1, true)
 }
 
 // HasAlt reports whether the session was opened with an alternative
@@ -271,7 +329,7 @@ func (ms *MassSession) RunAlt(exp int) (*grad.Run, error) {
 	if ms.alt == nil {
 		return nil, fmt.Errorf("backward: the session has no alternative rounding")
 	}
-	return ms.run(exp, 2)
+	return ms.run(exp, 2, 2, false)
 }
 
 // SameSites reports whether the roundings a and b hold gradients at the
@@ -294,14 +352,15 @@ func SameSites(a, b *grad.Rounding) bool {
 	return true
 }
 
-// run runs the session with the rounding switch on (0 off, 1 the
-// rounding res was built with, 2 the alternative one).
-func (ms *MassSession) run(exp int, on float32) (*grad.Run, error) {
+// run runs the session with the gradients' rounding switch on and the
+// forward values' hold (each 0 off, 1 the rounding res was built with, 2
+// the alternative one) and the Mass histograms on or off (summarise).
+func (ms *MassSession) run(exp int, on, hold float32, summarise bool) (*grad.Run, error) {
 	rounded := on != 0
 	scale := []float32{float32(math.Ldexp(1, exp))}
-	masses := []float32{1}
-	if rounded {
-		masses[0] = 0
+	masses := []float32{0}
+	if summarise {
+		masses[0] = 1
 	}
 	feeds := append([]*tensor.Tensor(nil), ms.inputs...)
 	if ms.res.Target != "" {
@@ -316,7 +375,7 @@ func (ms *MassSession) run(exp int, on float32) (*grad.Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backward: %w", err)
 	}
-	for _, s := range [][]float32{scale, {on}, masses} {
+	for _, s := range [][]float32{scale, {on}, {hold}, masses} {
 		v, err := tensorOf(ms.rt, []int64{}, s)
 		if err != nil {
 			return nil, err
@@ -358,9 +417,9 @@ func (ms *MassSession) run(exp int, on float32) (*grad.Run, error) {
 	}
 	r := &grad.Run{Exp: exp, Rounded: rounded, Loss: float64(ms.loss[0]), Grads: map[string]*grad.Mass{},
 		Sites: map[string]*grad.Mass{}, Params: map[string][]float32{}}
-	// A rounded run's Mass nodes were switched off (MassInput).
+	// Mass nodes switched off (MassInput) wrote nothing.
 	for k, h := range ms.masses {
-		if rounded {
+		if !summarise {
 			break
 		}
 		m, err := grad.MassFrom(h)

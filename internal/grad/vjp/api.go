@@ -67,7 +67,40 @@ func (b *Builder) Apply(i int, gy []string, need []bool) ([]string, error) {
 		c.rollback()
 		return nil, err
 	}
+	b.ruled[i] = [2]int{c.nodes, len(b.nodes)}
 	return c.dx, nil
+}
+
+// Saved makes fwd the forward of the backward graph: the forward as a
+// policy runs it (rewrite.Emulate of Graph()), whose node i is node i of
+// Graph() reading its inputs as the op saw them — a copy rounded to the
+// 16 bits it casts an input to, a source held in 16 bits — and whose
+// values held in 16 bits keep their names for the rounded value. The
+// nodes node i's rule appended read node i's inputs as fwd's node i reads
+// them and its outputs as fwd holds them: the backward differentiates at
+// the values autograd saved for it, not at the fp32 forward's. Call it
+// once every rule has run; Model then assembles fwd with the backward.
+func (b *Builder) Saved(fwd *onnx.GraphProto) {
+	for i, n := range b.src.Node {
+		r, ok := b.ruled[i]
+		if !ok || i >= len(fwd.Node) {
+			continue
+		}
+		e := fwd.Node[i]
+		for j, in := range n.Input {
+			if in == "" || j >= len(e.Input) || e.Input[j] == in {
+				continue
+			}
+			for _, bn := range b.nodes[r[0]:r[1]] {
+				for k, x := range bn.Input {
+					if x == in {
+						bn.Input[k] = e.Input[j]
+					}
+				}
+			}
+		}
+	}
+	b.src = fwd
 }
 
 // Graph returns the forward graph as the rules left it: the caller's

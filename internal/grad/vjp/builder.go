@@ -39,6 +39,9 @@ type Builder struct {
 	declared map[string]bool
 	consts   map[string]string
 	cloned   map[int]bool
+	// ruled holds, per forward node, the range of nodes its rule
+	// appended: the nodes that read the forward values it saved.
+	ruled map[int][2]int
 
 	// label prefixes the names of the values a rule invents: the forward
 	// node's name, so a reader of the graph sees where each came from.
@@ -64,7 +67,7 @@ func NewBuilder(m *onnx.ModelProto, ix *onnx.Index, facts *Facts, opset int64) *
 	}
 	return &Builder{m: m, src: src, ix: ix, facts: facts, opset: opset,
 		produced: map[string]*onnx.NodeProto{}, used: map[string]bool{},
-		declared: map[string]bool{}, consts: map[string]string{}, cloned: map[int]bool{}}
+		declared: map[string]bool{}, consts: map[string]string{}, cloned: map[int]bool{}, ruled: map[int][2]int{}}
 }
 
 // reserved matches the names the backward graph (and a probe) mints: a
