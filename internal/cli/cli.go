@@ -263,20 +263,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
 		return exitUsage
 	}
-	var bar *progressBar
-	switch o.progress {
-	case "auto", "bar":
-		if o.progress == "bar" || isTerminal(stderr) {
-			bar = newProgressBar(stderr, terminalWidth(stderr))
-			cfg.Progress = bar.update
-		}
-	case "json":
-		cfg.Progress = jsonProgress(stderr)
-	case "none":
-	default:
-		fmt.Fprintf(stderr, "fp16audit run: --progress %q: want auto, bar, json or none\n", o.progress)
+	bar, progress, err := progressFor(o.progress, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "fp16audit run: %v\n", err)
 		return exitUsage
 	}
+	cfg.Progress = progress
 	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Run(ctx, cfg)

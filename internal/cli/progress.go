@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"fp16audit/internal/execute"
 )
 
 // progressBar draws one line on stderr while an audit runs: the pass in
@@ -93,6 +95,25 @@ func terminalWidth(w io.Writer) int {
 		return ttyWidth(f)
 	}
 	return 0
+}
+
+// progressFor is what --progress asks for: a bar on a terminal (auto) or
+// always (bar), JSON lines, or nothing; the bar is returned too, to be
+// finished when the run ends, nil where there is none.
+func progressFor(mode string, stderr io.Writer) (*progressBar, execute.Progress, error) {
+	switch mode {
+	case "auto", "bar":
+		if mode == "bar" || isTerminal(stderr) {
+			bar := newProgressBar(stderr, terminalWidth(stderr))
+			return bar, bar.update, nil
+		}
+		return nil, nil, nil
+	case "json":
+		return nil, jsonProgress(stderr), nil
+	case "none":
+		return nil, nil, nil
+	}
+	return nil, nil, fmt.Errorf("--progress %q: want auto, bar, json or none", mode)
 }
 
 // jsonProgress writes one JSON line per finished batch of a pass:

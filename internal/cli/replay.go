@@ -75,19 +75,11 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 			return usage("--max-memory: %v", err)
 		}
 	}
-	var bar *progressBar
-	switch o.progress {
-	case "auto", "bar":
-		if o.progress == "bar" || isTerminal(stderr) {
-			bar = newProgressBar(stderr, terminalWidth(stderr))
-			rc.Progress = bar.update
-		}
-	case "json":
-		rc.Progress = jsonProgress(stderr)
-	case "none":
-	default:
-		return usage("--progress %q: want auto, bar, json or none", o.progress)
+	bar, progress, err := progressFor(o.progress, stderr)
+	if err != nil {
+		return usage("%v", err)
 	}
+	rc.Progress = progress
 	ctx, stop := interruptible(stderr)
 	defer stop()
 	r, err := audit.Replay(ctx, rc)

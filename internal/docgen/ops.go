@@ -12,12 +12,11 @@ import (
 	"fp16audit/internal/onnx/ops"
 )
 
-// constNames reads the names and doc comments of the constants of each
-// named type in internal/onnx/ops's source, in declaration order (the
-// order iota numbers them).
-func constNames() (map[string][][2]string, error) {
+// packageDoc reads the doc of the package in dir (relative to the
+// module's root, where docgen runs), its tests left out.
+func packageDoc(dir string) (*doc.Package, error) {
 	fset := token.NewFileSet()
-	names, err := filepath.Glob("internal/onnx/ops/*.go")
+	names, err := filepath.Glob(dir + "/*.go")
 	if err != nil {
 		return nil, err
 	}
@@ -32,7 +31,14 @@ func constNames() (map[string][][2]string, error) {
 		}
 		files = append(files, f)
 	}
-	p, err := doc.NewFromFiles(fset, files, "fp16audit/internal/onnx/ops", doc.PreserveAST)
+	return doc.NewFromFiles(fset, files, "fp16audit/"+dir, doc.PreserveAST)
+}
+
+// constNames reads the names and doc comments of the constants of each
+// named type in internal/onnx/ops's source, in declaration order (the
+// order iota numbers them).
+func constNames() (map[string][][2]string, error) {
+	p, err := packageDoc("internal/onnx/ops")
 	if err != nil {
 		return nil, err
 	}

@@ -6,10 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"go/ast"
-	"go/doc"
-	"go/parser"
-	"go/token"
-	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -42,23 +38,7 @@ var documents = []document{
 func fieldDocs() (map[string]string, error) {
 	out := map[string]string{}
 	for _, dir := range []string{"report", "checks"} {
-		fset := token.NewFileSet()
-		names, err := filepath.Glob(dir + "/*.go")
-		if err != nil {
-			return nil, err
-		}
-		var files []*ast.File
-		for _, n := range names {
-			if strings.HasSuffix(n, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(fset, n, nil, parser.ParseComments)
-			if err != nil {
-				return nil, err
-			}
-			files = append(files, f)
-		}
-		p, err := doc.NewFromFiles(fset, files, "fp16audit/"+dir, doc.PreserveAST)
+		p, err := packageDoc(dir)
 		if err != nil {
 			return nil, err
 		}

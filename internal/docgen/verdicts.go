@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"go/ast"
-	"go/doc"
-	"go/parser"
 	"go/token"
 	"os"
 	"path/filepath"
@@ -42,23 +40,7 @@ var verdictGroups = []struct{ prefix, command string }{
 // source, in the order they are declared (the order each decision tree
 // tests them).
 func reportVerdicts() ([]verdict, error) {
-	fset := token.NewFileSet()
-	names, err := filepath.Glob("report/*.go")
-	if err != nil {
-		return nil, err
-	}
-	var files []*ast.File
-	for _, n := range names {
-		if strings.HasSuffix(n, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, n, nil, parser.ParseComments)
-		if err != nil {
-			return nil, err
-		}
-		files = append(files, f)
-	}
-	p, err := doc.NewFromFiles(fset, files, "fp16audit/report", doc.PreserveAST)
+	p, err := packageDoc("report")
 	if err != nil {
 		return nil, err
 	}
