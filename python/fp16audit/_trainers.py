@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from .audit import AuditFailure, Report, audit
 
 __all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model",
-           "update_will_be_skipped"]
+           "update_will_be_skipped", "CaptureHandle"]
 
 
 class PreflightFailed(AuditFailure):
@@ -313,3 +313,24 @@ def update_will_be_skipped(scaler: Any, model: Any) -> bool:
         enabled = scaler is not None
     return enabled and not _grads_finite(model)
 
+
+class CaptureHandle:
+    """What a trainer callback offers of its captures: the list of those
+    written in the latest run, and a request to capture the next step. The
+    callback holds its LossLog in `loss_log` (None before the run opens it)
+    and the captures of a run whose log is closed in `_captures`."""
+
+    loss_log: Optional[LossLog]
+    _captures: List[Any]
+
+    @property
+    def captures(self) -> List[Any]:
+        """The captures written (or failed) in the latest run, in order (fp16audit.capture.CaptureEvent)."""
+        return self.loss_log.captures if self.loss_log is not None else self._captures
+
+    def capture_now(self) -> None:
+        """Capture the next optimizer step (trigger "request")."""
+        if self.loss_log is None or not self.loss_log.capturing:
+            raise RuntimeError(f"{type(self).__name__}: no capture is armed (pass capture='captures/' and call this during "
+                               "training)")
+        self.loss_log.capture_now()

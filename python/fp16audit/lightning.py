@@ -47,7 +47,7 @@ try:
 except ImportError:  # the standalone package
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from ._trainers import LossLog, PreflightFailed, decide, default_log, draw_batches, message, run_preflight, update_will_be_skipped
+from ._trainers import CaptureHandle, LossLog, PreflightFailed, decide, default_log, draw_batches, message, run_preflight, update_will_be_skipped
 from .audit import Report
 from .capture import Capture, CaptureEvent, CaptureStop
 
@@ -81,7 +81,7 @@ def capture_policy(trainer: Any) -> Optional[str]:
     return _CAPTURE_POLICIES.get(str(getattr(trainer.precision_plugin, "precision", trainer.precision)))
 
 
-class FP16Preflight(pl.Callback):
+class FP16Preflight(CaptureHandle, pl.Callback):
     """The preflight, the raw-loss log and the capture of the failing step for Lightning.
 
     n_batches: training batches the preflight audits. warn: warn instead of
@@ -130,17 +130,6 @@ class FP16Preflight(pl.Callback):
         self._scaler: Any = None
         self._stopped = False
         self._captures: List[CaptureEvent] = []
-
-    @property
-    def captures(self) -> List[CaptureEvent]:
-        """The captures written (or failed) in the latest fit, in order."""
-        return self.loss_log.captures if self.loss_log is not None else self._captures
-
-    def capture_now(self) -> None:
-        """Capture the next optimizer step (trigger "request")."""
-        if self.loss_log is None or not self.loss_log.capturing:
-            raise RuntimeError("FP16Preflight: no capture is armed (pass capture='captures/' and call this during fit)")
-        self.loss_log.capture_now()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.preflight and self.report is None and trainer.global_step == 0:

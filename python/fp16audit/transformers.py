@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from transformers import TrainerCallback
 
-from ._trainers import (LossLog, PreflightFailed, base_model, decide, default_log, draw_batches, policy_for_weights, run_preflight,
+from ._trainers import (CaptureHandle, LossLog, PreflightFailed, base_model, decide, default_log, draw_batches, policy_for_weights, run_preflight,
                         update_will_be_skipped)
 from .audit import Report
 from .capture import Capture, CaptureEvent, CaptureStop, observer
@@ -111,7 +111,7 @@ def model_loss(model: Any) -> Optional[Dict[str, Any]]:
 _NOT_INPUTS = ("num_items_in_batch",)
 
 
-class FP16AuditCallback(TrainerCallback):
+class FP16AuditCallback(CaptureHandle, TrainerCallback):
     """The preflight, the raw-loss log and the capture of the failing step for the Hugging Face Trainer.
 
     n_batches: training batches the preflight audits. warn: warn instead of
@@ -160,17 +160,6 @@ class FP16AuditCallback(TrainerCallback):
         self._batch: Any = None
         self._stopped = False
         self._captures: List[CaptureEvent] = []
-
-    @property
-    def captures(self) -> List[CaptureEvent]:
-        """The captures written (or failed) in the latest run, in order."""
-        return self.loss_log.captures if self.loss_log is not None else self._captures
-
-    def capture_now(self) -> None:
-        """Capture the next optimizer step (trigger "request")."""
-        if self.loss_log is None or not self.loss_log.capturing:
-            raise RuntimeError("FP16AuditCallback: no capture is armed (pass capture='captures/' and call this during training)")
-        self.loss_log.capture_now()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> None:
