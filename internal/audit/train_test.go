@@ -12,6 +12,7 @@ import (
 	"fp16audit/checks"
 	"fp16audit/internal/audit"
 	"fp16audit/internal/batch"
+	"fp16audit/internal/onnx"
 	"fp16audit/report"
 )
 
@@ -449,5 +450,56 @@ func TestTrainUsageErrors(t *testing.T) {
 				t.Errorf("error %v: want a usage error mentioning %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestTrainDropoutDrawsOnce: transformer_o17 exported with its four
+// Dropouts at ratio 0 is healthy at 2^16 (TestTransformerUnderflowNamed);
+// with them at 0.1 it still is: the backward's runs, which are compared
+// with one another, drop the same elements (rewrite.FixedRandom). ONNX
+// Runtime drew a new mask at every run, and the same model read as one
+// whose fp16 backward loses all of a gradient.
+func TestTrainDropoutDrawsOnce(t *testing.T) {
+	f := trainFixtureByName(t, "transformer_o17")
+	loaded, err := onnx.Load(filepath.Join(f.dir(), f.Model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := loaded.Proto
+	ratios := map[string]bool{}
+	for _, n := range m.Graph.Node {
+		if n.OpType == "Dropout" && len(n.Input) > 2 && n.Input[1] != "" {
+			ratios[n.Input[1]] = true
+		}
+	}
+	// the exporter wrote each ratio as a Constant node
+	set := 0
+	for k, n := range m.Graph.Node {
+		if n.OpType == "Constant" && len(n.Output) == 1 && ratios[n.Output[0]] {
+			m.Graph.Node[k] = onnx.Node("Constant", n.Name, nil, n.Output, onnx.AttrTensor("value", onnx.FloatTensor("", nil, []float32{0.1})))
+			set++
+		}
+	}
+	if set != 4 {
+		t.Fatalf("%d Dropout ratios set, want 4", set)
+	}
+	data, err := onnx.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropping := f
+	dropping.Dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dropping.Dir, f.Model), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in, tg, _ := splitFixture(t, f)
+	r := runConfig(t, audit.Config{ModelPath: filepath.Join(dropping.Dir, f.Model), Inputs: []string{in}, Threads: 1,
+		Train: audit.TrainConfig{Mode: "train", Loss: "cross-entropy", Target: tg}})
+	if r.Training.Dropouts != 4 {
+		t.Errorf("%d Dropouts in training, want 4", r.Training.Dropouts)
+	}
+	b := r.Training.Backward
+	if b.Verdict != report.BackwardHealthy || b.Window == nil || b.Window.To != 18 {
+		t.Errorf("dropping 10 %%: verdict %s (%s), window %+v; want healthy up to 2^18 as at ratio 0", b.Verdict, b.VerdictText, b.Window)
 	}
 }

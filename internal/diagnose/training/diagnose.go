@@ -168,7 +168,7 @@ func (f *Facts) modeNotes() []string {
 		notes = append(notes, fmt.Sprintf("%d %s node(s) carry a BatchNorm folded in by an eval-mode export: this eval-mode audit normalizes with its running statistics (the identity for an untrained model), training with each batch's; to audit training, %s and run --mode train", len(convs), layerOps(g, convs), how))
 	}
 	if f.Mode == rewrite.ModeTrain && len(f.Changes.Dropouts) > 0 {
-		notes = append(notes, fmt.Sprintf("%d Dropout node(s) drop as in training, with ONNX Runtime's generator seeded %d (not PyTorch's masks)", len(f.Changes.Dropouts), f.Seed))
+		notes = append(notes, fmt.Sprintf("%d Dropout node(s) drop as in training: the forward passes with ONNX Runtime's generator seeded %d, the backward's runs with one mask per node drawn once for all of them (not PyTorch's masks)", len(f.Changes.Dropouts), f.Seed))
 	}
 	return notes
 }

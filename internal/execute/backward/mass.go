@@ -12,6 +12,7 @@ import (
 	"fp16audit/internal/onnx"
 	"fp16audit/internal/onnxrt"
 	"fp16audit/internal/ortcapi"
+	"fp16audit/internal/rewrite"
 	"fp16audit/internal/statsop"
 	"fp16audit/internal/tensor"
 )
@@ -143,7 +144,13 @@ func onnxIndexInputs(m *onnx.ModelProto) []string {
 // and allocates their buffers.
 func (ms *MassSession) graph() (*onnx.ModelProto, []string, error) {
 	res := ms.res
-	m := onnx.ShallowCopy(res.Model)
+	// Every run of this session must draw the same numbers (a Dropout's
+	// mask, a stochastic depth's): the runs are compared with one another.
+	fixed, _, err := rewrite.FixedRandom(res.Model)
+	if err != nil {
+		return nil, nil, fmt.Errorf("backward session: %w", err)
+	}
+	m := onnx.ShallowCopy(fixed)
 	g := m.Graph
 	producer := map[string]int{}
 	for i, n := range g.Node {
