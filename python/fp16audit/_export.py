@@ -423,7 +423,8 @@ def advice(tried: Sequence[str], reasons: Dict[str, str], torch) -> str:
         out.append("exporter='dynamo' tries the dynamo exporter")
     if "torchscript" not in tried:
         out.append("exporter='torchscript' tries the TorchScript exporter")
-    out.append("or export the model by hand (README: exporting a model) and run `fp16audit run model.onnx -i batch.npz` on it")
+    out.append("%sexport the model by hand (docs/how-to/export.md: exporting a model) and run `fp16audit run model.onnx -i batch.npz` "
+               "on it" % ("or " if out else ""))
     return "; ".join(out)
 
 

@@ -284,10 +284,16 @@ def _write_npz(path: str, names: List[str], tensors: List[Any]) -> None:
 def _left_as_it_was(model):
     """Restore the model's mode and buffers after the export: a training-mode
     export runs the model once, and BatchNorm updates its running statistics
-    then."""
+    then. A Hugging Face model's key-value cache is off meanwhile (its
+    config's use_cache): an export cannot return transformers'
+    DynamicCache, and a training step does not use it."""
     training = model.training
     buffers = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
                if not isinstance(v, _torch().nn.Parameter)}
+    config = getattr(model, "config", None)
+    cache = getattr(config, "use_cache", None)
+    if cache:
+        config.use_cache = False
     try:
         yield
     finally:
@@ -296,6 +302,8 @@ def _left_as_it_was(model):
             for k, v in buffers.items():
                 state[k].copy_(v)
         model.train(training)
+        if cache:
+            config.use_cache = cache
 
 
 # The export's machinery lives in _export; these names are audit's own

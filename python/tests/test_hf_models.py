@@ -194,5 +194,32 @@ class BertTest(unittest.TestCase):
         self.assertEqual(r.verdict, "healthy", r.verdict_text)
 
 
+class FrontDoorTest(unittest.TestCase):
+    def test_a_causal_lm_with_its_cache_on_audits_from_the_notebook(self):
+        # GPT-2's config has use_cache=True, and its forward then returns
+        # transformers' DynamicCache, which neither exporter can write:
+        # audit() itself turns the cache off for the export and back on.
+        import transformers as tf
+
+        torch.manual_seed(3)
+        m = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                             bos_token_id=0, eos_token_id=0)).eval()
+        self.assertTrue(m.config.use_cache)
+        ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            ref = m(input_ids=ids).logits
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = m(input_ids=ids).logits
+        self.assertLess(rel_err(out, ref), TOL)
+        r = fp16audit.audit(m, {"input_ids": ids}, progress=False)
+        self.assertEqual(r.verdict, "healthy", r.verdict_text)
+        self.assertTrue(m.config.use_cache)
+        # the training audit with the model's own loss target: dropout 0.1
+        # in every block, the backward's runs dropping the same elements
+        r = fp16audit.audit(m, {"input_ids": ids, "labels": ids}, loss="cross-entropy", progress=False)
+        self.assertEqual(r.training["backward"]["verdict"], "healthy", r.training["backward"]["verdict_text"])
+        self.assertTrue(m.config.use_cache)
+        self.assertFalse(m.training)
+
 if __name__ == "__main__":
     unittest.main()
