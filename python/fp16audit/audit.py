@@ -718,6 +718,12 @@ def _run(tmp, ex, names, drawn, policy, device_type, train_mode, loss_name, targ
         cmd += ["--ort-lib", lib]
     if train_mode:
         cmd += ["--mode", "train", "--loss", loss_name]
+        if "--loss-output" not in extra_args and getattr(ex, "out_names", None):
+            # the loss applies to forward's first output, as a training
+            # loop's does: a model that returns more in train mode
+            # (GoogLeNet's and Inception's auxiliary logits) exports them
+            # after it
+            cmd += ["--loss-output", ex.out_names[0]]
         if loss_name != "output":
             import numpy as np
 

@@ -158,6 +158,30 @@ class AuditTest(unittest.TestCase):
         fp16audit.audit(m, x, progress=False)
         self.assertFalse(m.training)
 
+    def test_the_loss_applies_to_the_first_of_the_outputs_training_adds(self):
+        # GoogLeNet and Inception return their auxiliary logits after the
+        # logits in train mode only: the loss applies to the first output,
+        # as the training loop's does, and the audit is not refused for
+        # want of --loss-output
+        class AuxHead(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.head, self.aux = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(16, 3)
+
+            def forward(self, x):
+                h = torch.relu(self.body(x))
+                return (self.head(h), self.aux(h)) if self.training else self.head(h)
+
+        torch.manual_seed(0)
+        m = AuxHead()
+        x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+        r = fp16audit.audit(m, (x, y), n_inp=1, loss="cross-entropy", progress=False)
+        backward = r.training["backward"]
+        self.assertEqual(backward["output"], "output")
+        names = {p["name"] for p in backward["parameters"]}
+        self.assertIn("head.weight", names)
+        self.assertNotIn("aux.weight", names)  # no gradient reaches the auxiliary head
+
     def test_bad_batches_are_refused_with_what_was_found(self):
         m = stem_cnn()
         with self.assertRaisesRegex(fp16audit.BatchError, r"does not run on the batch .*input \(4, 16, 16\)"):
