@@ -331,10 +331,22 @@ func (e *entry) label() string {
 // the exporter invented that name (a Linear's weight transposed for
 // MatMul is "onnx::MatMul_604"), the weight of the module that reads it.
 func (p *param) name() string {
-	if strings.HasPrefix(p.value, "onnx::") && p.module != "" {
+	if p.module != "" && exportersConstant(p.value) {
 		return fmt.Sprintf("%s.weight, exported as %s", p.module, p.value)
 	}
 	return p.value
+}
+
+// exportersConstant reports whether name is one the exporters give a
+// weight they rewrote: the TorchScript exporter's onnx::MatMul_12, the
+// dynamo exporter's val_12 (a Linear's weight transposed for MatMul and
+// folded into a constant of its own).
+func exportersConstant(name string) bool {
+	if strings.HasPrefix(name, "onnx::") {
+		return true
+	}
+	digits, ok := strings.CutPrefix(name, "val_")
+	return ok && digits != "" && strings.Trim(digits, "0123456789") == ""
 }
 
 // label names a parameter's module, or the parameter.

@@ -382,6 +382,9 @@ func TestParamName(t *testing.T) {
 		{param{value: "onnx::MatMul_604", module: "model.layers.0.mlp.down_proj"}, "model.layers.0.mlp.down_proj.weight, exported as onnx::MatMul_604"},
 		{param{value: "fc.bias", module: "fc"}, "fc.bias"},
 		{param{value: "onnx::MatMul_7"}, "onnx::MatMul_7"},
+		{param{value: "val_143", module: "bert.encoder.layer.1.attention.self.query"}, "bert.encoder.layer.1.attention.self.query.weight, exported as val_143"},
+		{param{value: "val_", module: "m"}, "val_"},
+		{param{value: "val_x1", module: "m"}, "val_x1"},
 	} {
 		if got := c.p.name(); got != c.want {
 			t.Errorf("name of %q in %q = %q, want %q", c.p.value, c.p.module, got, c.want)
