@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from .audit import AuditFailure, Report, audit
+from .audit import AuditFailure, Report, _cache_off, audit
 
 __all__ = ["PreflightFailed", "draw_batches", "run_preflight", "LossLog", "policy_for_weights", "exportable", "base_model",
            "update_will_be_skipped", "CaptureHandle"]
@@ -125,17 +125,12 @@ def exportable(model: Any) -> Iterator[Any]:
         if "_original_forward" in d and "forward" in d:
             saved.append((obj, d["forward"]))
             d["forward"] = d["_original_forward"]
-    config = getattr(m, "config", None)
-    cache = getattr(config, "use_cache", None)
-    if cache:
-        config.use_cache = False
     try:
-        yield m
+        with _cache_off(m):
+            yield m
     finally:
         for obj, fwd in saved:
             obj.__dict__["forward"] = fwd
-        if cache:
-            config.use_cache = cache
 
 
 class _Batches:

@@ -284,12 +284,27 @@ def _write_npz(path: str, names: List[str], tensors: List[Any]) -> None:
 def _left_as_it_was(model):
     """Restore the model's mode and buffers after the export: a training-mode
     export runs the model once, and BatchNorm updates its running statistics
-    then. A Hugging Face model's key-value cache is off meanwhile (its
-    config's use_cache): an export cannot return transformers'
-    DynamicCache, and a training step does not use it."""
+    then. A Hugging Face model's key-value cache is off meanwhile
+    (_cache_off)."""
     training = model.training
     buffers = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
                if not isinstance(v, _torch().nn.Parameter)}
+    try:
+        with _cache_off(model):
+            yield
+    finally:
+        with _torch().no_grad():
+            state = model.state_dict(keep_vars=True)
+            for k, v in buffers.items():
+                state[k].copy_(v)
+        model.train(training)
+
+
+@contextlib.contextmanager
+def _cache_off(model):
+    """A Hugging Face model's key-value cache (its config's use_cache) off,
+    and back on afterwards: an export cannot return transformers'
+    DynamicCache, and a training step does not use it."""
     config = getattr(model, "config", None)
     cache = getattr(config, "use_cache", None)
     if cache:
@@ -297,11 +312,6 @@ def _left_as_it_was(model):
     try:
         yield
     finally:
-        with _torch().no_grad():
-            state = model.state_dict(keep_vars=True)
-            for k, v in buffers.items():
-                state[k].copy_(v)
-        model.train(training)
         if cache:
             config.use_cache = cache
 
