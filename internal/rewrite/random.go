@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"fp16audit/internal/onnx"
+	"fp16audit/internal/onnx/ops"
 )
 
 // The hash the fixed draws come from: each element's flat index, shifted
@@ -42,6 +43,13 @@ const (
 // their attributes. The numbers are neither ONNX Runtime's nor PyTorch's.
 // m is not modified; the count of rewritten nodes is returned.
 func FixedRandom(m *onnx.ModelProto) (*onnx.ModelProto, int, error) {
+	draws := func(n *onnx.NodeProto) bool {
+		return onnx.IsDefaultDomain(n.Domain) && (n.OpType == "Dropout" || ops.Random(n.Domain, n.OpType))
+	}
+	if !slices.ContainsFunc(m.Graph.Node, draws) {
+		// most graphs: no index to build
+		return m, 0, nil
+	}
 	ix, err := onnx.NewIndex(m.Graph)
 	if err != nil {
 		return nil, 0, err
