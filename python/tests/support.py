@@ -143,3 +143,14 @@ def pytorch_record():
     if here not in sys.path:
         sys.path.insert(0, here)
     return importlib.import_module("runs")
+
+
+def torch2_only(test, why):
+    """Skip on torch 1.x (no dynamo exporter), but fail in the torch 2.x leg of CI."""
+    from fp16audit import _export
+
+    if _export.has_dynamo(torch):
+        return
+    if os.environ.get("FP16AUDIT_TEST_LEG") == "torch2":
+        raise AssertionError("the torch 2.x leg must run this test: torch %s: %s" % (torch.__version__, why))
+    test.skipTest("torch %s: %s" % (torch.__version__, why))

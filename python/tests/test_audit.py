@@ -182,6 +182,36 @@ class AuditTest(unittest.TestCase):
         self.assertIn("head.weight", names)
         self.assertNotIn("aux.weight", names)  # no gradient reaches the auxiliary head
 
+    def test_a_stochastic_depth_draws_the_same_in_every_backward_run(self):
+        # torchvision's StochasticDepth (EfficientNet's, ConvNeXt's; timm's
+        # DropPath alike) draws its row mask with torch's RNG, which the
+        # exporters write as a random op: the backward's runs compared
+        # different masks and called a healthy model backward-underflow.
+        # With the draws fixed it audits as with the stochastic depth off.
+        support.torch2_only(self, "its TorchScript exporter cannot write bernoulli_, which StochasticDepth calls")
+        from torchvision.ops import StochasticDepth
+
+        class Block(nn.Module):
+            def __init__(self, p):
+                super().__init__()
+                self.conv, self.bn, self.depth = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), StochasticDepth(p, "row")
+
+            def forward(self, x):
+                return x + self.depth(torch.relu(self.bn(self.conv(x))))
+
+        def model(p):
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Block(p), Block(p), Block(p), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                 nn.Linear(8, 4))
+
+        x, y = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 4
+        verdicts = {}
+        for p in (0.0, 0.5):
+            r = fp16audit.audit(model(p), (x, y), n_inp=1, loss="cross-entropy", progress=False)
+            verdicts[p] = r.training["backward"]["verdict"]
+        self.assertEqual(verdicts[0.0], "healthy")
+        self.assertEqual(verdicts[0.5], verdicts[0.0])
+
     def test_bad_batches_are_refused_with_what_was_found(self):
         m = stem_cnn()
         with self.assertRaisesRegex(fp16audit.BatchError, r"does not run on the batch .*input \(4, 16, 16\)"):

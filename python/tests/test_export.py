@@ -45,15 +45,6 @@ import cases_trained  # noqa: E402
 TORCH2 = exp_mod.has_dynamo(torch)
 
 
-def torch2_only(test, why):
-    """Skip on torch 1.x, but fail in the torch 2.x leg of CI."""
-    if TORCH2:
-        return
-    if os.environ.get("FP16AUDIT_TEST_LEG") == "torch2":
-        raise AssertionError("the torch 2.x leg must run this test: torch %s: %s" % (torch.__version__, why))
-    test.skipTest("torch %s: %s" % (torch.__version__, why))
-
-
 def truth(family, case):
     """PyTorch's truth for a fixture of this torch's family."""
     with open(os.path.join(FIXTURES, family + ("_dynamo" if TORCH2 else ""), case, "truth.json"), encoding="utf-8") as f:
@@ -108,7 +99,7 @@ class TrainedBatchNormTest(unittest.TestCase):
                         self.assertFalse(bool(torch.isfinite(m(*tensors(batch))).all()))
 
     def test_the_dynamo_exporter_keeps_batchnorm_too(self):
-        torch2_only(self, "no dynamo exporter")
+        support.torch2_only(self, "no dynamo exporter")
         m, batch = cases_trained.model("trained_bn_resnet")
         r = fp16audit.audit(m, tensors(batch), exporter="dynamo", progress=False)
         self.assertEqual(r.exporter, "dynamo")
@@ -168,7 +159,7 @@ class BatchAxesTest(unittest.TestCase):
             fp16audit.audit(m, tensors(arrays), batch_axes={"hx": 1}, progress=False)
 
     def test_an_inferred_hint_that_is_refused_does_not_end_the_audit(self):
-        torch2_only(self, "no dynamo exporter")
+        support.torch2_only(self, "no dynamo exporter")
 
         class FixedBatch(nn.Module):
             # the batch size written into the model: torch.export refuses a
